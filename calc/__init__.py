@@ -1,0 +1,30 @@
+"""vramplan's cost model: the bytes a Transformer training or inference step holds per GPU.
+
+>>> import calc
+>>> model = calc.load_card("qwen2.5-32b")
+>>> job = calc.Training(micro_batch=1, seq_len=2048, precision="bf16", optimizer="adamw")
+>>> est = calc.estimate(model, job)          # doctest: +SKIP
+"""
+
+from calc.attention import attention_kernel
+from calc.cards import list_cards, load_card, load_card_config, published_params
+from calc.estimate import estimate, values_for
+from calc.jobs import Inference, Training
+from calc.model_spec import ModelSpec, ParamTensor
+from calc.result import GIB, Estimate
+
+__all__ = [
+    "GIB",
+    "Estimate",
+    "Inference",
+    "ModelSpec",
+    "ParamTensor",
+    "Training",
+    "attention_kernel",
+    "estimate",
+    "list_cards",
+    "load_card",
+    "load_card_config",
+    "published_params",
+    "values_for",
+]

@@ -1,0 +1,205 @@
+"""`estimate(model, job)`: replay once per structure, compile once, evaluate in microseconds.
+
+A *structure* is everything that changes which tensors exist (precision, optimizer, kernel,
+recompute, implementation, biases, tied head, GQA, ...); sizes are symbols. For each structure
+the step is replayed symbolically (`calc.step`), reduced to its possible peaks
+(`calc.timeline`), and the distinct storage sizes are compiled with
+``lambdify(..., cse=True)``. An estimate is then one call of that function and a small
+matrix-vector product.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import numpy as np
+import sympy as sp
+
+from calc import symbols as S
+from calc import timeline
+from calc.attention import attention_kernel
+from calc.jobs import DEVICES, Inference, Training, check_choice
+from calc.model_spec import ModelSpec
+from calc.result import Estimate
+
+CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
+"""cuBLAS workspace per (handle, stream) on sm90 (H100/H200): ``getChosenWorkspaceSize`` in
+``aten/src/ATen/cuda/CublasHandlePool.cpp`` (torch 2.13). Allocated through the caching
+allocator at the first matmul of a thread, so it counts in ``memory_allocated``."""
+CUBLAS_HANDLES_TRAINING = 2
+"""Forward runs on the Python thread, backward on the autograd device thread: one workspace each."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """The compiled form of one structure and one branch of the layer count."""
+
+    timeline: timeline.Timeline
+    sizes_fn: object  # (*ALL_SYMBOLS) -> list of sizes
+    l_min: int
+    phase_index: tuple  # (phase, candidate indices)
+    _expr: list = field(default_factory=list)
+
+    def expression(self) -> sp.Expr:
+        """The peak formula of this structure (built once, on first use)."""
+        if not self._expr:
+            self._expr.append(timeline.expression(self.timeline, S.L))
+        return self._expr[0]
+
+
+def _job_structure(job: Training | Inference) -> Training | Inference:
+    """The job with its sizes (which are symbols in the replay) set to 1."""
+    if isinstance(job, Training):
+        return replace(job, micro_batch=1, seq_len=1)
+    return replace(job, batch=1, context=1, prompt=None)
+
+
+def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
+    gqa = model.n_kv_heads != model.n_heads
+    return (
+        model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
+        model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
+        model.learned_positions, model.attention_dropout, model.hidden_dropout,
+        model.embedding_dropout, gqa, attention_kernel(model, job), _job_structure(job),
+    )  # fmt: skip
+
+
+def _branch(n_layers: int) -> int:
+    return min(n_layers, timeline.GENERAL_LAYERS)
+
+
+_EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference]] = {}
+
+
+@lru_cache(maxsize=512)
+def _compile(key: tuple, device: str, branch: int) -> Compiled:
+    model, job = _EXEMPLAR[key]
+    from calc.step import replay_training  # noqa: PLC0415
+
+    if isinstance(job, Inference):
+        from calc.inference import replay_inference  # noqa: PLC0415
+
+        events = replay_inference(model, job, device, branch)
+    else:
+        events = replay_training(model, job, device, branch)
+    if branch >= timeline.GENERAL_LAYERS:
+        cands = timeline.candidates_general(events)
+    else:
+        cands = timeline.candidates_exact(events)
+    tl = timeline.build(cands, l_min=branch)
+    fn = sp.lambdify(S.ALL_SYMBOLS, list(tl.sizes), modules="math", cse=True)
+    phase_index = tuple(
+        (phase, np.array([j for j, c in enumerate(tl.candidates) if c.phase == phase]))
+        for phase in dict.fromkeys(c.phase for c in tl.candidates)
+    )
+    return Compiled(tl, fn, branch, phase_index)
+
+
+def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, int]:
+    """The value of every symbol for this model and job."""
+    if isinstance(job, Training):
+        b, s, c = job.micro_batch, job.seq_len, job.seq_len
+    else:
+        b, s, c = job.batch, job.prompt_len, job.context
+    vals = {S.b: b, S.s: s, S.c: c}
+    vals.update(model.dims())
+    return vals
+
+
+def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") -> Estimate:
+    """Peak bytes of ``job`` on one GPU (``device="cuda"``: ``max_memory_allocated``) or under
+    verify's CPU storage tracker (``device="cpu"``), with the phases and the breakdown.
+
+    Raises ``ValueError`` for invalid input and ``NotImplementedError`` for a combination the
+    cost model does not cover yet (the message names it).
+    """
+    check_choice("device", device, DEVICES)
+    if not isinstance(model, ModelSpec):
+        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
+    if not isinstance(job, Training | Inference):
+        raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    comp, key = _compiled_for(model, job, device)
+    vals = values_for(model, job)
+    args = [vals[sym] for sym in S.ALL_SYMBOLS]
+    sizes = np.array(comp.sizes_fn(*args), dtype=np.int64)
+    tl = comp.timeline
+    tot = timeline.totals(tl, sizes, model.n_layers)
+    extra, notes = _device_terms(job, device)
+    tot = tot + extra
+    i = int(np.argmax(tot))
+    phases = {phase: int(tot[idx].max()) for phase, idx in comp.phase_index}
+    cand = tl.candidates[i]
+    n_layers = model.n_layers
+    return Estimate(
+        peak_bytes=int(tot[i]),
+        peak_phase=cand.phase,
+        peak_event=cand.label.lstrip("+"),
+        breakdown_fn=lambda: _breakdown(cand, sizes, tl, n_layers, extra, device),
+        phases=phases,
+        expression_fn=lambda: comp.expression() + extra,
+        values=vals,
+        device=device,
+        notes=(f"attention kernel: {key[-2]}", *notes),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _compiled_for(model: ModelSpec, job: Training | Inference, device: str) -> tuple:
+    key = _structure_key(model, job)
+    _EXEMPLAR.setdefault(key, (model, job))
+    return _compile(key, device, _branch(model.n_layers)), key
+
+
+def _device_terms(job: Training | Inference, device: str) -> tuple[int, tuple[str, ...]]:
+    if device != "cuda":
+        return 0, ()
+    handles = CUBLAS_HANDLES_TRAINING if isinstance(job, Training) else 1
+    return handles * CUBLAS_WORKSPACE_BYTES, (
+        f"cuBLAS workspaces: {handles} x 32 MiB (sm90 default; not yet measured on a GPU)",
+    )
+
+
+_GROUP = {"embed": "embedding", "head": "head", "base": "model", "optimizer": "optimizer"}
+
+
+def _group(tag: object) -> str:
+    return "layers" if isinstance(tag, int) else _GROUP.get(str(tag), str(tag))
+
+
+def _breakdown(
+    cand: timeline.Candidate, sizes: np.ndarray, tl: timeline.Timeline, n_layers: int,
+    extra: int, device: str,
+) -> dict[str, int]:  # fmt: skip
+    index = {size: j for j, size in enumerate(tl.sizes)}
+    leaf: dict[str, int] = defaultdict(int)
+    for (kind, name, tag, size), (k0, k1) in cand.counts.items():
+        nbytes = (k0 + k1 * n_layers) * int(sizes[index[size]])
+        if nbytes == 0:
+            continue
+        group = _group(tag)
+        key = {
+            "weight": f"weights/{group}",
+            "grad": f"gradients/{group}",
+            "state": f"optimizer/{name.split(':')[0]}",
+            "input": "inputs",
+            "buffer": "buffers",
+            "saved": f"activations/{group}/{name}",
+            "act": f"temporaries/{name}",
+        }.get(kind, f"other/{name}")
+        leaf[key] += nbytes
+    if extra:
+        leaf[f"{device}/cublas_workspace"] += extra
+    tree: dict[str, int] = defaultdict(int)
+    for key, nbytes in leaf.items():
+        parts = key.split("/")
+        for depth in range(1, len(parts) + 1):
+            tree["/".join(parts[:depth])] += nbytes
+    tree["total"] = sum(leaf.values())
+    return dict(sorted(tree.items(), key=lambda kv: (kv[0] != "total", kv[0])))
+
+
+def bytes_to_gib(nbytes: int) -> float:
+    return nbytes / math.ldexp(1.0, 30)

@@ -1,0 +1,59 @@
+"""The answer `calc.estimate` returns: the peak, where it happens, and what it is made of."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+GIB = 1 << 30
+"""Bytes per GiB (2**30): the only unit used for display."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """Predicted memory of one step on the most-loaded GPU.
+
+    ``peak_bytes`` is the predicted ``torch.cuda.max_memory_allocated()`` over the run on a GPU
+    (``device="cuda"``), or what the CPU storage tracker measures (``device="cpu"``).
+    """
+
+    peak_bytes: int
+    """Predicted peak of allocated bytes."""
+    peak_phase: str
+    """Phase of the step where the peak happens, e.g. ``step2/backward``."""
+    peak_event: str
+    """The allocation that makes the peak (a tensor name from the replay)."""
+    breakdown_fn: Callable[[], Mapping[str, int]]
+    """Builds the breakdown on demand (see ``breakdown``)."""
+    phases: Mapping[str, int]
+    """Peak bytes within each phase (``step1/forward``, ``step1/backward``, ...)."""
+    expression_fn: Callable[[], sp.Expr]
+    """Builds the peak formula on demand (see ``expression``)."""
+    values: Mapping[sp.Symbol, int]
+    """The symbol values this estimate was evaluated at."""
+    device: str
+    """``cuda`` or ``cpu``: which measurement the estimate predicts."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    """Assumptions that decided terms (SDPA kernel chosen, workspaces, ...)."""
+
+    @property
+    def breakdown(self) -> Mapping[str, int]:
+        """Slash-keyed tree of the bytes live at the peak; a parent is the sum of its children
+        and ``total`` equals ``peak_bytes``."""
+        return self.breakdown_fn()
+
+    @property
+    def expression(self) -> sp.Expr:
+        """The peak as a sympy expression of the job and model symbols (``calc.symbols``):
+        ``Max`` over the allocations that can be the peak, each a sum of rounded sizes."""
+        return self.expression_fn()
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    def latex(self) -> str:
+        """The peak formula in LaTeX."""
+        return sp.latex(self.expression)

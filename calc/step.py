@@ -1,0 +1,98 @@
+"""The training step the cost model replays: the loop of ``verify/step.py``, event by event.
+
+For step in (1, 2) (the first creates optimizer states, the second is steady): for each
+micro-batch, forward (under autocast for ``amp-*``) and backward; then the optimizer step and
+``zero_grad(set_to_none=True)`` (or ``zero_grad`` just before the first backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from calc import symbols as S
+from calc.attention import attention_kernel, cpu_backend
+from calc.graphs import reference
+from calc.jobs import Training
+from calc.model_spec import ModelSpec
+from calc.tape import Event, Tape
+
+WEIGHT_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
+AUTOCAST_ITEMSIZE = {"amp-bf16": 2, "amp-fp16": 2}
+INDEX_ITEMSIZE = 8  # int64 token ids and targets
+
+
+def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> reference.Shape:
+    """The replay's symbolic shape: sizes are the symbols of `calc.symbols`."""
+    kernel = attention_kernel(model, job)
+    if device == "cpu":
+        kernel = cpu_backend(kernel)
+    p_attn = model.attention_dropout if job.dropout is None else job.dropout
+    p_hidden = model.hidden_dropout if job.dropout is None else job.dropout
+    p_embed = model.embedding_dropout if job.dropout is None else job.dropout
+    w = WEIGHT_ITEMSIZE[job.precision]
+    return reference.Shape(
+        b=S.b, s=S.s, h=S.h, a=S.a, k=S.k, d=S.d, f=S.f, V=S.V, P=S.P,
+        n_layers=n_layers,
+        model_type=model.model_type, mlp=model.mlp, norm=model.norm,
+        qkv_bias=model.qkv_bias, o_bias=model.o_bias, mlp_bias=model.mlp_bias,
+        norm_bias=model.norm_bias, qk_norm=model.qk_norm, tied=model.tied_embeddings,
+        weight_itemsize=w, act_itemsize=w,
+        autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
+        attention=kernel, recompute=job.recompute,
+        attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
+    )  # fmt: skip
+
+
+def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int) -> list[Event]:
+    """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers."""
+    from calc.optimizer import optimizer_step  # noqa: PLC0415 - sibling module, cycle-free
+
+    sh = shape_for(model, job, device, n_layers)
+    if job.implementation != "reference":
+        raise NotImplementedError(f"implementation={job.implementation!r} is not modelled yet")
+    if sh.attention not in ("flash", "efficient"):
+        raise NotImplementedError(f"attention kernel {sh.attention!r} is not modelled yet")
+    if job.recompute != "none":
+        raise NotImplementedError(f"recompute={job.recompute!r} is not modelled yet")
+    if model.model_type == "gpt2" or model.qk_norm:
+        raise NotImplementedError(f"model_type={model.model_type!r} is not modelled yet")
+    if sh.attn_dropout > 0 and sh.attention != "eager":
+        raise NotImplementedError("attention dropout inside SDPA is not modelled yet")
+    tape = Tape(inplace_accumulate=device == "cuda")
+    w = reference.Weights(tape, sh)
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")
+    rope = model.model_type != "gpt2"
+    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
+    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
+    params = w.parameters()
+    shapes = w.shapes(sh)
+    states = None
+    for step in (1, 2):
+        for mb in range(job.grad_accum):
+            tape.segment = "embed"
+            tape.phase = f"step{step}/forward"
+            if sh.autocast_itemsize:
+                tape.autocast_enter(sh.autocast_itemsize)
+            loss = reference.forward(tape, sh, w, cos, sin)
+            tape.autocast_exit()
+            if job.zero_grad == "before_backward" and mb == 0:
+                tape.zero_grad()
+            tape.phase = f"step{step}/backward"
+            tape.segment = "head"
+            tape.backward(loss)
+            tape.drop(loss)
+        tape.phase = f"step{step}/optimizer"
+        tape.segment = "optimizer"
+        states = optimizer_step(
+            tape, params, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
+            device=device, states=states, shapes=shapes,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
+    return tape.events
+
+
+def with_layers(model: ModelSpec, n_layers: int) -> ModelSpec:
+    return replace(model, n_layers=n_layers)

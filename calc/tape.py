@@ -1,0 +1,350 @@
+"""A symbolic replay of what PyTorch allocates and frees during one training step.
+
+The model code is described op by op (``calc.graphs``): each op allocates its outputs, tells
+autograd which tensors it saves, and names the tensors its backward formula allocates. This
+module plays that description out the way eager PyTorch does:
+
+* a storage is live while a Python reference or an autograd saved-variable holds it
+  (``torch/csrc/autograd/saved_variable.cpp``); views share their base's storage;
+* every storage is charged ``round_block(nbytes)``: ``max(512, ceil(n/512)*512)``, the CUDA
+  caching allocator's ``round_size`` (``c10/cuda/CUDACachingAllocator.cpp``, ``kMinBlockSize``);
+* backward runs nodes in the autograd engine's order: among ready nodes, the highest sequence
+  number first (``torch/csrc/autograd/engine.cpp``, ``ReadyQueue``); a node allocates its input
+  gradients, then drops the incoming gradient, then releases its saved variables
+  (``Engine::evaluate_function`` -> ``fn.release_variables()``); gradients reaching one input
+  from several consumers are summed in place when one of them is unshared, else out of place
+  (``torch/csrc/autograd/input_buffer.cpp``, ``accumulate``); ``AccumulateGrad`` steals the
+  first gradient of a leaf (``accumulate_grad.h``) and adds later ones in place.
+
+Sizes are ints or sympy expressions; the same replay gives exact numbers or formulas.
+The result is the ordered list of events with the multiset of live sizes after each, from which
+`calc.timeline` takes phase peaks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import sympy as sp
+
+BLOCK_BYTES = 512
+"""The CUDA caching allocator's ``kMinBlockSize``: every allocation is a multiple of it."""
+
+Size = int | sp.Expr
+
+
+def round_block(nbytes: Size) -> Size:
+    """Bytes charged for a request of ``nbytes`` (``round_size`` in CUDACachingAllocator.cpp)."""
+    if isinstance(nbytes, int):
+        return 0 if nbytes == 0 else max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
+    return BLOCK_BYTES * sp.ceiling(nbytes / BLOCK_BYTES)
+
+
+class Storage:
+    """One allocation: its charged bytes, name, category, and who holds it."""
+
+    __slots__ = ("size", "name", "kind", "tag", "refs", "saved", "alive")
+
+    def __init__(self, size: Size, name: str, kind: str, tag: object) -> None:
+        self.size = size  # rounded bytes
+        self.name = name
+        self.kind = kind  # "weight", "grad", "state", "input", "act"
+        self.tag = tag  # the segment (layer) that allocated it, or "base"
+        self.refs = 0  # tensors (Python references, views, gradient buffers) on it
+        self.saved = 0  # autograd saved-variable references
+        self.alive = True
+
+
+class Tensor:
+    """A tensor in the replay: a storage plus its autograd identity (grad_fn or leaf)."""
+
+    __slots__ = ("storage", "numel", "itemsize", "grad_fn", "out_index", "leaf", "dropped")
+
+    def __init__(self, storage: Storage, numel: Size, itemsize: int, leaf: bool = False) -> None:
+        self.storage = storage
+        self.numel = numel
+        self.itemsize = itemsize
+        storage.refs += 1
+        self.grad_fn: Node | None = None
+        self.out_index = 0
+        self.leaf = leaf
+        self.dropped = False
+
+    @property
+    def size(self) -> Size:
+        return self.storage.size
+
+    @property
+    def name(self) -> str:
+        return self.storage.name
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.storage.name}, {self.storage.size})"
+
+
+ACCUMULATE_SEQ = 1 << 62
+"""AccumulateGrad's sequence number: the engine runs it as soon as it is ready."""
+
+BackwardRule = Callable[["Tape", "Node", list], list]
+"""``rule(tape, node, grads_out) -> grads_in``: allocates through ``tape``; returns one entry per
+input edge, a Tensor it hands over (one reference each) or None."""
+
+
+@dataclass(eq=False)
+class Node:
+    """An autograd node: its saved storages, its input edges and its backward rule."""
+
+    seq: int
+    name: str
+    rule: BackwardRule
+    edges: list  # per input: (Node, output index) | Tensor (a leaf needing grad) | None
+    saved: list[Storage] = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+    n_outputs: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """The live set after one allocation or free."""
+
+    label: str
+    segment: object
+    phase: str
+    live: tuple  # ((kind, name, tag, size), count) pairs
+
+
+def _accumulate_grad_rule(tape: Tape, node: Node, grads: list) -> list:
+    g = grads[0]
+    if g is not None:
+        tape.accumulate_into_grad(node.info["leaf"], g)
+    return []
+
+
+class Tape:
+    """Records allocations and frees; runs a backward pass over the recorded graph."""
+
+    def __init__(self, inplace_accumulate: bool = True) -> None:
+        """``inplace_accumulate=False`` replays a step run under a Python dispatch mode (the
+        CPU tracker): every tensor then has a PyObject, so ``can_accumulate_inplace`` sees a
+        use count of 2 and InputBuffer sums out of place (measured on torch 2.13; the profiler
+        shows ``aten::add_`` without the mode and ``aten::add`` under any mode)."""
+        self.inplace_accumulate = inplace_accumulate
+        self.live: dict[int, Storage] = {}
+        self.events: list[Event] = []
+        self.segment: object = None
+        self.phase = "forward"
+        self.grad_enabled = True
+        self._seq = 0
+        self.grads: dict[int, Tensor] = {}  # id(leaf storage) -> its .grad
+        self.autocast_itemsize = 0  # > 0 inside torch.autocast (2 for bf16/fp16)
+        self.autocast_cache: dict[int, Tensor] = {}  # id(leaf storage) -> its cached cast
+        self._accumulators: dict[int, Node] = {}
+        self._this_pass: set[int] = set()  # leaves given a gradient in the current backward
+        self.leaves: dict[int, Tensor] = {}
+
+    # -- allocation -------------------------------------------------------------------------
+    def _record(self, label: str) -> None:
+        counts: Counter = Counter()
+        for st in self.live.values():
+            kind = "saved" if st.saved > 0 and st.kind == "act" else st.kind
+            counts[(kind, st.name, st.tag, st.size)] += 1
+        self.events.append(Event(label, self.segment, self.phase, tuple(counts.items())))
+
+    def new(
+        self, numel: Size, itemsize: int, name: str, kind: str = "act", tag: object = None
+    ) -> Tensor:
+        """Allocate ``numel`` elements of ``itemsize`` bytes (rounded) and return its tensor.
+
+        ``tag`` (default: the current segment) says which layer the storage belongs to."""
+        st = Storage(round_block(numel * itemsize), name, kind, self.segment if tag is None else tag)
+        t = Tensor(st, numel, itemsize)
+        if st.size == 0:
+            st.alive = False
+            return t
+        self.live[id(st)] = st
+        self._record(f"+{name}")
+        return t
+
+    def existing(
+        self, numel: Size, itemsize: int, name: str, kind: str, leaf: bool = False, tag: object = "base"
+    ) -> Tensor:
+        """A storage alive before the replay starts (weights, inputs): no event."""
+        st = Storage(round_block(numel * itemsize), name, kind, tag)
+        self.live[id(st)] = st
+        t = Tensor(st, numel, itemsize, leaf)
+        if leaf:
+            self.leaves[id(st)] = t
+        return t
+
+    def alias(
+        self, t: Tensor, node: Node | None = None, out_index: int = 0, numel: Size | None = None
+    ) -> Tensor:
+        """A view of ``t`` (same storage), with ``node`` as its grad_fn."""
+        v = Tensor(t.storage, t.numel if numel is None else numel, t.itemsize)
+        v.grad_fn = node
+        v.out_index = out_index
+        return v
+
+    def drop(self, *tensors: Tensor | None) -> None:
+        """Tensors going away (a Python local dying, a buffer consumed)."""
+        for t in tensors:
+            if t is None:
+                continue
+            assert not t.dropped, f"{t} dropped twice"
+            t.dropped = True
+            t.storage.refs -= 1
+            self._maybe_free(t.storage)
+
+    def _maybe_free(self, st: Storage) -> None:
+        if st.alive and st.refs <= 0 and st.saved <= 0:
+            st.alive = False
+            del self.live[id(st)]
+            self._record(f"-{st.name}")
+
+    # -- autograd graph ---------------------------------------------------------------------
+    def node(
+        self,
+        name: str,
+        rule: BackwardRule,
+        inputs: Sequence[Tensor | None],
+        saved: Sequence[Tensor | None] = (),
+        n_outputs: int = 1,
+        **info: object,
+    ) -> Node | None:
+        """Create the grad_fn of an op whose differentiable inputs are ``inputs``.
+
+        Returns None (and saves nothing) when no input needs a gradient or grad mode is off.
+        ``saved`` entries that are None are skipped (a guarded save that did not happen).
+        """
+        edges = [self._edge(t) for t in inputs]
+        if not self.grad_enabled or all(e is None for e in edges):
+            return None
+        self._seq += 1
+        n = Node(self._seq, name, rule, edges, [], dict(info), n_outputs)
+        for t in saved:
+            if t is not None:
+                t.storage.saved += 1
+                n.saved.append(t.storage)
+        return n
+
+    def output(self, t: Tensor, node: Node | None, out_index: int = 0) -> Tensor:
+        t.grad_fn = node
+        t.out_index = out_index
+        return t
+
+    def _edge(self, t: Tensor | None) -> tuple | None:
+        if t is None:
+            return None
+        if t.grad_fn is not None:
+            return (t.grad_fn, t.out_index)
+        if not t.leaf:
+            return None
+        acc = self._accumulators.get(id(t.storage))
+        if acc is None:
+            # One AccumulateGrad node per leaf, highest priority (sequence_nr UINT64_MAX):
+            # a leaf used twice (a tied head) has its two gradients summed in its InputBuffer
+            # before AccumulateGrad runs.
+            acc = Node(ACCUMULATE_SEQ, "AccumulateGrad", _accumulate_grad_rule, [], [], {"leaf": t})
+            self._accumulators[id(t.storage)] = acc
+        return (acc, 0)
+
+    @staticmethod
+    def needs_grad(t: Tensor | None) -> bool:
+        return t is not None and (t.grad_fn is not None or t.leaf)
+
+    # -- backward ---------------------------------------------------------------------------
+    def backward(self, root: Tensor) -> None:
+        """``root.backward()``: seed with ``ones_like(root)``, held by Python throughout
+        (``torch.autograd.backward`` keeps ``grad_tensors``), and run the engine."""
+        fn = root.grad_fn
+        assert fn is not None
+        self._this_pass = set()
+        deps: Counter = Counter()
+        seen = {id(fn)}
+        stack = [fn]
+        while stack:
+            n = stack.pop()
+            for e in n.edges:
+                if isinstance(e, tuple):
+                    deps[id(e[0])] += 1
+                    if id(e[0]) not in seen:
+                        seen.add(id(e[0]))
+                        stack.append(e[0])
+        seed = self.new(root.numel, root.itemsize, "grad_seed")
+        buffers: dict[int, list] = {id(fn): [self.alias(seed)]}
+        ready = [fn]
+        self.grad_enabled = False
+        while ready:
+            ready.sort(key=lambda n: n.seq)
+            n = ready.pop()
+            grads_out = buffers.pop(id(n), None) or [None] * n.n_outputs
+            grads_in = n.rule(self, n, grads_out)
+            assert len(grads_in) == len(n.edges), n.name
+            self.drop(*grads_out)
+            for st in n.saved:
+                st.saved -= 1
+                self._maybe_free(st)
+            n.saved = []
+            for e, g in zip(n.edges, grads_in, strict=True):
+                if g is None:
+                    continue
+                if e is None:
+                    self.drop(g)
+                else:
+                    target, index = e
+                    buf = buffers.setdefault(id(target), [None] * target.n_outputs)
+                    buf[index] = self._accumulate(buf[index], g)
+            for e in n.edges:
+                if isinstance(e, tuple):
+                    deps[id(e[0])] -= 1
+                    if deps[id(e[0])] == 0:
+                        ready.append(e[0])
+        self.grad_enabled = True
+        self.drop(seed)
+
+    def _accumulate(self, old: Tensor | None, new: Tensor) -> Tensor:
+        """InputBuffer::accumulate with grad mode off: ``old.add_(new)`` when the buffered
+        gradient is unshared, else ``old + new``."""
+        if old is None:
+            return new
+        if self.inplace_accumulate and old.storage.refs == 1 and old.storage.saved == 0:
+            self.drop(new)
+            return old
+        out = self.new(old.numel, old.itemsize, "grad_sum")
+        self.drop(old, new)
+        return out
+
+    def accumulate_into_grad(self, leaf: Tensor, g: Tensor) -> None:
+        """AccumulateGrad::accumulateGrad: steal an unshared first gradient (else copy it);
+        add later ones in place (``variable_grad += new_grad``; in place even under a dispatch
+        mode, measured). ``g`` is borrowed: the engine drops it after the node."""
+        key = id(leaf.storage)
+        if key in self.grads:
+            return
+        st = g.storage
+        if st.refs == 1 and st.saved == 0 and st.size == leaf.size:
+            st.kind, st.name, st.tag = "grad", f"grad:{leaf.name}", leaf.storage.tag
+            self.grads[key] = self.alias(g)
+            return
+        copy = self.new(leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag)
+        self.grads[key] = copy
+
+    def autocast_enter(self, itemsize: int) -> None:
+        """``torch.autocast(dtype=...)`` entered: linears cast to ``itemsize`` bytes."""
+        self.autocast_itemsize = itemsize
+
+    def autocast_exit(self) -> None:
+        """Leaving the outermost autocast clears the weight-cast cache
+        (``torch/amp/autocast_mode.py``, ``clear_autocast_cache``)."""
+        self.autocast_itemsize = 0
+        cached = list(self.autocast_cache.values())
+        self.autocast_cache = {}
+        self.drop(*cached)
+
+    def zero_grad(self) -> None:
+        """``optimizer.zero_grad(set_to_none=True)``."""
+        grads = list(self.grads.values())
+        self.grads = {}
+        self.drop(*grads)

@@ -1,0 +1,164 @@
+"""From a replayed step to the peak for any number of layers, as a small linear system.
+
+A replay (`calc.tape`) of a model with ``n`` concrete layers gives, after each allocation, the
+multiset of live storage sizes, each storage tagged with the layer that allocated it. Real
+models have ``L`` layers, a symbol. Layers are identical, so a replay of five layers (first,
+second, a middle one, second-to-last, last) generalises exactly:
+
+* at an event outside the middle layer, the middle layer's tensors stand for all ``L - 4``
+  middle layers (they are all in the same state, all before or all after the event);
+* at an event inside middle layer ``j`` (``2 <= j <= L-3``), the other middle layers count as
+  layer 0 does (two or more below) for the ``j - 2`` below and as layer 4 does for the
+  ``L - 3 - j`` above. The live bytes are affine in ``j``, so the maximum over ``j`` is at
+  ``j = 2`` or ``j = L - 3``: two candidates per event.
+
+Models with fewer than five layers are replayed as they are. Each candidate is a row of counts
+over the distinct storage sizes, the counts affine in ``L``; the live bytes are
+``(C0 + L*C1) @ sizes``. An event whose counts are nowhere above another's (for every size,
+at every ``L``) can never be the peak and is dropped. What is left is compiled once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import sympy as sp
+
+from calc.tape import Event
+
+GENERAL_LAYERS = 5
+"""Layers replayed to generalise to any ``L >= 5``."""
+MIDDLE = 2
+"""The tag of the layer that stands for the middle ones in the five-layer replay."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One possible peak: which phase, which allocation, and which storages are live."""
+
+    phase: str
+    label: str
+    counts: dict  # key (kind, name, tag, size) -> (const, per_L) count
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """The candidates of one replay family (one branch of ``L``)."""
+
+    sizes: tuple  # distinct size expressions
+    phases: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    c0: np.ndarray  # [n_candidates, n_sizes] constant counts
+    c1: np.ndarray  # [n_candidates, n_sizes] counts per layer
+
+
+def _local_maxima(events: Sequence[Event]) -> list[Event]:
+    """Allocations followed by a free, a phase change, or the end: the only possible peaks."""
+    keep = []
+    for i, e in enumerate(events):
+        if not e.label.startswith("+"):
+            continue
+        nxt = events[i + 1] if i + 1 < len(events) else None
+        if nxt is None or not nxt.label.startswith("+") or nxt.phase != e.phase:
+            keep.append(e)
+    return keep
+
+
+def _contrib(e: Event, tag: object) -> dict:
+    return {key: c for key, c in e.live if key[2] == tag}
+
+
+def candidates_exact(events: Sequence[Event]) -> list[Candidate]:
+    """Candidates of a replay with the real number of layers (no generalisation)."""
+    out = []
+    for e in _local_maxima(events):
+        out.append(Candidate(e.phase, e.label, {key: (c, 0) for key, c in e.live}))
+    return out
+
+
+def candidates_general(events: Sequence[Event]) -> list[Candidate]:
+    """Candidates valid for every ``L >= 5`` from a five-layer replay (module docstring)."""
+    out = []
+    for e in _local_maxima(events):
+        base = {key: (c, 0) for key, c in e.live}
+        if e.segment == MIDDLE:
+            below, above = _contrib(e, 0), _contrib(e, GENERAL_LAYERS - 1)
+            # j = 2: the L - 5 other middle layers are all above; j = L - 3: all below.
+            for extra in (above, below):
+                counts = dict(base)
+                for key, c in extra.items():
+                    k0, k1 = counts.get(key, (0, 0))
+                    # (L - 5) more copies of this contribution
+                    counts[key] = (k0 - 5 * c, k1 + c)
+                out.append(Candidate(e.phase, e.label, counts))
+        else:
+            counts = dict(base)
+            for key, c in _contrib(e, MIDDLE).items():
+                k0, k1 = counts[key]
+                counts[key] = (k0 - 5 * c, k1 + c)  # L - 4 middle layers in all
+            out.append(Candidate(e.phase, e.label, counts))
+    return out
+
+
+def build(cands: Sequence[Candidate], l_min: int) -> Timeline:
+    """Matrix form of ``cands``, with dominated candidates removed (valid for ``L >= l_min``)."""
+    sizes: dict = {}
+    for cand in cands:
+        for key in cand.counts:
+            sizes.setdefault(key[3], len(sizes))
+    n, m = len(cands), len(sizes)
+    c0 = np.zeros((n, m), dtype=np.int64)
+    c1 = np.zeros((n, m), dtype=np.int64)
+    for i, cand in enumerate(cands):
+        for key, (k0, k1) in cand.counts.items():
+            j = sizes[key[3]]
+            c0[i, j] += k0
+            c1[i, j] += k1
+    keep: list[int] = []
+    for phase in dict.fromkeys(c.phase for c in cands):
+        rows = [i for i, c in enumerate(cands) if c.phase == phase]
+        kept = _undominated(c0[rows] + l_min * c1[rows], c1[rows])
+        keep.extend(rows[i] for i in kept)
+    keep.sort()
+    phases = tuple(dict.fromkeys(c.phase for c in cands))
+    return Timeline(
+        tuple(sizes), phases, tuple(cands[i] for i in keep), c0[keep], c1[keep]
+    )
+
+
+def _undominated(at_min: np.ndarray, slope: np.ndarray) -> list[int]:
+    """Rows not dominated by another row (of two equal rows, one is kept)."""
+    n = at_min.shape[0]
+    alive = np.ones(n, dtype=bool)
+    order = np.argsort(-at_min.sum(axis=1), kind="stable")
+    for i in order:
+        if not alive[i]:
+            continue
+        ge = np.all(at_min[i] >= at_min, axis=1) & np.all(slope[i] >= slope, axis=1)
+        ge[i] = False
+        alive &= ~ge
+        alive[i] = True
+    return [i for i in range(n) if alive[i]]
+
+
+def totals(tl: Timeline, size_values: np.ndarray, n_layers: int) -> np.ndarray:
+    """Live bytes of every candidate for the given size values and layer count."""
+    return (tl.c0 + n_layers * tl.c1) @ size_values
+
+
+def expression(tl: Timeline, n_layers: sp.Expr) -> sp.Expr:
+    """The peak of this timeline as ``Max`` over its candidates (for display)."""
+    terms = []
+    for row0, row1 in zip(tl.c0, tl.c1, strict=True):
+        terms.append(
+            sp.Add(
+                *[
+                    (int(a) + int(b) * n_layers) * size
+                    for a, b, size in zip(row0, row1, tl.sizes, strict=True)
+                    if a or b
+                ]
+            )
+        )
+    return sp.Max(*terms, evaluate=False) if len(terms) > 1 else terms[0]

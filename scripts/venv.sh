@@ -1,0 +1,38 @@
+# Sourced by scripts/test.sh and scripts/run.sh: create .venv if missing and install this project
+# into it (editable: calc/cards.py reads model_cards/ beside the package) with the extras in $1
+# (comma-separated; empty for the core only).
+# The install is skipped when pyproject.toml and the extras are unchanged since the last one.
+
+ensure_venv() {
+    local extras="$1"
+    local root
+    root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+    local venv="$root/.venv"
+    local python="${PYTHON:-python3}"
+
+    if [[ ! -x "$venv/bin/python" ]]; then
+        "$python" -c 'import sys; assert sys.version_info >= (3, 11), sys.version' || {
+            echo "vramplan needs Python >= 3.11 (set PYTHON=/path/to/python3.11)" >&2
+            return 1
+        }
+        echo "==> creating $venv" >&2
+        "$python" -m venv "$venv"
+    fi
+
+    local spec="$root" name="core"
+    if [[ -n "$extras" ]]; then
+        spec="$root[$extras]"
+        name="${extras//,/-}"
+    fi
+    local stamp="$venv/.vramplan-install-$name"
+    local want
+    want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
+    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+        echo "==> pip install -e '$spec'" >&2
+        "$venv/bin/python" -m pip install --quiet -e "$spec"
+        echo "$want" >"$stamp"
+    fi
+
+    export PATH="$venv/bin:$PATH"
+    export VIRTUAL_ENV="$venv"
+}

@@ -1,0 +1,100 @@
+"""``python -m verify``: run the cases, print a table, write the reports, exit 1 on a miss.
+
+Exit code 1 when any case's |error| exceeds its tolerance or a case errored; not-modelled and
+not-runnable cases are listed and counted but do not fail the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ALLOC_CONFS = {"expandable": "expandable_segments:True", "default": ""}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m verify", description=__doc__)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--impl", choices=("reference", "hf", "all"), default="all")
+    p.add_argument(
+        "--cases",
+        metavar="SUBSTRING",
+        default=None,
+        help="only cases whose name contains this (comma-separated alternatives)",
+    )
+    p.add_argument("--quick", action="store_true", help="the CI subset (tag 'quick')")
+    p.add_argument(
+        "--out", type=Path, default=None, help="report folder (default verify/reports/latest)"
+    )
+    p.add_argument(
+        "--cuda-alloc",
+        choices=tuple(ALLOC_CONFS),
+        default=None,
+        help="cuda: set PYTORCH_CUDA_ALLOC_CONF before CUDA starts "
+        "(expandable_segments:True, or the default allocator)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cuda_alloc is not None:
+        conf = ALLOC_CONFS[args.cuda_alloc]
+        if conf:
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        else:
+            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    from verify import report
+    from verify.cases import select
+    from verify.runner import FAILING, run_case
+
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            print("--device cuda: no CUDA device is available", file=sys.stderr)
+            return 2
+    cases = select(impl=args.impl, substring=args.cases, quick=args.quick)
+    if not cases:
+        print("no case matches the filters", file=sys.stderr)
+        return 2
+    out = args.out or report.DEFAULT_OUT
+    records = []
+    bar = None
+    if not args.no_progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(cases), unit="case", file=sys.stderr, leave=False, disable=None)
+    write = bar.write if bar is not None else print
+    write(report.format_row(report.HEADER))
+    for case in cases:
+        if bar is not None:
+            bar.set_description(case.name[:28])
+        rec = run_case(case, device=args.device)
+        records.append(rec)
+        write(report.format_row(report.row(rec)))
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    rest = [r for r in records if r.status in ("not-modelled", "not-runnable")]
+    if rest:
+        print(f"\nnot modelled / not runnable ({len(rest)}):")
+        for r in rest:
+            print(f"  {r.name}: {r.message.splitlines()[0]}")
+    bad = [r for r in records if r.status in FAILING]
+    for r in bad:
+        if r.status == "error":
+            print(f"\n{r.name}: {r.message.strip()}", file=sys.stderr)
+    paths = report.write_report(records, out, report.run_meta(args.device))
+    print(f"\nreports: {', '.join(str(p) for p in paths)}")
+    print(report.summary_line(records))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
