@@ -33,6 +33,11 @@ def attention_kernel(model: ModelSpec, job: Training | Inference) -> str:
     return "math"
 
 
-def cpu_backend(kernel: str) -> str:
-    """The CPU SDPA backend that stands for a CUDA kernel: ``flash`` or ``math`` (or eager)."""
+def cpu_backend(kernel: str, attn_dropout: float = 0.0) -> str:
+    """The CPU SDPA backend that stands for a CUDA kernel: ``flash`` or ``math`` (or eager).
+
+    CPU's fused kernel has no dropout ("Both fused kernels do not support non-zero dropout",
+    ``sdp_utils_cpp.h``): with attention dropout the CPU run takes math."""
+    if kernel in ("flash", "efficient") and attn_dropout > 0:
+        return "math"
     return {"flash": "flash", "efficient": "flash", "math": "math", "eager": "eager"}[kernel]

@@ -59,7 +59,9 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
 
 def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
     gqa = model.n_kv_heads != model.n_heads
+    heads_span_hidden = model.n_heads * model.head_dim == model.hidden
     return (
+        heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
         model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
         model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
         model.learned_positions, model.attention_dropout, model.hidden_dropout,
@@ -187,6 +189,7 @@ def _breakdown(
             "input": "inputs",
             "buffer": "buffers",
             "saved": f"activations/{group}/{name}",
+            "kv_cache": f"kv_cache/{group}",
             "act": f"temporaries/{name}",
         }.get(kind, f"other/{name}")
         leaf[key] += nbytes

@@ -35,6 +35,8 @@ from calc.tape import Event, Size, Tape, Tensor
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of weights, activations and the KV cache for each inference precision."""
 INDEX_ITEMSIZE = 8  # int64 token ids and positions
+RESIDUAL = "residual"
+"""Tag of the residual stream between layers (a block's output): at most one is live."""
 
 
 def shape_for_inference(
@@ -89,6 +91,10 @@ def forward(
     for j, lw in enumerate(w.layers):
         tape.segment = j
         x_next = reference.block(tape, sh, x, lw, cos, sin)
+        # The block's output outlives its layer (it is the next block's input) but nothing
+        # else of the layer does: tagged as a layer tensor it would make `calc.timeline` count
+        # it once per middle layer at events of the next layer. No layer owns it.
+        x_next.storage.tag = RESIDUAL
         tape.drop(x)
         x = x_next
     tape.segment = "head"

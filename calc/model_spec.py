@@ -139,6 +139,10 @@ class ModelSpec:
     """Epsilon added inside the norms (dimensionless, > 0)."""
     rope_theta: float | None
     """RoPE base wavelength; ``None`` for learned positions."""
+    sliding_window: int | None = None
+    """Sliding-window attention span in tokens for the layers that use it (Mistral's
+    ``sliding_window``; Qwen2 only with ``use_sliding_window``), else ``None``. It changes the
+    Hugging Face cache (``DynamicSlidingWindowLayer``), not the parameters."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -262,6 +266,14 @@ class ModelSpec:
             qkv_bias, o_bias = model_type == "qwen2", False
         mlp_bias = _opt(c, "mlp_bias", False, bool) if model_type == "llama" else False
         max_pos_default = {"llama": 2048, "mistral": 4096 * 32}.get(model_type, 32768)
+        window: int | None = None
+        if model_type == "mistral" or (
+            model_type == "qwen2" and _opt(c, "use_sliding_window", False, bool)
+        ):
+            if "sliding_window" not in c:
+                window = 4096 if model_type == "mistral" else None  # MistralConfig default
+            elif c["sliding_window"] is not None:
+                window = _req_int(c, "sliding_window")
         return cls(
             name=name,
             model_type=model_type,  # type: ignore[arg-type]
@@ -287,6 +299,7 @@ class ModelSpec:
             embedding_dropout=0.0,
             norm_eps=_opt(c, "rms_norm_eps", 1e-6, float),
             rope_theta=_rope_theta(c),
+            sliding_window=window,
         )
 
     @classmethod

@@ -59,21 +59,13 @@ def mul(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
     need = (tape.needs_grad(x), tape.needs_grad(y))
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
-        # Both products first; then each is reduced (``sum_to_size``) or cast back to its
-        # operand's dtype where needed, the product freed right after (traced order).
+        # grad * y, then grad * x; a broadcast or lower-precision operand's product is reduced
+        # or cast afterwards by the engine's validate_outputs.
         g = grads[0]
-        fulls = [
+        return [
             tape.new(g.numel, g.itemsize, f"d{name}") if want and g is not None else None
             for want in need
         ]
-        res: list = []
-        for mine, full in zip((x, y), fulls, strict=True):
-            if full is None or (_same(mine.numel, g.numel) and mine.itemsize == g.itemsize):
-                res.append(full)
-                continue
-            res.append(tape.new(mine.numel, mine.itemsize, f"d{name}.{mine.name}"))
-            tape.drop(full)
-        return res
 
     n = tape.node("Mul", rule, [x, y], saved=[y if need[0] else None, x if need[1] else None])
     return tape.output(tape.new(x.numel, max(x.itemsize, y.itemsize), name), n)
@@ -89,15 +81,7 @@ def add(tape: Tape, x: Tensor, y: Tensor | None, name: str, out_numel: Size | No
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
-        res = []
-        for mine, need in zip((x, y), node.info["need"], strict=True):
-            if not need or g is None:
-                res.append(None)
-            elif _same(mine.numel, g.numel) and mine.itemsize == g.itemsize:
-                res.append(tape.alias(g))
-            else:  # reduced with sum_to_size, or cast back to the operand's dtype
-                res.append(tape.new(mine.numel, mine.itemsize, f"d{name}.{mine.name}"))
-        return res
+        return [tape.alias(g) if need and g is not None else None for need in node.info["need"]]
 
     need = (tape.needs_grad(x), tape.needs_grad(y))
     n = tape.node("Add", rule, [x, y], need=need)
@@ -196,6 +180,7 @@ def linear(
         else:
             gx = tape.new(x.numel, x.itemsize, f"d{name}.in") if need_x else None
             gw = tape.new(w.numel, w.itemsize, f"d{w.name}") if need_w else None
+            tape.formula_done(node)  # the mat1/mat2 locals die before the bias' sum
         gb = tape.new(bias.numel, bias.itemsize, f"d{bias.name}") if need_b else None
         return [gx, gw, gb]
 
@@ -264,13 +249,14 @@ def dropout(tape: Tape, x: Tensor, name: str, device: str) -> Tensor:
     def rule(tape: Tape, node: Node, grads: list) -> list:
         return [tape.new(x.numel, x.itemsize, f"d{name}")]
 
-    if device == "cuda":
+    if device == "cuda":  # the mask is an output: saved after the kernel ran
         out = tape.new(x.numel, x.itemsize, name)
         mask = tape.new(x.numel, 1, f"{name}.mask")
-    else:
+        n = tape.node("Dropout", rule, [x], saved=[mask])
+    else:  # the mask is an input of ``mul``: saved before it runs
         mask = tape.new(x.numel, x.itemsize, f"{name}.mask")
+        n = tape.node("Dropout", rule, [x], saved=[mask])
         out = tape.new(x.numel, x.itemsize, name)
-    n = tape.node("Dropout", rule, [x], saved=[mask])
     tape.drop(mask)
     return tape.output(out, n)
 

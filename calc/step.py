@@ -23,15 +23,20 @@ INDEX_ITEMSIZE = 8  # int64 token ids and targets
 
 def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> reference.Shape:
     """The replay's symbolic shape: sizes are the symbols of `calc.symbols`."""
-    kernel = attention_kernel(model, job)
-    if device == "cpu":
-        kernel = cpu_backend(kernel)
+    p_attn0 = model.attention_dropout if job.dropout is None else job.dropout
+    kernel = cpu_backend(attention_kernel(model, job), p_attn0)
     p_attn = model.attention_dropout if job.dropout is None else job.dropout
     p_hidden = model.hidden_dropout if job.dropout is None else job.dropout
     p_embed = model.embedding_dropout if job.dropout is None else job.dropout
     w = WEIGHT_ITEMSIZE[job.precision]
     return reference.Shape(
-        b=S.b, s=S.s, h=S.h, a=S.a, k=S.k, d=S.d, f=S.f, V=S.V, P=S.P,
+        b=S.b, s=S.s, h=S.h, a=S.a, f=S.f, V=S.V, P=S.P,
+        # a * d == h (most models): d is written h / a so that shapes the code compares are
+        # equal symbolically exactly when they are equal in the model.
+        d=S.h / S.a if model.n_heads * model.head_dim == model.hidden else S.d,
+        # Without GQA the kv heads are the query heads: one symbol, so that code choosing a
+        # path on ``k == a`` (HF's repeat_kv / enable_gqa) replays the path the model takes.
+        k=S.a if model.n_kv_heads == model.n_heads else (1 if model.n_kv_heads == 1 else S.k),
         n_layers=n_layers,
         model_type=model.model_type, mlp=model.mlp, norm=model.norm,
         qkv_bias=model.qkv_bias, o_bias=model.o_bias, mlp_bias=model.mlp_bias,
@@ -40,6 +45,7 @@ def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> re
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
         attention=kernel, recompute=job.recompute,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
+        gqa=model.n_kv_heads != model.n_heads,
     )  # fmt: skip
 
 
@@ -48,21 +54,28 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     from calc.optimizer import optimizer_step  # noqa: PLC0415 - sibling module, cycle-free
 
     sh = shape_for(model, job, device, n_layers)
-    if job.implementation != "reference":
-        raise NotImplementedError(f"implementation={job.implementation!r} is not modelled yet")
-    if sh.attention not in ("flash", "efficient"):
-        raise NotImplementedError(f"attention kernel {sh.attention!r} is not modelled yet")
-    if job.recompute != "none":
-        raise NotImplementedError(f"recompute={job.recompute!r} is not modelled yet")
-    if model.model_type == "gpt2" or model.qk_norm:
-        raise NotImplementedError(f"model_type={model.model_type!r} is not modelled yet")
-    if sh.attn_dropout > 0 and sh.attention != "eager":
-        raise NotImplementedError("attention dropout inside SDPA is not modelled yet")
+    hf = job.implementation == "hf"
+    if hf:
+        from calc.graphs import hf as hf_graph  # noqa: PLC0415
+
+        if model.model_type == "gpt2":
+            raise NotImplementedError("implementation='hf' for gpt2 is not modelled yet")
+        if job.recompute != "none":
+            raise NotImplementedError("implementation='hf' with recompute is not modelled yet")
+        if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
+            raise NotImplementedError("implementation='hf' with dropout is not modelled yet")
+        sliding = n_layers if model.sliding_window is not None else 0
+    if hf and sh.attention == "math":
+        raise NotImplementedError("implementation='hf' with the math SDPA kernel is not modelled")
+    if sh.attention == "eager" and sh.autocast_itemsize:
+        raise NotImplementedError("eager attention under autocast is not modelled yet")
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
-    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")
+    if not hf:  # HF takes labels=input_ids: one tensor
+        tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")
     rope = model.model_type != "gpt2"
+    rope = rope and not hf  # HF computes cos/sin inside each forward
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
     params = w.parameters()
@@ -72,10 +85,13 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         for mb in range(job.grad_accum):
             tape.segment = "embed"
             tape.phase = f"step{step}/forward"
-            if sh.autocast_itemsize:
-                tape.autocast_enter(sh.autocast_itemsize)
-            loss = reference.forward(tape, sh, w, cos, sin)
-            tape.autocast_exit()
+            if hf:  # hf.forward enters and leaves autocast itself
+                loss = hf_graph.forward(tape, sh, w, use_cache=True, sliding_layers=sliding)
+            else:
+                if sh.autocast_itemsize:
+                    tape.autocast_enter(sh.autocast_itemsize)
+                loss = reference.forward(tape, sh, w, cos, sin)
+                tape.autocast_exit()
             if job.zero_grad == "before_backward" and mb == 0:
                 tape.zero_grad()
             tape.phase = f"step{step}/backward"

@@ -122,6 +122,24 @@ def _accumulate_grad_rule(tape: Tape, node: Node, grads: list) -> list:
     return []
 
 
+class StopRecomputation(Exception):
+    """Raised inside a recomputation once every saved tensor is back (early stop)."""
+
+
+@dataclass(eq=False)
+class Region:
+    """One checkpointed call: its function, inputs held by the frame, and saved placeholders."""
+
+    fn: Callable[[], Tensor]
+    inputs: list
+    autocast_itemsize: int
+    placeholders: list = field(default_factory=list)  # (node, number of tensors it saves)
+    recomputed: list = field(default_factory=list)  # storages, in save order
+    n_saved: int = 0
+    pending: set = field(default_factory=set)
+    done: bool = False
+
+
 class Tape:
     """Records allocations and frees; runs a backward pass over the recorded graph."""
 
@@ -140,8 +158,10 @@ class Tape:
         self.grads: dict[int, Tensor] = {}  # id(leaf storage) -> its .grad
         self.autocast_itemsize = 0  # > 0 inside torch.autocast (2 for bf16/fp16)
         self.autocast_cache: dict[int, Tensor] = {}  # id(leaf storage) -> its cached cast
+        self.region: Region | None = None  # the checkpointed forward being recorded
+        self.recomputing: Region | None = None
+        self._made: list[Tensor] = []
         self._accumulators: dict[int, Node] = {}
-        self._this_pass: set[int] = set()  # leaves given a gradient in the current backward
         self.leaves: dict[int, Tensor] = {}
 
     # -- allocation -------------------------------------------------------------------------
@@ -160,6 +180,8 @@ class Tape:
         ``tag`` (default: the current segment) says which layer the storage belongs to."""
         st = Storage(round_block(numel * itemsize), name, kind, self.segment if tag is None else tag)
         t = Tensor(st, numel, itemsize)
+        if self.recomputing is not None:
+            self._made.append(t)
         if st.size == 0:
             st.alive = False
             return t
@@ -183,6 +205,8 @@ class Tape:
     ) -> Tensor:
         """A view of ``t`` (same storage), with ``node`` as its grad_fn."""
         v = Tensor(t.storage, t.numel if numel is None else numel, t.itemsize)
+        if self.recomputing is not None:
+            self._made.append(v)
         v.grad_fn = node
         v.out_index = out_index
         return v
@@ -223,16 +247,85 @@ class Tape:
             return None
         self._seq += 1
         n = Node(self._seq, name, rule, edges, [], dict(info), n_outputs)
-        for t in saved:
-            if t is not None:
+        n.info["in_meta"] = [None if x is None else (x.numel, x.itemsize) for x in inputs]
+        saves = [t for t in saved if t is not None]
+        if self.region is not None:  # checkpointed forward: saved tensors are not kept
+            if saves:
+                n.info["region"] = self.region
+                self.region.placeholders.append((n, len(saves)))
+            return n
+        if self.recomputing is not None:  # recomputation: saves go to the checkpoint frame
+            reg = self.recomputing
+            for t in saves:
                 t.storage.saved += 1
-                n.saved.append(t.storage)
+                reg.recomputed.append(t.storage)
+            if len(reg.recomputed) >= reg.n_saved:
+                # Inputs are packed before the op runs, outputs after: the ops call node()
+                # before allocating outputs they do not save and after those they save, so
+                # stopping here leaves exactly what PyTorch has made.
+                raise StopRecomputation
+            return n
+        for t in saves:
+            t.storage.saved += 1
+            n.saved.append(t.storage)
         return n
 
     def output(self, t: Tensor, node: Node | None, out_index: int = 0) -> Tensor:
         t.grad_fn = node
         t.out_index = out_index
         return t
+
+    # -- activation checkpointing -----------------------------------------------------------
+    def checkpoint(self, fn: Callable[[], Tensor], inputs: Sequence[Tensor]) -> Tensor:
+        """``torch.utils.checkpoint(fn, *inputs, use_reentrant=False)``.
+
+        Forward: ``fn`` runs with saved tensors replaced by placeholders (nothing kept); the
+        checkpoint frame holds ``inputs``. Backward: the first node of the region to run
+        triggers the recomputation of ``fn``, which keeps every tensor it saves and stops as soon
+        as the last one is made (``_StopRecomputationError``, early stop on by default); each
+        recomputed tensor is then released by the node that saved it, as usual
+        (``torch/utils/checkpoint.py``, ``_checkpoint_hook``, ``unpack_hook``).
+        """
+        reg = Region(fn, [self.alias(t) for t in inputs], self.autocast_itemsize)
+        outer, self.region = self.region, reg
+        try:
+            out = fn()
+        finally:
+            self.region = outer
+        reg.n_saved = sum(count for _, count in reg.placeholders)
+        reg.pending = {id(n) for n, _ in reg.placeholders}
+        if not reg.pending:
+            self.drop(*reg.inputs)
+        return out
+
+    def _recompute(self, reg: Region) -> None:
+        reg.done = True
+        self.recomputing = reg
+        made_before = self._made
+        self._made = []
+        grad_before, self.grad_enabled = self.grad_enabled, True
+        ac_before, cache_before = self.autocast_itemsize, self.autocast_cache
+        self.autocast_itemsize, self.autocast_cache = reg.autocast_itemsize, {}
+        try:
+            reg.fn()
+        except StopRecomputation:
+            pass
+        finally:
+            self.recomputing = None
+            self.grad_enabled = grad_before
+        self.autocast_exit()
+        self.autocast_itemsize, self.autocast_cache = ac_before, cache_before
+        leftovers, self._made = self._made, made_before
+        self.drop(*[t for t in leftovers if not t.dropped])  # the recomputation's locals
+        it = iter(reg.recomputed)
+        for n, count in reg.placeholders:
+            n.saved.extend(next(it) for _ in range(count))
+
+    def _region_node_done(self, n: Node) -> None:
+        reg = n.info["region"]
+        reg.pending.discard(id(n))
+        if not reg.pending:
+            self.drop(*reg.inputs)
 
     def _edge(self, t: Tensor | None) -> tuple | None:
         if t is None:
@@ -260,7 +353,6 @@ class Tape:
         (``torch.autograd.backward`` keeps ``grad_tensors``), and run the engine."""
         fn = root.grad_fn
         assert fn is not None
-        self._this_pass = set()
         deps: Counter = Counter()
         seen = {id(fn)}
         stack = [fn]
@@ -279,14 +371,21 @@ class Tape:
         while ready:
             ready.sort(key=lambda n: n.seq)
             n = ready.pop()
+            reg = n.info.get("region")
+            if reg is not None and not reg.done:
+                self._recompute(reg)
             grads_out = buffers.pop(id(n), None) or [None] * n.n_outputs
             grads_in = n.rule(self, n, grads_out)
             assert len(grads_in) == len(n.edges), n.name
+            if reg is not None:
+                # Recomputed tensors are handed out by the unpack hook and live only in the
+                # formula's locals: freed when it ends, before validate_outputs.
+                self.formula_done(n)
+            grads_in = self._validate_outputs(n, grads_in)
             self.drop(*grads_out)
-            for st in n.saved:
-                st.saved -= 1
-                self._maybe_free(st)
-            n.saved = []
+            self._release(n)
+            if reg is not None:
+                self._region_node_done(n)
             for e, g in zip(n.edges, grads_in, strict=True):
                 if g is None:
                     continue
@@ -303,6 +402,36 @@ class Tape:
                         ready.append(e[0])
         self.grad_enabled = True
         self.drop(seed)
+
+    def formula_done(self, n: Node) -> None:
+        """The backward formula's locals holding saved tensors go out of scope. For recomputed
+        (checkpointed) tensors those locals were the last references (the unpack hook handed
+        them over); ordinary saved variables stay until ``release_variables``."""
+        if "region" in n.info:
+            self._release(n)
+
+    def _release(self, n: Node) -> None:
+        """``release_variables()``: drop the node's saved-variable references."""
+        for st in n.saved:
+            st.saved -= 1
+            self._maybe_free(st)
+        n.saved = []
+
+    def _validate_outputs(self, n: Node, grads: list) -> list:
+        """``validate_outputs`` (engine.cpp): a gradient whose shape or dtype differs from its
+        input's is reduced with ``sum_to`` or cast with ``.to(dtype)``: a new tensor each."""
+        meta = n.info.get("in_meta")
+        if meta is None:
+            return grads
+        out = []
+        for g, m in zip(grads, meta, strict=True):
+            if g is None or m is None or (g.itemsize == m[1] and bool(g.numel == m[0])):
+                out.append(g)
+                continue
+            fixed = self.new(m[0], m[1], f"{g.name}.to_input")
+            self.drop(g)
+            out.append(fixed)
+        return out
 
     def _accumulate(self, old: Tensor | None, new: Tensor) -> Tensor:
         """InputBuffer::accumulate with grad mode off: ``old.add_(new)`` when the buffered

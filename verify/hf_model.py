@@ -30,8 +30,9 @@ def available() -> bool:
 def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
     """The ``config.json`` keys that give ``spec`` back through ``ModelSpec.from_hf_config``.
 
-    Key names follow ``transformers/models/*/configuration_*.py``; ``use_cache`` is off (a
-    training step keeps no KV cache)."""
+    Key names follow ``transformers/models/*/configuration_*.py``. ``use_cache`` stays True, the
+    default of every card's config.json: a plain training step then builds a ``DynamicCache``
+    (``calc.graphs.hf`` models it)."""
     if spec.model_type == "gpt2":
         return {
             "model_type": "gpt2",
@@ -47,7 +48,7 @@ def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
             "layer_norm_epsilon": spec.norm_eps,
             "activation_function": "gelu_new",
             "tie_word_embeddings": spec.tied_embeddings,
-            "use_cache": False,
+            "use_cache": True,
         }
     config: dict[str, Any] = {
         "model_type": spec.model_type,
@@ -64,7 +65,7 @@ def hf_config_dict(spec: ModelSpec) -> dict[str, Any]:
         "rope_theta": spec.rope_theta if spec.rope_theta is not None else 10_000.0,
         "hidden_act": "silu",
         "tie_word_embeddings": spec.tied_embeddings,
-        "use_cache": False,
+        "use_cache": True,
     }
     if spec.model_type in ("llama", "qwen3"):
         config["attention_bias"] = spec.qkv_bias

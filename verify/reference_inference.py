@@ -141,9 +141,7 @@ def prefill(model: ReferenceLM, ids: torch.Tensor, context: int) -> tuple[torch.
 
 
 @torch.no_grad()
-def decode_step(
-    model: ReferenceLM, cache: Cache, next_id: torch.Tensor, pos: int
-) -> torch.Tensor:
+def decode_step(model: ReferenceLM, cache: Cache, next_id: torch.Tensor, pos: int) -> torch.Tensor:
     """One generated token ``next_id`` ``[batch, 1]`` at position ``pos`` (the number of tokens
     already cached): its k/v go to ``cache[:, :, pos]``; returns its logits ``[batch, 1, vocab]``."""
     context = cache[0][0].shape[2]

@@ -103,7 +103,7 @@ def predict(case: Case, device: str) -> tuple[Any | None, str]:
 # ---------------------------------------------------------------------- measurement
 
 
-def _build_and_run(case: Case, device: str, meter: Any, ids: torch.Tensor, targets: torch.Tensor):
+def _build_and_run(case: Case, device: str, meter: Any, ids: torch.Tensor, targets: Any):
     """Inside the meter: build model (+ optimizer), mark ``setup``, reset the peak, run."""
     job = case.job
     training = isinstance(job, Training)
@@ -131,15 +131,17 @@ class CpuMeter:
     def mark(self, phase: str) -> None:
         self.tracker.mark(phase)
 
-    def setup_done(self, model: Any, bundle: Any, ids: torch.Tensor, targets: torch.Tensor) -> None:
+    def setup_done(self, model: Any, bundle: Any, ids: torch.Tensor, targets: Any) -> None:
         opt = bundle.optimizer if bundle is not None else None
-        self.tracker.classify(model=model, optimizer=opt, inputs=[ids, targets])
+        inputs = [t for t in (ids, targets) if t is not None]
+        self.tracker.classify(model=model, optimizer=opt, inputs=inputs)
         self.tracker.reset_peak()
 
     def measure(self, case: Case, rec: Record) -> None:
         ids, targets = _batch(case, "cpu")
+        inputs = [t for t in (ids, targets) if t is not None]
         with self.tracker as tr:
-            tr.track(ids, targets)
+            tr.track(*inputs)
             model, bundle, pins = _build_and_run(case, "cpu", self, ids, targets)
         opt = bundle.optimizer if bundle is not None else None
         if bundle is not None and bundle.extra_states:
@@ -149,15 +151,17 @@ class CpuMeter:
         rec.measured_peak = max(rec.measured_phases.values())
         rec.measured_peak_phase = tr.peak_phase
         rec.measured_peak_op = tr.peak_op
-        rec.measured_categories = tr.attribute(model=model, optimizer=opt, inputs=[ids, targets])
+        rec.measured_categories = tr.attribute(model=model, optimizer=opt, inputs=inputs)
         rec.extra = {"top_ops_at_peak": dict(list(tr.peak_by_op().items())[:8])}
 
 
-def _batch(case: Case, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch(case: Case, device: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token ids and targets for training; the prompt ids alone for inference."""
     job = case.job
     if isinstance(job, Training):
         return make_batch(case.spec(), job.micro_batch, job.seq_len, seed=case.seed, device=device)
-    return make_batch(case.spec(), job.batch, job.prompt_len, seed=case.seed, device=device)
+    ids, _ = make_batch(case.spec(), job.batch, job.prompt_len, seed=case.seed, device=device)
+    return ids, None
 
 
 class CudaMeter:
@@ -184,7 +188,7 @@ class CudaMeter:
         self._close_phase()
         self.phase = phase
 
-    def setup_done(self, model: Any, bundle: Any, ids: torch.Tensor, targets: torch.Tensor) -> None:
+    def setup_done(self, model: Any, bundle: Any, ids: torch.Tensor, targets: Any) -> None:
         self._close_phase()
         self.measuring = True
 

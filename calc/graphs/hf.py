@@ -286,8 +286,14 @@ def eager_attention(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor) -> T
     tape.drop(sc)
     am = ops.add(tape, sm, None, "scores.masked")  # + attention_mask (no grad)
     tape.drop(sm)
-    pr = hf_ops.softmax(tape, am, "probs")  # softmax(dtype=float32).to(query.dtype)
-    tape.drop(am)
+    # softmax(dim=-1, dtype=torch.float32) (an fp32 copy of the scores first unless they are
+    # fp32), then .to(query.dtype)
+    # (attn_weights is rebound only when the statement ends)
+    a32 = hf_ops.to_copy(tape, am, FP32, "scores.f32")
+    p32 = hf_ops.softmax(tape, a32, "probs")
+    tape.drop(a32)
+    pr = hf_ops.to_copy(tape, p32, q.itemsize, "probs.cast")
+    tape.drop(p32, am)
     # dropout(p=0.0): returns its input
     o3 = hf_ops.bmm(tape, pr, vs, sh.b * sh.a * sh.s * sh.d, "pv")
     # _unsafe_view to [b, a, s, d]: its gradient arrives transposed (from the contiguous
@@ -406,6 +412,12 @@ def forward(
     ``loss = model(...).loss``. With ``sh.autocast_itemsize`` the forward runs under
     ``torch.autocast`` (fp32 weights), which is left right after (its cast cache dies).
     """
+    if sh.attention == "eager" and (sh.autocast_itemsize or sliding_layers):
+        # not replayed yet: autocast's casts inside eager attention, and the sliding-window
+        # mask (create_sliding_window_causal_mask builds it from more index tensors)
+        raise NotImplementedError("eager attention with autocast or a sliding-window cache")
+    if sh.attention not in ("flash", "eager"):
+        raise NotImplementedError(f"attention {sh.attention!r}")
     n = sh.b * sh.s
     amp: list | None = [] if sh.autocast_itemsize else None
     hid, cache = model(tape, sh, w, use_cache, sliding_layers, amp)

@@ -6,6 +6,8 @@ Each function mirrors one ATen op as `calc.ops` does: what it allocates, what au
 
 from __future__ import annotations
 
+import sympy as sp
+
 from calc.tape import Node, Size, Tape, Tensor
 
 
@@ -52,10 +54,12 @@ def mul(tape: Tape, x: Tensor, y: Tensor, name: str, out_itemsize: int | None = 
 
 
 def _ge(p: Size, q: Size) -> bool:
-    try:
-        return bool(p >= q)
-    except TypeError:  # symbolic and undecidable: assume the first operand is the big one
-        return True
+    """``p >= q`` for sizes; symbolic sizes are compared at a generic point (every symbol 7):
+    broadcasting is structural, so the larger operand is larger at any point but degenerate ones."""
+    if isinstance(p, int) and isinstance(q, int):
+        return p >= q
+    point = {sym: 7 for sym in (sp.sympify(p) - sp.sympify(q)).free_symbols}
+    return bool(sp.sympify(p).subs(point) >= sp.sympify(q).subs(point))
 
 
 def slice_half(tape: Tape, x: Tensor, name: str) -> Tensor:

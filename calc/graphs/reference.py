@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calc import ops
+from calc.graphs import attention_core
 from calc.tape import Size, Tape, Tensor
 
 
@@ -50,6 +51,8 @@ class Shape:
     embed_dropout: float = 0.0
     device: str = "cpu"
     """``cpu`` (the tracker's run) or ``cuda``: decides kernels that differ (dropout masks)."""
+    gqa: bool | None = None
+    """Whether k < a (decides repeat/expand paths when sizes are symbols)."""
 
 
 class Weights:
@@ -173,12 +176,13 @@ def attention(
     q = ops.linear(tape, x, lw["q"], lw["q.b"], n, sh.a * sh.d, "q")
     k = ops.linear(tape, x, lw["k"], lw["k.b"], n, sh.k * sh.d, "k")
     v = ops.linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
-    rope_on = True
     # q.view, k.view, [q/k norms], q.transpose, k.transpose, v.view.transpose: node order as
     # the model creates them. RoPE's outputs are contiguous in [b, a, s, d], so the gradients
-    # of q and k reach their first view transposed and are copied there.
-    qv = ops.view(tape, q, copy_back=rope_on)
-    kv = ops.view(tape, k, copy_back=rope_on)
+    # of q and k reach their first view transposed and are copied there (and v's too, under
+    # math/eager attention): `attention_core.view_grad_copies`.
+    gq, gk, gv = attention_core.view_grad_copies(sh)
+    qv = ops.view(tape, q, copy_back=gq)
+    kv = ops.view(tape, k, copy_back=gk)
     tape.drop(q, k)
     if sh.qk_norm:
         qn = rmsnorm(tape, qv, lw["q_norm"], n * sh.a)
@@ -187,7 +191,7 @@ def attention(
         qv, kv = qn, kn
     qt, kt = ops.view(tape, qv), ops.view(tape, kv)
     tape.drop(qv, kv)
-    vv = ops.view(tape, v)
+    vv = ops.view(tape, v, copy_back=gv)
     vt = ops.view(tape, vv)
     tape.drop(v, vv)
     # ``rope[0].to(q.dtype)``: a no-op unless autocast made q 16-bit over fp32 tables.
@@ -197,24 +201,31 @@ def attention(
     tape.drop(qt)
     kr = rope(tape, kt, cq, sq, "k")
     tape.drop(kt)
-    out = _sdpa(tape, sh, qr, kr, vt)
-    o = ops.view(tape, out)
+    out = _core(tape, sh, qr, kr, vt)
+    o = attention_core.merge_heads(tape, sh, out)
     tape.drop(out)
     y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, kr, vt, cq, sq)
     return y
 
 
+def _core(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``Attention.core``, checkpointed under selective recomputation."""
+    if sh.recompute == "selective":
+        return tape.checkpoint(lambda: _sdpa(tape, sh, q, k, v), [q, k, v])
+    return _sdpa(tape, sh, q, k, v)
+
+
 def _sdpa(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The attention core; under autocast SDPA casts fp32 inputs first (k, q, v as traced)."""
     casts = []
-    if tape.autocast_itemsize:
+    if tape.autocast_itemsize and sh.attention != "eager":
         kc = ops.autocast_cast(tape, k, "k.cast")
         qc = ops.autocast_cast(tape, q, "q.cast")
         vc = ops.autocast_cast(tape, v, "v.cast")
         q, k, v = qc, kc, vc
         casts = [qc, kc, vc]
-    out = ops.sdpa_flash(tape, q, k, v, sh.b * sh.a * sh.s, "attn")
+    out = attention_core.core(tape, sh, q, k, v, "attn")
     tape.drop(*casts)
     return out
 
@@ -225,15 +236,16 @@ def _attention_gpt2(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     qkv = ops.linear(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "qkv")
     q, k, v = ops.split3(tape, qkv)
     tape.drop(qkv)
-    qv, kv = ops.view(tape, q), ops.view(tape, k)
+    gq, gk, gv = attention_core.view_grad_copies(sh)
+    qv, kv = ops.view(tape, q, copy_back=gq), ops.view(tape, k, copy_back=gk)
     tape.drop(q, k)
     qt, kt = ops.view(tape, qv), ops.view(tape, kv)
     tape.drop(qv, kv)
-    vv = ops.view(tape, v)
+    vv = ops.view(tape, v, copy_back=gv)
     vt = ops.view(tape, vv)
     tape.drop(v, vv)
-    out = _sdpa(tape, sh, qt, kt, vt)
-    o = ops.view(tape, out)
+    out = _core(tape, sh, qt, kt, vt)
+    o = attention_core.merge_heads(tape, sh, out)
     tape.drop(out)
     y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qt, kt, vt)
@@ -302,7 +314,10 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
     x = _maybe_dropout(tape, sh, x, sh.embed_dropout, "embed.drop")
     for j, lw in enumerate(w.layers):
         tape.segment = j
-        x_next = block(tape, sh, x, lw, cos, sin)
+        if sh.recompute == "full":
+            x_next = tape.checkpoint(lambda x=x, lw=lw: block(tape, sh, x, lw, cos, sin), [x])
+        else:
+            x_next = block(tape, sh, x, lw, cos, sin)
         tape.drop(x)
         x = x_next
     tape.segment = "head"
