@@ -24,7 +24,7 @@ def list_cards() -> list[str]:
 
 def _card_dir(card_id: str) -> Path:
     if not isinstance(card_id, str):
-        raise ValueError(f"card_id={card_id!r} must be a string")  # noqa: TRY004
+        raise ValueError(f"card_id={card_id!r} must be a string")
     known = list_cards()
     by_lower = {c.lower(): c for c in known}
     found = by_lower.get(card_id.strip().lower())
@@ -40,7 +40,7 @@ def _read_json(path: Path) -> dict:
         raise ValueError(f"{path} is malformed JSON: {exc}") from exc
     if not isinstance(data, dict):
         got = type(data).__name__
-        raise ValueError(f"{path} must hold a JSON object, got {got}")  # noqa: TRY004
+        raise ValueError(f"{path} must hold a JSON object, got {got}")
     return data
 
 

@@ -79,10 +79,10 @@ _EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference]] = {}
 @lru_cache(maxsize=512)
 def _compile(key: tuple, device: str, branch: int) -> Compiled:
     model, job = _EXEMPLAR[key]
-    from calc.step import replay_training  # noqa: PLC0415
+    from calc.step import replay_training
 
     if isinstance(job, Inference):
-        from calc.inference import replay_inference  # noqa: PLC0415
+        from calc.inference import replay_inference
 
         events = replay_inference(model, job, device, branch)
     else:
@@ -142,6 +142,7 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         breakdown_fn=lambda: _breakdown(cand, sizes, tl, n_layers, extra, device),
         phases=phases,
         expression_fn=lambda: comp.expression() + extra,
+        peak_expression_fn=lambda: timeline.candidate_expression(tl, i, S.L) + extra,
         values=vals,
         device=device,
         notes=(f"attention kernel: {key[-2]}", *notes),

@@ -167,7 +167,7 @@ class ModelSpec:
         for field in _BOOL_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, bool):
-                raise ValueError(f"{field}={value!r} must be a bool")  # noqa: TRY004
+                raise ValueError(f"{field}={value!r} must be a bool")
         if self.norm_bias and self.norm != "layernorm":
             raise ValueError(f"norm_bias={self.norm_bias} is only allowed with norm='layernorm'")
         for field in _DROPOUT_FIELDS:
@@ -189,7 +189,7 @@ class ModelSpec:
         required. Raises ``ValueError`` naming the offending key."""
         if not isinstance(config, Mapping):
             got = type(config).__name__
-            raise ValueError(f"config must be a JSON object (a dict), got {got}")  # noqa: TRY004
+            raise ValueError(f"config must be a JSON object (a dict), got {got}")
         model_type = config.get("model_type")
         if model_type not in MODEL_TYPES:
             raise ValueError(f"model_type={model_type!r} must be one of {MODEL_TYPES}")

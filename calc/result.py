@@ -31,6 +31,8 @@ class Estimate:
     """Peak bytes within each phase (``step1/forward``, ``step1/backward``, ...)."""
     expression_fn: Callable[[], sp.Expr]
     """Builds the peak formula on demand (see ``expression``)."""
+    peak_expression_fn: Callable[[], sp.Expr]
+    """Builds the formula of the allocation that is the peak (see ``peak_expression``)."""
     values: Mapping[sp.Symbol, int]
     """The symbol values this estimate was evaluated at."""
     device: str
@@ -51,9 +53,17 @@ class Estimate:
         return self.expression_fn()
 
     @property
+    def peak_expression(self) -> sp.Expr:
+        """The live bytes at the peak allocation, as a sympy sum of (count x rounded tensor
+        size): the formula that gives ``peak_bytes`` at these ``values`` (``expression`` is the
+        ``Max`` of such sums over every allocation that can be the peak)."""
+        return self.peak_expression_fn()
+
+    @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
 
-    def latex(self) -> str:
-        """The peak formula in LaTeX."""
-        return sp.latex(self.expression)
+    def latex(self, full: bool = False) -> str:
+        """The peak formula in LaTeX: the peak allocation's sum, or with ``full=True`` the
+        ``Max`` over all candidate allocations (long)."""
+        return sp.latex(self.expression if full else self.peak_expression)

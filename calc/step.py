@@ -51,12 +51,12 @@ def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> re
 
 def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int) -> list[Event]:
     """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers."""
-    from calc.optimizer import optimizer_step  # noqa: PLC0415 - sibling module, cycle-free
+    from calc.optimizer import optimizer_step
 
     sh = shape_for(model, job, device, n_layers)
     hf = job.implementation == "hf"
     if hf:
-        from calc.graphs import hf as hf_graph  # noqa: PLC0415
+        from calc.graphs import hf as hf_graph
 
         if model.model_type == "gpt2":
             raise NotImplementedError("implementation='hf' for gpt2 is not modelled yet")

@@ -148,6 +148,17 @@ def totals(tl: Timeline, size_values: np.ndarray, n_layers: int) -> np.ndarray:
     return (tl.c0 + n_layers * tl.c1) @ size_values
 
 
+def candidate_expression(tl: Timeline, i: int, n_layers: sp.Expr) -> sp.Expr:
+    """Live bytes at candidate ``i`` as a sum of (count x rounded size) terms."""
+    return sp.Add(
+        *[
+            (int(a) + int(b) * n_layers) * size
+            for a, b, size in zip(tl.c0[i], tl.c1[i], tl.sizes, strict=True)
+            if a or b
+        ]
+    )
+
+
 def expression(tl: Timeline, n_layers: sp.Expr) -> sp.Expr:
     """The peak of this timeline as ``Max`` over its candidates (for display)."""
     terms = []

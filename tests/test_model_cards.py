@@ -52,7 +52,7 @@ def test_symbolic_tensors_agree_with_numeric(card_id: str) -> None:
 def test_card_lookup_is_case_insensitive_and_unknown_lists_ids() -> None:
     assert load_card("Llama-2-7B") == load_card("llama-2-7b")
     assert load_card_config("GPT2")["model_type"] == "gpt2"
-    with pytest.raises(ValueError, match="known.*gpt2"):
+    with pytest.raises(ValueError, match=r"known.*gpt2"):
         load_card("no-such-model")
 
 

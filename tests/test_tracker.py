@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from verify.tracker import CATEGORIES, StorageTracker, round_block
+from verify.tracker import CATEGORIES, StorageTracker, round_block  # noqa: E402
 
 W_BYTES = 128 * 256 * 4  # Linear(256, 128, bias=False).weight: 131,072 B, a multiple of 512
 X_BYTES = 8 * 256 * 4  # input [8, 256]: 8,192 B
@@ -371,7 +371,7 @@ def gloo_world() -> object:
         pytest.skip("a process group is already initialized")
     try:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         pytest.skip(f"cannot start a 1-process gloo group: {exc}")
     yield dist
     dist.destroy_process_group()

@@ -11,13 +11,12 @@ them. Parameter order follows Hugging Face's ``named_parameters()`` for each fam
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from calc.model_spec import ModelSpec

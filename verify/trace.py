@@ -59,7 +59,7 @@ class AllocationTrace(TorchDispatchMode):
                 TraceEvent(f"free<{made_by}>", -size, self.live_bytes, shape, "", self.phase)
             )
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
         for t in tree_flatten(out)[0]:
