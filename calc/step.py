@@ -60,8 +60,11 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
 
         if model.model_type == "gpt2":
             raise NotImplementedError("implementation='hf' for gpt2 is not modelled yet")
-        if job.recompute != "none":
-            raise NotImplementedError("implementation='hf' with recompute is not modelled yet")
+        if job.recompute == "selective":
+            raise NotImplementedError(
+                "recompute='selective' with implementation='hf': transformers checkpoints whole "
+                "layers only (gradient_checkpointing_enable); use recompute='full'"
+            )
         if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
             raise NotImplementedError("implementation='hf' with dropout is not modelled yet")
         sliding = n_layers if model.sliding_window is not None else 0
@@ -72,8 +75,10 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
-    if not hf:  # HF takes labels=input_ids: one tensor
-        tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
+    if hf:  # LlamaRotaryEmbedding's inv_freq and original_inv_freq buffers, fp32 [d/2]
+        tape.existing(sh.d / 2, 4, "rope_inv_freq", "buffer")
+        tape.existing(sh.d / 2, 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
     rope = rope and not hf  # HF computes cos/sin inside each forward
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
@@ -86,7 +91,9 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
             tape.segment = "embed"
             tape.phase = f"step{step}/forward"
             if hf:  # hf.forward enters and leaves autocast itself
-                loss = hf_graph.forward(tape, sh, w, use_cache=True, sliding_layers=sliding)
+                loss = hf_graph.forward(
+                    tape, sh, w, use_cache=job.recompute == "none", sliding_layers=sliding
+                )
             else:
                 if sh.autocast_itemsize:
                     tape.autocast_enter(sh.autocast_itemsize)

@@ -16,7 +16,7 @@ step() {
 
 step ruff check .
 step ruff format --check .
-step python -m verify --quick
+step python -m verify --quick --no-progress --out verify/reports/quick
 step pytest -q
 
 if ((${#failed[@]})); then

@@ -40,6 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p  # fmt: skip
 
 
+def _shown(path: Path) -> str:
+    """``path`` relative to the working directory when it is under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.cuda_alloc is not None:
@@ -91,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if r.status == "error":
             print(f"\n{r.name}: {r.message.strip()}", file=sys.stderr)
     paths = report.write_report(records, out, report.run_meta(args.device))
-    print(f"\nreports: {', '.join(str(p) for p in paths)}")
+    print(f"\nreports: {', '.join(_shown(p) for p in paths)}")
     print(report.summary_line(records))
     return 1 if bad else 0
 

@@ -71,9 +71,13 @@ def build_model(
         if not hf_model.available():
             raise NotRunnable("transformers is not installed (the hf extra)")
         model = hf_model.build_hf(spec, attention, device=device)
+        if getattr(job, "recompute", "none") == "full":
+            model.gradient_checkpointing_enable()  # non-reentrant in transformers 5.24
+        elif getattr(job, "recompute", "none") == "selective":
+            raise NotRunnable("transformers has no selective recomputation")
 
         def loss_fn(ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-            return hf_model.hf_loss(model, ids)
+            return hf_model.hf_loss(model, ids, targets)
 
     else:
         recompute = getattr(job, "recompute", "none")

@@ -284,6 +284,17 @@ def _hf_cases() -> list[Case]:
                tags=("hf", "logits"), **hf),
         _train("hf-llama-sgd-for-loop", LLAMA, optimizer="sgd", optimizer_impl="for-loop",
                tags=("hf",), **hf),
+        _train("hf-llama3-recompute-full", LLAMA3, recompute="full", tags=("hf", "quick"), **hf),
+        _train("hf-mistral-recompute-amp", MISTRAL, recompute="full", precision="amp-bf16",
+               tags=("hf",), **hf),
+        _train("hf-qwen3-recompute-bf16", QWEN3, recompute="full", precision="bf16",
+               tags=("hf",), **hf),
+        _train("hf-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,
+               seq_len=128, tags=("hf",), **hf),
+        _train("hf-qwen2-amp-long", QWEN2, precision="amp-bf16", micro_batch=4, seq_len=128,
+               tags=("hf",), **hf),
+        _train("hf-qwen2-amp-accum2", QWEN2, precision="amp-bf16", grad_accum=2, tags=("hf",),
+               **hf),
     ]  # fmt: skip
 
 

@@ -105,6 +105,9 @@ def build_hf_on_meta(spec: ModelSpec, attention: str = "sdpa") -> torch.nn.Modul
     return build_hf(spec, attention, device="meta")
 
 
-def hf_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Mean next-token loss with ``labels=ids`` (transformers' ``ForCausalLMLoss`` shifts them)."""
-    return model(input_ids=ids, labels=ids).loss
+def hf_loss(
+    model: torch.nn.Module, ids: torch.Tensor, labels: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean next-token loss with ``labels`` (a separate tensor, as a data collator makes it;
+    default ``ids``); transformers' ``ForCausalLMLoss`` shifts them."""
+    return model(input_ids=ids, labels=ids if labels is None else labels).loss

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import statistics
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from verify.runner import FAILING, Record
+from verify.tracker import CATEGORIES
 
 MIB = 1 << 20
-DEFAULT_OUT = Path(__file__).resolve().parent / "reports" / "latest"
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = REPO_ROOT / "verify" / "reports" / "latest"
 
 
 def _mib(nbytes: int | None) -> str:
@@ -58,6 +62,231 @@ def summary_line(records: Sequence[Record]) -> str:
     )
 
 
+# ---------------------------------------------------------------------- order and scrubbing
+
+
+def _group(name: str) -> str:
+    """A case's group: its name up to the first ``-`` (``prec``, ``opt``, ``hf``, ``infer``...)."""
+    return name.split("-", 1)[0]
+
+
+def ordered(records: Sequence[Any]) -> list[Any]:
+    """Records (or their dicts) grouped as `verify.cases.CASES` lists the groups, by name within
+    a group; groups unknown to ``CASES`` come last, alphabetically. Independent of run order."""
+    from verify.cases import CASES
+
+    rank: dict[str, int] = {}
+    for c in CASES:
+        rank.setdefault(_group(c.name), len(rank))
+
+    def key(r: Any) -> tuple[int, str, str]:
+        name = _get(r, "name")
+        group = _group(name)
+        return (rank.get(group, len(rank)), group, name)
+
+    return sorted(records, key=key)
+
+
+_SITE = re.compile(r"(/[^\s\"']*)?/(site|dist)-packages/")
+
+
+def scrub(text: str) -> str:
+    """``text`` without machine-specific paths: the repository root becomes relative and
+    ``.../site-packages/`` becomes ``<site-packages>/`` (tracebacks in messages)."""
+    text = text.replace(str(REPO_ROOT) + "/", "")
+    text = _SITE.sub("<site-packages>/", text)
+    return text.replace(sys.prefix, "<prefix>")
+
+
+def _get(rec: Any, field: str, default: Any = None) -> Any:
+    return rec.get(field, default) if isinstance(rec, Mapping) else getattr(rec, field, default)
+
+
+# ---------------------------------------------------------------------- per component
+
+CATEGORY_OF: dict[str, str] = {
+    "weights": "parameters",
+    "buffers": "parameters",
+    "gradients": "gradients",
+    "optimizer": "optimizer",
+    "inputs": "inputs",
+    "activations": "activations",
+    "temporaries": "temporaries",
+    "kv_cache": "temporaries",
+}
+"""calc's top-level breakdown keys -> the tracker's categories (`verify.tracker.CATEGORIES`).
+
+``buffers`` join ``weights`` because ``attribute`` counts ``model.buffers()`` as parameters.
+``kv_cache`` -> ``temporaries``: the prefill runs under ``no_grad`` and the cache is no
+registered source, so the tracker sees its storages as neither classified nor autograd-saved.
+Keys not listed (``cuda/...`` workspaces, ``other/...``) have no tracker counterpart: they are
+reported apart (`components` ``unmapped``), never folded into a category."""
+
+AMBIGUITIES: tuple[str, ...] = (
+    "The tracker gives a storage that is in two categories to the earlier one, in the order "
+    + ", ".join(CATEGORIES)
+    + ": a weight autograd saves counts as parameters, saved token ids as inputs.",
+    "The tracker resolves parameters, gradients and optimizer states when a phase is marked and "
+    "at the end; a gradient or state that lives only between two marks (the fp32 master "
+    "gradients of `bf16-master`, set and freed inside the optimizer step) is counted as a "
+    "temporary, while calc calls it a gradient.",
+    "The tracker calls a storage an activation as soon as autograd saves it for backward; calc "
+    "counts its `saved` tensors as activations and everything else as temporaries, so a tensor "
+    "both sides see but classify differently moves bytes between activations and temporaries.",
+    "calc's `kv_cache` is compared with the tracker's temporaries (the cache is no registered "
+    "source and nothing under `no_grad` is saved).",
+    "The predicted breakdown is taken at the predicted peak and the measured categories at the "
+    "measured peak: when the two peaks fall in different phases the components describe "
+    "different moments (flagged per case).",
+    "The CUDA backend records no categories: per-component comparison is CPU-only.",
+)
+"""Where the mapping is inherently ambiguous; printed with the per-component tables."""
+
+
+def components(rec: Any) -> dict[str, Any]:
+    """Predicted vs measured bytes per tracker category at the peak, for a `Record` or its dict.
+
+    Returns ``comparable`` (both sides present), ``predicted``/``measured``/``diff`` (predicted
+    minus measured) per `CATEGORIES`, ``unmapped`` (predicted keys with no tracker category),
+    ``totals_agree`` (the category sums and the unmapped terms agree) and ``caveats``.
+    """
+    breakdown: Mapping[str, int] = _get(rec, "predicted_breakdown") or {}
+    measured: Mapping[str, int] = _get(rec, "measured_categories") or {}
+    top = {k: int(v) for k, v in breakdown.items() if "/" not in k and k != "total"}
+    predicted = dict.fromkeys(CATEGORIES, 0)
+    unmapped: dict[str, int] = {}
+    for key, nbytes in top.items():
+        cat = CATEGORY_OF.get(key)
+        if cat is None:
+            unmapped[key] = nbytes
+        else:
+            predicted[cat] += nbytes
+    caveats: list[str] = []
+    out: dict[str, Any] = {
+        "comparable": bool(top) and bool(measured),
+        "predicted": predicted,
+        "measured": {c: int(measured.get(c, 0)) for c in CATEGORIES} if measured else {},
+        "diff": {},
+        "unmapped": unmapped,
+        "totals_agree": False,
+        "caveats": caveats,
+    }
+    if not top:
+        caveats.append("no prediction")
+    if not measured:
+        caveats.append("no measured categories (only the CPU tracker attributes bytes)")
+    if not out["comparable"]:
+        return out
+    diff = {c: predicted[c] - out["measured"][c] for c in CATEGORIES}
+    out["diff"] = diff
+    out["totals_agree"] = not unmapped and sum(diff.values()) == 0
+    pphase, mphase = _get(rec, "predicted_peak_phase", ""), _get(rec, "measured_peak_phase", "")
+    if pphase != mphase:
+        caveats.append(
+            f"peaks in different phases (predicted {pphase}, measured {mphase}): "
+            "the components describe different moments"
+        )
+    if "kv_cache" in top:
+        caveats.append("kv_cache compared as temporaries")
+    if unmapped:
+        caveats.append(
+            "not seen by the tracker: " + ", ".join(f"{k} {v:,} B" for k, v in unmapped.items())
+        )
+    job = _get(rec, "job") or {}
+    if job.get("precision") == "bf16-master" and diff["gradients"] > 0 > diff["temporaries"]:
+        caveats.append(
+            "bf16-master: the fp32 master gradients live only inside the optimizer step; the "
+            "tracker counts them as temporaries, calc as gradients"
+        )
+    others = [diff[c] for c in CATEGORIES if c not in ("activations", "temporaries")]
+    if diff["activations"] and diff["activations"] == -diff["temporaries"] and not any(others):
+        caveats.append(
+            "bytes moved between activations and temporaries: a tensor autograd saves that calc "
+            "counts as a temporary, or the reverse"
+        )
+    if out["totals_agree"] and any(diff.values()):
+        caveats.append("totals agree: bytes are attributed to other categories, not missing")
+    return out
+
+
+def _b(n: int | None) -> str:
+    return "-" if n is None else f"{n:,}"
+
+
+def _sb(n: int) -> str:
+    return f"{n:+,}" if n else "0"
+
+
+def component_summary(records: Sequence[Any]) -> list[dict[str, Any]]:
+    """Per category: cases compared, cases where predicted != measured, and of those how many
+    have a total error of zero (bytes attributed elsewhere, not missing)."""
+    comps = [(r, components(r)) for r in records]
+    comps = [(r, c) for r, c in comps if c["comparable"]]
+    rows = []
+    for cat in CATEGORIES:
+        differ = [(r, c) for r, c in comps if c["diff"][cat]]
+        rows.append({
+            "category": cat,
+            "compared": len(comps),
+            "differ": len(differ),
+            "differ_total_agrees": sum(c["totals_agree"] for _, c in differ),
+        })  # fmt: skip
+    return rows
+
+
+def component_markdown(records: Sequence[Any]) -> list[str]:
+    """The ``Per-component comparison`` section of report.md."""
+    comps = [(r, components(r)) for r in ordered(records)]
+    compared = [(r, c) for r, c in comps if c["comparable"]]
+    lines = ["", "## Per-component comparison", ""]
+    lines += [
+        "calc's breakdown at its peak, mapped onto the tracker's categories at the measured "
+        "peak: " + ", ".join(f"{k} -> {v}" for k, v in CATEGORY_OF.items())
+        + ". Bytes, not MiB. Where the mapping is ambiguous:",
+        "",
+    ]  # fmt: skip
+    lines += [f"- {a}" for a in AMBIGUITIES]
+    if not compared:
+        lines += ["", "_No case has both a predicted breakdown and measured categories._"]
+        return lines
+    lines += ["", f"### Summary ({len(compared)} cases with both sides)", ""]
+    lines += ["| category | cases where predicted != measured | of which the total agrees |",
+              "|---|---|---|"]  # fmt: skip
+    for row_ in component_summary(records):
+        lines.append(f"| {row_['category']} | {row_['differ']} | {row_['differ_total_agrees']} |")
+    unmapped = sorted({k for _, c in compared for k in c["unmapped"]})
+    if unmapped:
+        lines.append(f"| not seen by the tracker ({', '.join(unmapped)}) | "
+                     f"{sum(bool(c['unmapped']) for _, c in compared)} | - |")  # fmt: skip
+    missed = [(r, c) for r, c in compared if _get(r, "error_pct")]
+    lines += ["", "### Cases with a non-zero error", ""]
+    if not missed:
+        lines.append("_None._")
+    for r, c in missed:
+        lines += [f"#### {_get(r, 'name')} ({_get(r, 'error_pct'):+.3f} %, {_get(r, 'status')})",
+                  "", "| category | predicted B | measured B | predicted - measured B |",
+                  "|---|---:|---:|---:|"]  # fmt: skip
+        for cat in CATEGORIES:
+            lines.append(f"| {cat} | {_b(c['predicted'][cat])} | {_b(c['measured'][cat])} | "
+                         f"{_sb(c['diff'][cat])} |")  # fmt: skip
+        for key, nbytes in c["unmapped"].items():
+            lines.append(f"| {key} (not seen by the tracker) | {_b(nbytes)} | - | - |")
+        ptotal = sum(c["predicted"].values()) + sum(c["unmapped"].values())
+        mtotal = sum(c["measured"].values())
+        lines.append(f"| **total** | {_b(ptotal)} | {_b(mtotal)} | {_sb(ptotal - mtotal)} |")
+        lines += [""] + [f"- {x}" for x in c["caveats"]]
+        lines.append("")
+    moved = [(r, c) for r, c in compared if not _get(r, "error_pct") and any(c["diff"].values())]
+    if moved:
+        lines += ["", "### Zero total error, components differ", "",
+                  "| case | predicted - measured B | why |", "|---|---|---|"]  # fmt: skip
+        for r, c in moved:
+            parts = ", ".join(f"{k} {_sb(v)}" for k, v in c["diff"].items() if v)
+            why = "; ".join(c["caveats"]) or "-"
+            lines.append(f"| {_get(r, 'name')} | {parts} | {why} |")
+    return lines
+
+
 HEADER = ("case", "predicted MiB", "measured MiB", "error %", "peak phase", "status")
 
 
@@ -80,7 +309,9 @@ def format_row(cells: Sequence[str]) -> str:
 
 
 def markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
-    """The Markdown report: summary, compared cases, per-component misses, the rest."""
+    """The Markdown report: summary, compared cases, misses, the per-component comparison, the
+    rest. Cases are in `ordered` order; messages are `scrub`bed."""
+    records = ordered(records)
     lines = ["# vramplan verification report", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
     lines += ["", f"**{summary_line(records)}**", "", "![predicted vs measured](pred_vs_meas.png)"]
@@ -94,7 +325,7 @@ def markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
             lines.append(f"### {r.name} ({r.status})")
             lines.append("")
             if r.message:
-                lines += ["```", r.message.strip(), "```"]
+                lines += ["```", scrub(r.message.strip()), "```"]
             if r.measured_categories:
                 cats = ", ".join(f"{k} {_mib(v)}" for k, v in r.measured_categories.items())
                 lines.append(f"- measured at peak ({r.measured_peak_phase}, op "
@@ -110,12 +341,18 @@ def markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
                     f"{p} {_mib(r.predicted_phases.get(p))}/{_mib(r.measured_phases.get(p))}"
                     for p in phases))  # fmt: skip
             lines.append("")
+    lines += component_markdown(records)
     rest = [r for r in records if r.status in ("not-modelled", "not-runnable")]
     if rest:
         lines += ["", "## Not modelled / not runnable", "", "| case | status | why |",
                   "|---|---|---|"]  # fmt: skip
-        lines += [f"| {r.name} | {r.status} | {r.message.splitlines()[0]} |" for r in rest]
+        lines += [f"| {r.name} | {r.status} | {_first_line(r.message)} |" for r in rest]
     return "\n".join(lines) + "\n"
+
+
+def _first_line(message: str) -> str:
+    lines = scrub(message).strip().splitlines()
+    return lines[0].replace("|", "\\|") if lines else "-"
 
 
 def plot(records: Sequence[Record], path: Path) -> None:
@@ -126,7 +363,7 @@ def plot(records: Sequence[Record], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 6))
-    points = [r for r in records if r.predicted_peak and r.measured_peak]
+    points = [r for r in ordered(records) if r.predicted_peak and r.measured_peak]
     labels = sorted({r.label for r in points})
     for label in labels:
         xs = [r.measured_peak / MIB for r in points if r.label == label]
@@ -143,16 +380,17 @@ def plot(records: Sequence[Record], path: Path) -> None:
     ax.set_ylabel("predicted peak (MiB)")
     ax.set_title(f"calc.estimate vs measurement ({len(points)} cases)")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata={"Software": None})
     plt.close(fig)
 
 
 def run_meta(device: str) -> dict[str, Any]:
-    """Where and when the run happened."""
+    """Where and when the run happened: the date only (one line that changes per day, so the
+    reports can be committed), no host names or paths."""
     import torch
 
     meta: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).date().isoformat(),
         "device": device,
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -167,10 +405,29 @@ def run_meta(device: str) -> dict[str, Any]:
     return meta
 
 
+def case_dict(r: Record) -> dict[str, Any]:
+    """One case of report.json: the record without ``seconds``, scrubbed, with ``components``."""
+    d = r.as_dict()
+    d.pop("seconds", None)
+    d["message"] = scrub(d["message"])
+    d["components"] = components(r)
+    return d
+
+
 def write_report(records: Sequence[Record], out: Path, meta: dict[str, Any]) -> list[Path]:
-    """Write ``report.json``, ``report.md`` and ``pred_vs_meas.png`` under ``out``."""
+    """Write ``report.json``, ``report.md`` and ``pred_vs_meas.png`` under ``out``.
+
+    Deterministic for the same results: cases in `ordered` order, messages `scrub`bed, no
+    per-case wall time (``seconds``), no timestamp but ``meta["date"]``, a PNG without metadata.
+    Each case gains ``components`` (`components`)."""
     out.mkdir(parents=True, exist_ok=True)
-    data = {"meta": meta, "summary": summary(records), "cases": [r.as_dict() for r in records]}
+    records = ordered(records)
+    data = {
+        "meta": meta,
+        "summary": summary(records),
+        "component_summary": component_summary(records),
+        "cases": [case_dict(r) for r in records],
+    }
     paths = [out / "report.json", out / "report.md", out / "pred_vs_meas.png"]
     paths[0].write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
     paths[1].write_text(markdown(records, meta), encoding="utf-8")

@@ -381,7 +381,16 @@ def model(
     x = tape.alias(emb, emb.grad_fn, emb.out_index)  # hidden_states = inputs_embeds
     for j, lw in enumerate(w.layers):
         tape.segment = j
-        x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache, amp)
+        if sh.recompute == "full":
+            # gradient_checkpointing_enable(): GradientCheckpointingLayer runs each layer's
+            # forward under non-reentrant torch.utils.checkpoint (transformers 5.24
+            # modeling_layers.py / modeling_utils.py) and turns the cache off.
+            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
+                return decoder_layer(tape, sh, x, lw, cos, sin, False, amp)[0]
+
+            x_next, c = tape.checkpoint(run, [x]), []
+        else:
+            x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache, amp)
         cache += c
         tape.drop(x)
         x = x_next
