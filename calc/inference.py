@@ -118,6 +118,12 @@ def replay_inference(
 ) -> list[Event]:
     """Replay the prefill of ``job`` (and with ``decode=True`` one decode step after it) with
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
+    if job.implementation == "hf":  # HF StaticCache prefill: `calc.graphs.hf_inference`
+        if decode:
+            raise NotImplementedError("implementation='hf' decode is not modelled yet")
+        from calc.graphs.hf_inference import replay_hf_prefill
+
+        return replay_hf_prefill(model, job, device, n_layers)
     sh = shape_for_inference(model, job, device, n_layers)
     _check(model, job, sh)
     return replay(sh, S.c, decode=decode)

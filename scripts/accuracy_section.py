@@ -129,7 +129,7 @@ def section(report: Mapping[str, Any]) -> str:
     if device == "cpu":
         lines.append(
             f"`python -m verify` runs {len(cases)} scaled-down real models and compares "
-            "`calc.estimate(..., device=\"cpu\")` with the peak measured by the CPU storage "
+            '`calc.estimate(..., device="cpu")` with the peak measured by the CPU storage '
             f"tracker ({versions}{when}). These are CPU-tracker measurements: no GPU "
             "measurement is recorded yet, so the CUDA-only terms (cuBLAS workspaces, kernel "
             "choice on the GPU) are not checked by these numbers."

@@ -72,7 +72,9 @@ def build_model(
             raise NotRunnable("transformers is not installed (the hf extra)")
         model = hf_model.build_hf(spec, attention, device=device)
         if getattr(job, "recompute", "none") == "full":
-            model.gradient_checkpointing_enable()  # non-reentrant in transformers 5.24
+            # non-reentrant in transformers 5.24 (gradient_checkpointing_enable is deprecated)
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            (enable or model.gradient_checkpointing_enable)()
         elif getattr(job, "recompute", "none") == "selective":
             raise NotRunnable("transformers has no selective recomputation")
 

@@ -211,7 +211,8 @@ def attention(
     heads = []
     for key, nh in (("q", sh.a), ("k", sh.k)):
         lin = linear(tape, sh, amp, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
-        v1 = ops.view(tape, lin, copy_back=True)
+        # (without a cache, k's gradient keeps the projection's layout: no copy; measured)
+        v1 = ops.view(tape, lin, copy_back=key == "q" or use_cache)
         tape.drop(lin)
         if sh.qk_norm:
             nv = rmsnorm(tape, v1, lw[f"{key}_norm"], n * nh)
@@ -362,6 +363,23 @@ def decoder_layer(
     return x3, cache
 
 
+def _packed_sequence_check(tape: Tape, sh: Shape) -> None:
+    """Without a cache, ``create_causal_mask`` looks for packed sequences in the position ids
+    (``find_packed_sequence_indices`` in ``masking_utils.py``): ``diff`` with a prepended
+    column, ``!= 1``, ``cumsum``, ``(... == 0).all()``; all freed before the layers run."""
+    b, s = sh.b, sh.s
+    first = hf_ops.plain(tape, b, INT64, "packed.first")  # position_ids[:, :1] - 1
+    cat = hf_ops.plain(tape, b * (s + 1), INT64, "packed.cat")  # diff's prepend
+    diff = hf_ops.plain(tape, b * s, INT64, "packed.diff")
+    tape.drop(cat)
+    ne = hf_ops.plain(tape, b * s, 1, "packed.ne")
+    csum = hf_ops.plain(tape, b * s, INT64, "packed.cumsum")
+    tape.drop(ne)
+    eq = hf_ops.plain(tape, b, 1, "packed.eq")
+    all_ = hf_ops.plain(tape, 1, 1, "packed.all")
+    tape.drop(eq, all_, first, diff, csum)
+
+
 def model(
     tape: Tape, sh: Shape, w: Weights, use_cache: bool, sliding_layers: int, amp: list | None
 ) -> tuple[Tensor, list]:
@@ -375,6 +393,8 @@ def model(
     ar = hf_ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
     pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
+    if not use_cache:
+        _packed_sequence_check(tape, sh)
     # create_causal_mask: None for sdpa without padding (SDPA gets is_causal=True)
     mask = causal_mask(tape, sh, emb.itemsize) if sh.attention == "eager" else None
     cos, sin = rotary(tape, sh, pos, emb.itemsize)
@@ -388,7 +408,9 @@ def model(
             def run(x: Tensor = x, lw: dict = lw) -> Tensor:
                 return decoder_layer(tape, sh, x, lw, cos, sin, False, amp)[0]
 
-            x_next, c = tape.checkpoint(run, [x]), []
+            # the checkpoint frame holds the layer's args and kwargs: hidden states,
+            # position_embeddings (cos, sin) and position_ids, until the layer's backward
+            x_next, c = tape.checkpoint(run, [x, cos, sin, pos]), []
         else:
             x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache, amp)
         cache += c

@@ -37,6 +37,7 @@ def mul(tape: Tape, x: Tensor, y: Tensor, name: str, out_itemsize: int | None = 
             tape.new(g.numel, g.itemsize, f"d{name}") if want else None
             for want in need
         ]
+        tape.formula_done(node)  # recomputed (checkpointed) saved tensors die with the formula
         res: list = []
         for mine, f in zip((x, y), full, strict=True):
             if f is None:
