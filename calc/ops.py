@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import sympy as sp
+
 from calc.tape import Node, Size, Tape, Tensor
 
 
@@ -49,18 +51,20 @@ def to_dtype(tape: Tape, x: Tensor, itemsize: int, name: str) -> Tensor:
     return tape.output(tape.new(x.numel, itemsize, name), n)
 
 
-def mul(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
-    """``x * y`` where ``y`` has x's size or broadcasts to it. Saves y if x needs grad and x if
-    y needs grad.
+def mul(
+    tape: Tape, x: Tensor, y: Tensor, name: str, out_itemsize: int | None = None
+) -> Tensor:
+    """``x * y``; either operand may broadcast to the other's size. Saves y if x needs grad
+    and x if y needs grad.
 
-    Backward: ``grad * y`` then ``grad * x``; a broadcast operand's gradient is reduced with
-    ``sum_to_size`` (a full-size product, then the reduced tensor, then the product freed).
+    Backward (``MulBackward0``): ``grad * y`` then ``grad * x``, both full size; a broadcast or
+    lower-precision operand's product is then reduced (``sum_to``) or cast by the engine's
+    ``validate_outputs`` (`Tape._validate_outputs`), the full product freed right after.
     """
     need = (tape.needs_grad(x), tape.needs_grad(y))
+    big = x if numel_ge(x.numel, y.numel) else y
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
-        # grad * y, then grad * x; a broadcast or lower-precision operand's product is reduced
-        # or cast afterwards by the engine's validate_outputs.
         g = grads[0]
         return [
             tape.new(g.numel, g.itemsize, f"d{name}") if want and g is not None else None
@@ -68,7 +72,17 @@ def mul(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
         ]
 
     n = tape.node("Mul", rule, [x, y], saved=[y if need[0] else None, x if need[1] else None])
-    return tape.output(tape.new(x.numel, max(x.itemsize, y.itemsize), name), n)
+    itemsize = out_itemsize or max(x.itemsize, y.itemsize)
+    return tape.output(tape.new(big.numel, itemsize, name), n)
+
+
+def numel_ge(p: Size, q: Size) -> bool:
+    """``p >= q`` for sizes; symbolic sizes are compared at a generic point (every symbol 7):
+    broadcasting is structural, so the larger operand is larger at any non-degenerate point."""
+    if isinstance(p, int) and isinstance(q, int):
+        return p >= q
+    point = {sym: 7 for sym in (sp.sympify(p) - sp.sympify(q)).free_symbols}
+    return bool(sp.sympify(p).subs(point) >= sp.sympify(q).subs(point))
 
 
 def _same(p: Size, q: Size) -> bool:

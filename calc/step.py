@@ -55,11 +55,14 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
 
     sh = shape_for(model, job, device, n_layers)
     hf = job.implementation == "hf"
-    if hf:
+    hf_gpt2 = hf and model.model_type == "gpt2"
+    if hf_gpt2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager under autocast)
+        from calc.graphs import hf_gpt2 as gpt2_graph
+
+        gpt2_graph.check(sh)
+    elif hf:
         from calc.graphs import hf as hf_graph
 
-        if model.model_type == "gpt2":
-            raise NotImplementedError("implementation='hf' for gpt2 is not modelled yet")
         if job.recompute == "selective":
             raise NotImplementedError(
                 "recompute='selective' with implementation='hf': transformers checkpoints whole "
@@ -68,15 +71,15 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
             raise NotImplementedError("implementation='hf' with dropout is not modelled yet")
         sliding = n_layers if model.sliding_window is not None else 0
-    if hf and sh.attention == "math":
+    if hf and not hf_gpt2 and sh.attention == "math":
         raise NotImplementedError("implementation='hf' with the math SDPA kernel is not modelled")
-    if sh.attention == "eager" and sh.autocast_itemsize:
+    if sh.attention == "eager" and sh.autocast_itemsize and not hf_gpt2:
         raise NotImplementedError("eager attention under autocast is not modelled yet")
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
-    if hf:  # LlamaRotaryEmbedding's inv_freq and original_inv_freq buffers, fp32 [d/2]
+    if hf and not hf_gpt2:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
         tape.existing(sh.d / 2, 4, "rope_inv_freq", "buffer")
         tape.existing(sh.d / 2, 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
@@ -90,7 +93,9 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         for mb in range(job.grad_accum):
             tape.segment = "embed"
             tape.phase = f"step{step}/forward"
-            if hf:  # hf.forward enters and leaves autocast itself
+            if hf_gpt2:  # enters and leaves autocast itself
+                loss = gpt2_graph.forward(tape, sh, w, use_cache=job.recompute == "none")
+            elif hf:  # hf.forward enters and leaves autocast itself
                 loss = hf_graph.forward(
                     tape, sh, w, use_cache=job.recompute == "none", sliding_layers=sliding
                 )

@@ -142,7 +142,7 @@ def section(report: Mapping[str, Any]) -> str:
             f"{' on ' + gpu if gpu else ''} ({versions}{when})."
         )
     lines += ["", "| implementation | cases | " + " | ".join(present)
-              + " | median abs error | max abs error | bar (issue 3) | bar |",
+              + " | median abs error | max abs error | bar (issue 3) | met? |",
               "|---|---:|" + "---:|" * len(present) + "---:|---:|---|---|"]  # fmt: skip
     for s in stats:
         counts = " | ".join(str(s["counts"].get(k, 0)) for k in present)

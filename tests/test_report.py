@@ -248,3 +248,52 @@ def test_write_option(tmp_path) -> None:
     assert out.endswith("## Hand check\n\nnumbers stay\n\n## Last\n")
     assert acc.section(REPORT).strip() in out
     assert "old text" not in out
+
+
+# ---------------------------------------------------------------------- committable reports
+
+
+def test_scrub_removes_machine_paths() -> None:
+    from verify.report import REPO_ROOT, scrub
+
+    msg = (
+        f'File "{REPO_ROOT}/calc/ops.py", line 3\n'
+        'File "/opt/py/lib/python3.11/site-packages/torch/nn/modules/module.py", line 9'
+    )
+    out = scrub(msg)
+    assert str(REPO_ROOT) not in out and "/opt/py" not in out
+    assert 'File "calc/ops.py"' in out
+    assert 'File "<site-packages>/torch/nn/modules/module.py"' in out
+
+
+def test_reports_are_byte_identical_across_writes(tmp_path) -> None:
+    from verify.report import write_report
+
+    recs = [
+        _record("opt-b", predicted_breakdown={"total": 1024, "weights": 1024},
+                measured_categories={"parameters": 1024}, predicted_peak=1024,
+                measured_peak=1024, error_pct=0.0, seconds=1.5),
+        _record("opt-a", predicted_breakdown={"total": 2048, "weights": 2048},
+                measured_categories={"parameters": 2560}, predicted_peak=2048,
+                measured_peak=2560, error_pct=-20.0, status="fail", seconds=2.5),
+    ]  # fmt: skip
+    meta = {"date": "2026-01-02", "device": "cpu"}
+    first = [p.read_bytes() for p in write_report(recs, tmp_path / "a", meta)]
+    recs[0].seconds, recs[1].seconds = 9.0, 7.0  # wall time never reaches the files
+    second = [p.read_bytes() for p in write_report(recs[::-1], tmp_path / "b", meta)]
+    assert first == second
+    data = json.loads(first[0])
+    assert [c["name"] for c in data["cases"]] == ["opt-a", "opt-b"]
+    assert "seconds" not in data["cases"][0]
+    assert data["cases"][0]["components"]["diff"]["parameters"] == -512
+
+
+def test_filtered_run_does_not_overwrite_the_full_report(tmp_path, monkeypatch) -> None:
+    from verify import report
+    from verify.__main__ import main
+
+    monkeypatch.setattr(report, "DEFAULT_OUT", tmp_path / "latest")
+    monkeypatch.setattr(report, "SUBSET_OUT", tmp_path / "subset")
+    main(["--cases", "opt-sgd-foreach", "--no-progress"])
+    assert (tmp_path / "subset" / "report.json").exists()
+    assert not (tmp_path / "latest").exists()

@@ -1,7 +1,9 @@
 """``python -m verify``: run the cases, print a table, write the reports, exit 1 on a miss.
 
 Exit code 1 when any case's |error| exceeds its tolerance or a case errored; not-modelled and
-not-runnable cases are listed and counted but do not fail the run.
+not-runnable cases are listed and counted but do not fail the run. The full battery writes
+verify/reports/latest (committed); a filtered run writes verify/reports/subset unless --out says
+otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true", help="the CI subset (tag 'quick')")
     p.add_argument(
-        "--out", type=Path, default=None, help="report folder (default verify/reports/latest)"
+        "--out",
+        type=Path,
+        default=None,
+        help="report folder (default verify/reports/latest for the full battery, "
+        "verify/reports/subset when --cases, --impl or --quick filter it)",
     )
     p.add_argument(
         "--cuda-alloc",
@@ -70,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cases:
         print("no case matches the filters", file=sys.stderr)
         return 2
-    out = args.out or report.DEFAULT_OUT
+    filtered = args.cases is not None or args.impl != "all" or args.quick
+    out = args.out or (report.SUBSET_OUT if filtered else report.DEFAULT_OUT)
     records = []
     bar = None
     if not args.no_progress:

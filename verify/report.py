@@ -21,6 +21,10 @@ from verify.tracker import CATEGORIES
 MIB = 1 << 20
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "verify" / "reports" / "latest"
+"""The committed report of the full battery (the README's accuracy section is made from it)."""
+SUBSET_OUT = REPO_ROOT / "verify" / "reports" / "subset"
+"""Where a filtered run (``--cases``, ``--impl``, ``--quick``) writes unless ``--out`` is given,
+so that a partial run never overwrites the committed full report."""
 
 
 def _mib(nbytes: int | None) -> str:
@@ -261,7 +265,7 @@ def component_markdown(records: Sequence[Any]) -> list[str]:
     missed = [(r, c) for r, c in compared if _get(r, "error_pct")]
     lines += ["", "### Cases with a non-zero error", ""]
     if not missed:
-        lines.append("_None._")
+        lines += ["_None._", ""]
     for r, c in missed:
         lines += [f"#### {_get(r, 'name')} ({_get(r, 'error_pct'):+.3f} %, {_get(r, 'status')})",
                   "", "| category | predicted B | measured B | predicted - measured B |",
@@ -274,11 +278,12 @@ def component_markdown(records: Sequence[Any]) -> list[str]:
         ptotal = sum(c["predicted"].values()) + sum(c["unmapped"].values())
         mtotal = sum(c["measured"].values())
         lines.append(f"| **total** | {_b(ptotal)} | {_b(mtotal)} | {_sb(ptotal - mtotal)} |")
-        lines += [""] + [f"- {x}" for x in c["caveats"]]
+        if c["caveats"]:
+            lines += [""] + [f"- {x}" for x in c["caveats"]]
         lines.append("")
     moved = [(r, c) for r, c in compared if not _get(r, "error_pct") and any(c["diff"].values())]
     if moved:
-        lines += ["", "### Zero total error, components differ", "",
+        lines += ["### Zero total error, components differ", "",
                   "| case | predicted - measured B | why |", "|---|---|---|"]  # fmt: skip
         for r, c in moved:
             parts = ", ".join(f"{k} {_sb(v)}" for k, v in c["diff"].items() if v)

@@ -13,8 +13,10 @@ Python reference). What differs from training's forward, read in ``cache_utils.p
 
 * ``StaticCache.__init__``: one ``StaticLayer`` per layer (``StaticSlidingWindowLayer`` for a
   ``sliding_attention`` layer: mistral's ``sliding_window`` with no ``layer_types``), each making
-  ``cumulative_length = torch.tensor(0, dtype=int)`` (a 0-d int64 tensor, ``lift_fresh``) before
-  the forward starts, in layer order;
+  ``cumulative_length = torch.tensor(0, dtype=int)``, a 0-d int64 tensor on the CPU. Its storage
+  is made outside Python dispatch (the allocation trace sees it only as ``lift_fresh``'s
+  output); the CPU storage tracker first sees it as an op input and ignores it
+  (``count_late=False``), so the CPU replay does not charge it;
 * the cache tensors are allocated lazily, at the layer's first ``update``
   (``lazy_initialization``): ``zeros(b, kv_heads, max_cache_len, head_dim)`` for K then V, in
   the key's dtype (the model dtype), so layer ``j``'s cache appears inside layer ``j`` after its
@@ -64,9 +66,7 @@ RESIDUAL = "residual"
 __all__ = ["numeric_shape", "replay", "replay_hf_prefill", "shape_for_hf_inference"]
 
 
-def shape_for_hf_inference(
-    model: ModelSpec, job: Inference, device: str, n_layers: int
-) -> R.Shape:
+def shape_for_hf_inference(model: ModelSpec, job: Inference, device: str, n_layers: int) -> R.Shape:
     """The prefill's symbolic shape: `calc.inference.shape_for_inference` (``s`` the prompt)."""
     from calc.inference import shape_for_inference
 
@@ -94,7 +94,9 @@ def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
     if job.prompt_len == 1:
         # a one-token forward over a compileable cache never skips the mask (decode's path:
         # sdpa_mask, pack_gqa, no cropping)
-        raise NotImplementedError("implementation='hf' inference of a one-token prompt is not modelled yet")
+        raise NotImplementedError(
+            "implementation='hf' inference of a one-token prompt is not modelled yet"
+        )
 
 
 def replay_hf_prefill(model: ModelSpec, job: Inference, device: str, n_layers: int) -> list[Event]:
@@ -127,10 +129,11 @@ class _StaticLayer:
         self.j = j
         self.context = context
         self.device = device
-        # self.cumulative_length = torch.tensor(0, dtype=int): on the CPU whatever the device
-        self.length = (
-            tape.new(1, INT64, "cache.length", kind="kv_cache", tag=j) if device == "cpu" else None
-        )
+        # self.cumulative_length = torch.tensor(0, dtype=int): made on the CPU whatever the
+        # device, by a constructor that bypasses Python dispatch; the CPU storage tracker
+        # ignores such storages (``count_late=False``), so on both devices it is charged only
+        # when ``lazy_initialization`` moves it to a CUDA device
+        self.length: Tensor | None = None
         self.keys: Tensor | None = None
         self.values: Tensor | None = None
 
@@ -140,7 +143,7 @@ class _StaticLayer:
             numel = sh.b * sh.k * self.context * sh.d
             self.keys = tape.new(numel, k.itemsize, "k_cache", kind="kv_cache", tag=self.j)
             self.values = tape.new(numel, v.itemsize, "v_cache", kind="kv_cache", tag=self.j)
-            if self.length is None:  # cumulative_length.to(device): a GPU copy of the counter
+            if self.device == "cuda":  # cumulative_length.to(device): a GPU copy of the counter
                 self.length = tape.new(1, INT64, "cache.length", kind="kv_cache", tag=self.j)
         ar = hf_ops.plain(tape, sh.s, INT64, "cache.arange")  # torch.arange(kv_length)
         pos = hf_ops.plain(tape, sh.s, INT64, "cache.position")  # + self.cumulative_length
@@ -206,9 +209,7 @@ def decoder_layer(
     return x3
 
 
-def prefill(
-    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]
-) -> Tensor:
+def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -> Tensor:
     """``XForCausalLM.forward(input_ids, cache=cache, use_cache=True, logits_to_keep=1)``;
     returns the logits ``[b, V]`` (the output object's only tensor besides the cache)."""
     n = sh.b * sh.s

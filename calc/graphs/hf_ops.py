@@ -6,8 +6,6 @@ Each function mirrors one ATen op as `calc.ops` does: what it allocates, what au
 
 from __future__ import annotations
 
-import sympy as sp
-
 from calc.tape import Node, Size, Tape, Tensor
 
 
@@ -16,51 +14,11 @@ def _half(n: Size) -> Size:
 
 
 def mul(tape: Tape, x: Tensor, y: Tensor, name: str, out_itemsize: int | None = None) -> Tensor:
-    """``x * y`` where either operand may broadcast (to the output's size ``max`` numel).
+    """``x * y`` with either operand broadcasting (HF's RMSNorm writes ``weight * x``):
+    `calc.ops.mul`."""
+    from calc import ops
 
-    Saves ``y`` if x needs grad and ``x`` if y needs grad. Backward (``MulBackward0``) computes
-    ``grad * y`` then ``grad * x``, both full size; only afterwards does the engine's
-    ``validate_outputs`` reduce a broadcast operand's gradient with ``sum_to`` (one reduced
-    tensor each, the full product freed right after), and cast it to the operand's dtype.
-    ``calc.ops.mul`` reduces each gradient as soon as it is made, which is the same order only
-    when the broadcast operand comes second.
-    """
-    need = (tape.needs_grad(x), tape.needs_grad(y))
-    big = x if _ge(x.numel, y.numel) else y
-    itemsize = out_itemsize or max(x.itemsize, y.itemsize)
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        if g is None:
-            return [None, None]
-        full = [
-            tape.new(g.numel, g.itemsize, f"d{name}") if want else None
-            for want in need
-        ]
-        tape.formula_done(node)  # recomputed (checkpointed) saved tensors die with the formula
-        res: list = []
-        for mine, f in zip((x, y), full, strict=True):
-            if f is None:
-                res.append(None)
-            elif bool(mine.numel == g.numel) and mine.itemsize == g.itemsize:
-                res.append(f)
-            else:
-                r = tape.new(mine.numel, mine.itemsize, f"d{name}.sum")
-                tape.drop(f)
-                res.append(r)
-        return res
-
-    n = tape.node("Mul", rule, [x, y], saved=[y if need[0] else None, x if need[1] else None])
-    return tape.output(tape.new(big.numel, itemsize, name), n)
-
-
-def _ge(p: Size, q: Size) -> bool:
-    """``p >= q`` for sizes; symbolic sizes are compared at a generic point (every symbol 7):
-    broadcasting is structural, so the larger operand is larger at any point but degenerate ones."""
-    if isinstance(p, int) and isinstance(q, int):
-        return p >= q
-    point = {sym: 7 for sym in (sp.sympify(p) - sp.sympify(q)).free_symbols}
-    return bool(sp.sympify(p).subs(point) >= sp.sympify(q).subs(point))
+    return ops.mul(tape, x, y, name, out_itemsize)
 
 
 def slice_half(tape: Tape, x: Tensor, name: str) -> Tensor:
@@ -143,31 +101,10 @@ def linear(
     out_features: Size,
     name: str,
 ) -> Tensor:
-    """``F.linear(x, w, b)`` on a contiguous input.
-
-    Without a bias this is `calc.ops.linear` (``mm``: backward gives the weight gradient, then
-    the input gradient). With one it is ``addmm(b, x2d, w.t())``: ``AddmmBackward0`` computes
-    the input gradient (``mm_mat1_backward``), then the weight gradient, and hands the bias
-    the incoming gradient itself (``maybe_multiply(grad, beta=1)``), which the engine's
-    ``validate_outputs`` reduces with ``sum_to`` last (measured: mm, mm, sum).
-    """
+    """``F.linear(x, w, b)`` on a contiguous input: `calc.ops.linear` (``mm`` or ``addmm``)."""
     from calc import ops
 
-    if bias is None:
-        return ops.linear(tape, x, w, None, rows, out_features, name)
-    need_x, need_w, need_b = tape.needs_grad(x), tape.needs_grad(w), tape.needs_grad(bias)
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        gx = tape.new(x.numel, x.itemsize, f"d{name}.in") if need_x else None
-        gw = tape.new(w.numel, w.itemsize, f"d{w.name}") if need_w else None
-        gb = tape.new(bias.numel, bias.itemsize, f"d{bias.name}") if need_b and g else None
-        return [gx, gw, gb]
-
-    n = tape.node(
-        "Addmm", rule, [x, w, bias], saved=[x if need_w else None, w if need_x else None]
-    )
-    return tape.output(tape.new(rows * out_features, x.itemsize, name), n)
+    return ops.linear(tape, x, w, bias, rows, out_features, name)
 
 
 def add(tape: Tape, x: Tensor, y: Tensor | None, name: str) -> Tensor:
