@@ -60,8 +60,17 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
 def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
     gqa = model.n_kv_heads != model.n_heads
     heads_span_hidden = model.n_heads * model.head_dim == model.hidden
+    # HF inference: a one-token prompt, or a sliding window within the context, takes other
+    # mask paths (calc/graphs/hf_inference.py refuses them; they must not share a compile).
+    prompt_one = isinstance(job, Inference) and job.prompt_len == 1
+    window_in_context = (
+        isinstance(job, Inference)
+        and model.sliding_window is not None
+        and model.sliding_window <= job.context
+    )
     return (
         heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
+        prompt_one, window_in_context,
         model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
         model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
         model.learned_positions, model.attention_dropout, model.hidden_dropout,

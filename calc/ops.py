@@ -52,17 +52,21 @@ def to_dtype(tape: Tape, x: Tensor, itemsize: int, name: str) -> Tensor:
 
 
 def mul(
-    tape: Tape, x: Tensor, y: Tensor, name: str, out_itemsize: int | None = None
+    tape: Tape,
+    x: Tensor,
+    y: Tensor,
+    name: str,
+    out_itemsize: int | None = None,
+    out_numel: Size | None = None,
 ) -> Tensor:
-    """``x * y``; either operand may broadcast to the other's size. Saves y if x needs grad
-    and x if y needs grad.
+    """``x * y``: the result has x's size (or ``out_numel``, when x is the operand that
+    broadcasts). Saves y if x needs grad and x if y needs grad.
 
     Backward (``MulBackward0``): ``grad * y`` then ``grad * x``, both full size; a broadcast or
     lower-precision operand's product is then reduced (``sum_to``) or cast by the engine's
     ``validate_outputs`` (`Tape._validate_outputs`), the full product freed right after.
     """
     need = (tape.needs_grad(x), tape.needs_grad(y))
-    big = x if numel_ge(x.numel, y.numel) else y
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
@@ -73,7 +77,7 @@ def mul(
 
     n = tape.node("Mul", rule, [x, y], saved=[y if need[0] else None, x if need[1] else None])
     itemsize = out_itemsize or max(x.itemsize, y.itemsize)
-    return tape.output(tape.new(big.numel, itemsize, name), n)
+    return tape.output(tape.new(x.numel if out_numel is None else out_numel, itemsize, name), n)
 
 
 def numel_ge(p: Size, q: Size) -> bool:

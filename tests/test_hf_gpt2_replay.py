@@ -27,6 +27,7 @@ from verify.scale import scaled_spec, with_dropout  # noqa: E402
 from verify.step import AUTOCAST_DTYPE, forced_sdpa, pins_for  # noqa: E402
 from verify.trace import AllocationTrace  # noqa: E402
 
+
 def make(dropout: float = 0.0, **job_kw: object) -> tuple:
     """A tiny GPT-2 spec (hidden 64, 4 heads, 2 layers, vocab 512) and a training job."""
     spec = with_dropout(scaled_spec("gpt2"), dropout)
@@ -121,8 +122,12 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", ["fp32-sdpa", "eager", "amp-bf16-sdpa", "dropout-sdpa"])
+@pytest.mark.parametrize(
+    "name", ["fp32-sdpa", "amp-dropout-sdpa", "bf16-dropout-eager", "recompute-eager-amp"]
+)
 def test_replay_matches_trace(name: str) -> None:
+    """flash SDPA + cache; math SDPA (attention dropout) under autocast; eager with dropout in
+    bf16; eager under autocast with every block checkpointed (no cache)."""
     kw = dict(CONFIGS[name])
     spec, job = make(kw.pop("dropout", 0.0), **kw)
     assert first_divergence(spec, job) is None

@@ -32,6 +32,15 @@ Dropout (``embd_pdrop``, ``attn_pdrop``, ``resid_pdrop``) is ``F.dropout``: with
 returns its input (nothing allocated); with p > 0 on CPU a mask the input's size and dtype and
 the product (`ops.dropout`). Attention dropout sends SDPA to the math backend on CPU
 (`calc.attention.cpu_backend`).
+
+``recompute='full'`` (``activation_checkpointing_enable``): each block runs under
+non-reentrant checkpointing with no cache (``use_cache`` off, so ``create_causal_mask`` runs
+its packed-sequence check on the position ids); the frame holds the block's hidden states,
+mask and position ids. ``recompute='selective'`` does not exist in transformers.
+
+Checked against the CPU allocation trace (tests/test_hf_gpt2_replay.py): every allocation's
+live total equal for fp32, bf16 and amp-bf16, flash/math SDPA and eager, with and without
+dropout and full recomputation.
 """
 
 from __future__ import annotations
@@ -191,10 +200,11 @@ def math_sdpa(
 
 def eager_attention(
     tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, kv_contiguous: bool
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """``eager_attention_forward`` (GPT-2's own): ``matmul(q, k^T) * scaling + mask``,
     ``softmax`` (in the promoted dtype), ``.type(value.dtype)``, dropout, ``matmul(., v)``;
-    returns ``attn_output.transpose(1, 2)`` (a view of the contiguous [b, a, s, d] product)."""
+    returns ``attn_output.transpose(1, 2)`` (a view of the contiguous [b, a, s, d] product)
+    and the attention weights (after dropout), which the callers keep referenced."""
     b, s, a, d = sh.b, sh.s, sh.a, sh.d
     kt = core.view(tape, k, name="Transpose")
     prod = core.matmul(tape, q, False, kt, kv_contiguous, b * a * s * s, "attn.qk", False)
@@ -213,8 +223,8 @@ def eager_attention(
         pv = dropped
     out = core.matmul(tape, pv, True, v, kv_contiguous, b * a * s * d, "attn.pv", True)
     ot = core.view(tape, out, name="Transpose")
-    tape.drop(out, pv)
-    return ot
+    tape.drop(out)
+    return ot, pv
 
 
 def attention(
@@ -225,9 +235,11 @@ def attention(
     mask: Tensor | None,
     use_cache: bool,
     amp: list | None,
-) -> tuple[Tensor, list]:
-    """``GPT2Attention.forward`` (self-attention): the output (after ``resid_dropout``) and
-    the cache's key and value copies."""
+) -> tuple[Tensor, list, Tensor | None]:
+    """``GPT2Attention.forward`` (self-attention): the output (after ``resid_dropout``), the
+    cache's key and value copies, and the eager attention weights (None for SDPA): returned as
+    ``attn_weights``, they stay referenced (``attn_output, _ = self.attn(...)``) until the
+    block returns, which matters when they are not saved (under checkpointing)."""
     n = sh.b * sh.s
     qkv = conv1d(tape, sh, amp, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
     q, k, v = ops.split3(tape, qkv)
@@ -250,11 +262,12 @@ def attention(
         kt, vt = kc, vc
     if sh.attention == "eager":
         assert mask is not None
-        ao = eager_attention(tape, sh, qt, kt, vt, mask, use_cache)
+        ao, weights = eager_attention(tape, sh, qt, kt, vt, mask, use_cache)
         # attn_output.reshape(b, s, -1): the transposed product is not viewable: a copy
         o = core.clone(tape, ao, "attn.merge")
         tape.drop(ao)
     else:
+        weights = None
         if sh.attention == "math":
             out = math_sdpa(tape, sh, qt, kt, vt, use_cache)
             # reshape (a view), then .transpose(1, 2).contiguous(): the math output is
@@ -270,7 +283,7 @@ def attention(
     tape.drop(o)
     y = dropout(tape, sh, y, sh.hidden_dropout, "resid_drop")
     tape.drop(qt, kt, vt)  # the query/key/value locals die when forward returns
-    return y, cache
+    return y, cache, weights
 
 
 def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, amp: list | None) -> Tensor:
@@ -296,15 +309,15 @@ def block(
     """``GPT2Block.forward``; ``x`` stays the caller's."""
     n = sh.b * sh.s
     n1 = ops.layer_norm(tape, x, lw["norm1"], lw["norm1.b"], n)
-    att, cache = attention(tape, sh, n1, lw, mask, use_cache, amp)
+    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache, amp)
     x2 = hf_ops.add(tape, att, x, "resid1")  # attn_output + residual
     tape.drop(n1)
     n2 = ops.layer_norm(tape, x2, lw["norm2"], lw["norm2.b"], n)
     ff = mlp(tape, sh, n2, lw, amp)
     x3 = hf_ops.add(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
     tape.drop(n2)
-    # returning frees the locals: attn_output, the residual, the MLP output
-    tape.drop(att, x2, ff)
+    # returning frees the locals: attn_output, the weights, the residual, the MLP output
+    tape.drop(att, weights, x2, ff)
     return x3, cache
 
 

@@ -18,7 +18,8 @@ def mul(tape: Tape, x: Tensor, y: Tensor, name: str, out_itemsize: int | None = 
     `calc.ops.mul`."""
     from calc import ops
 
-    return ops.mul(tape, x, y, name, out_itemsize)
+    big = x if ops.numel_ge(x.numel, y.numel) else y
+    return ops.mul(tape, x, y, name, out_itemsize, out_numel=big.numel)
 
 
 def slice_half(tape: Tape, x: Tensor, name: str) -> Tensor:
