@@ -68,9 +68,14 @@ def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
         and model.sliding_window is not None
         and model.sliding_window <= job.context
     )
+    small_params = (
+        tuple(p.numel < 4096 for p in model.param_tensors())  # bitsandbytes min_8bit_size
+        if isinstance(job, Training) and job.optimizer == "adam8bit"
+        else ()
+    )
     return (
         heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
-        prompt_one, window_in_context,
+        prompt_one, window_in_context, small_params,
         model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
         model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
         model.learned_positions, model.attention_dropout, model.hidden_dropout,

@@ -141,8 +141,16 @@ def _groups(slots: Sequence[_Slot]) -> list[list[_Slot]]:
     return list(groups.values())
 
 
+SIZE_VALUES: dict = {}
+"""Symbol values at which size thresholds are decided (set by the caller for one replay; the
+decisions are part of the compile cache key, see ``calc.estimate._structure_key``)."""
+
+
 def _is_small(numel: Size, limit: int) -> bool:
-    """``numel < limit``; a symbolic size that sympy cannot decide counts as large."""
+    """``numel < limit``; a symbolic size is decided at ``SIZE_VALUES`` (the model's dims),
+    else, when sympy cannot decide it, it counts as large."""
+    if not isinstance(numel, int) and SIZE_VALUES:
+        numel = sp.sympify(numel).subs(SIZE_VALUES)
     rel = sp.Lt(numel, limit) if not isinstance(numel, int) else numel < limit
     return bool(rel) if rel in (True, False, sp.true, sp.false) else False
 

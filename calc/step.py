@@ -51,7 +51,11 @@ def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> re
 
 def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int) -> list[Event]:
     """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers."""
+    from calc import optimizer as opt_mod
+    from calc.estimate import values_for
     from calc.optimizer import optimizer_step
+
+    opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
 
     sh = shape_for(model, job, device, n_layers)
     hf = job.implementation == "hf"

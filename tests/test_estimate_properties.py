@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import sympy as sp
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import calc
@@ -180,24 +180,49 @@ def test_forward_activations_are_linear_in_micro_batch(model, b, k) -> None:
     assert k * one - (k - 1) * 1024 <= many <= k * one
 
 
-@FEW
-@given(
+RECOMPUTE_SIZES = dict(
     model=models(),
     precision=st.sampled_from(("fp32", "amp-bf16")),
     b=st.integers(1, 4),
     s=st.integers(1, 160),
 )
-def test_more_recomputation_never_costs_more(model, precision, b, s) -> None:
-    # SGD (no states) so that activations, not the optimizer step, make the peak.
-    def peak(recompute: str) -> int:
+
+
+def _by_recompute(model: calc.ModelSpec, precision: str, b: int, s: int) -> dict:
+    """The estimates for recompute none/selective/full of one job. SGD (no states) so that
+    activations, not the optimizer step, make the peak."""
+    out = {}
+    for recompute in ("none", "selective", "full"):
         job = calc.Training(
             micro_batch=b, seq_len=s, precision=precision, optimizer="sgd",
             recompute=recompute, implementation="reference",
         )  # fmt: skip
-        return calc.estimate(model, job, device="cpu").peak_bytes
+        out[recompute] = calc.estimate(model, job, device="cpu")
+    return out
 
-    full, selective, none = peak("full"), peak("selective"), peak("none")
-    assert full <= selective <= none
+
+@FEW
+@given(**RECOMPUTE_SIZES)
+def test_recomputation_never_costs_more_than_none(model, precision, b, s) -> None:
+    est = _by_recompute(model, precision, b, s)
+    assert est["full"].peak_bytes <= est["none"].peak_bytes
+    assert est["selective"].peak_bytes <= est["none"].peak_bytes
+    fwd = {rc: e.phases["step1/forward"] for rc, e in est.items()}
+    assert fwd["full"] <= fwd["selective"] <= fwd["none"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fails: when the peak is in the backward of the last layer processed (gradients "
+    "outweigh activations), full recompute holds that layer's recomputed attention core "
+    "(q, k, v, out, lse) while selective has not recomputed it yet; see the example",
+)
+@FEW
+@given(**RECOMPUTE_SIZES)
+@example(model=_llama(ffn=25, vocab=8), precision="fp32", b=1, s=6)  # full 54784 > sel. 54272
+def test_full_recomputation_never_costs_more_than_selective(model, precision, b, s) -> None:
+    est = _by_recompute(model, precision, b, s)
+    assert est["full"].peak_bytes <= est["selective"].peak_bytes <= est["none"].peak_bytes
 
 
 @FEW

@@ -160,15 +160,7 @@ def test_adamw_for_loop_holds_one_denominator_pair() -> None:
         ("adamw", 2 * W_TINY),
         # bitsandbytes keeps fp32 state1/state2 for params under 4096 elements (all of TINY's:
         # the largest, embed/lm_head, has 800), each r(4n) like the fp32 param: 2W.
-        pytest.param(
-            "adam8bit",
-            2 * W_TINY,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: the symbolic replay cannot decide numel < 4096 and gives every "
-                "param 8-bit states (45056 B here instead of 54272)",
-            ),
-        ),
+        ("adam8bit", 2 * W_TINY),
     ],
 )
 def test_persistent_states_are_alive_through_the_second_forward(
