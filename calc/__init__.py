@@ -3,7 +3,7 @@
 >>> import calc
 >>> model = calc.load_card("qwen2.5-32b")
 >>> job = calc.Training(micro_batch=1, seq_len=2048, precision="bf16", optimizer="adamw")
->>> est = calc.estimate(model, job)          # doctest: +SKIP
+>>> est = calc.estimate(model, job)  # doctest: +SKIP
 """
 
 from calc.attention import attention_kernel

@@ -106,8 +106,12 @@ class Training:
             raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
         if self.dropout is not None:
             check_fraction("dropout", self.dropout)
-        if self.optimizer_impl == "fused" and self.optimizer not in ("adam", "adamw", "sgd",
-                                                                     "sgd-momentum"):
+        if self.optimizer_impl == "fused" and self.optimizer not in (
+            "adam",
+            "adamw",
+            "sgd",
+            "sgd-momentum",
+        ):
             raise ValueError(
                 f"optimizer_impl='fused' is not available for optimizer={self.optimizer!r}: "
                 "PyTorch fuses adam, adamw, sgd and sgd-momentum"

@@ -93,7 +93,9 @@ def _same(p: Size, q: Size) -> bool:
     return bool(p == q)
 
 
-def add(tape: Tape, x: Tensor, y: Tensor | None, name: str, out_numel: Size | None = None) -> Tensor:
+def add(
+    tape: Tape, x: Tensor, y: Tensor | None, name: str, out_numel: Size | None = None
+) -> Tensor:
     """``x + y`` (y may be a Python scalar: None). Saves nothing; backward hands the same
     gradient to both operands (reduced with ``sum_to_size`` for a broadcast one)."""
 
@@ -335,9 +337,7 @@ def cat2(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
     return tape.output(tape.new(x.numel + y.numel, x.itemsize, name), n)
 
 
-def sdpa_flash(
-    tape: Tape, q: Tensor, k: Tensor, v: Tensor, lse_numel: Size, name: str
-) -> Tensor:
+def sdpa_flash(tape: Tape, q: Tensor, k: Tensor, v: Tensor, lse_numel: Size, name: str) -> Tensor:
     """Flash-style SDPA: output like q, fp32 logsumexp [b, a, s]; saves q, k, v, out, lse.
 
     Backward allocates dq, dk, dv (``_scaled_dot_product_flash_attention_for_cpu_backward``,

@@ -178,7 +178,9 @@ class Tape:
         """Allocate ``numel`` elements of ``itemsize`` bytes (rounded) and return its tensor.
 
         ``tag`` (default: the current segment) says which layer the storage belongs to."""
-        st = Storage(round_block(numel * itemsize), name, kind, self.segment if tag is None else tag)
+        st = Storage(
+            round_block(numel * itemsize), name, kind, self.segment if tag is None else tag
+        )
         t = Tensor(st, numel, itemsize)
         if self.recomputing is not None:
             self._made.append(t)
@@ -190,7 +192,13 @@ class Tape:
         return t
 
     def existing(
-        self, numel: Size, itemsize: int, name: str, kind: str, leaf: bool = False, tag: object = "base"
+        self,
+        numel: Size,
+        itemsize: int,
+        name: str,
+        kind: str,
+        leaf: bool = False,
+        tag: object = "base",
     ) -> Tensor:
         """A storage alive before the replay starts (weights, inputs): no event."""
         st = Storage(round_block(numel * itemsize), name, kind, tag)
@@ -247,6 +255,7 @@ class Tape:
             return None
         self._seq += 1
         n = Node(self._seq, name, rule, edges, [], dict(info), n_outputs)
+        n.info["segment"] = self.segment  # backward runs the node in its layer's segment
         n.info["in_meta"] = [None if x is None else (x.numel, x.itemsize) for x in inputs]
         saves = [t for t in saved if t is not None]
         if self.region is not None:  # checkpointed forward: saved tensors are not kept
@@ -339,7 +348,8 @@ class Tape:
             # One AccumulateGrad node per leaf, highest priority (sequence_nr UINT64_MAX):
             # a leaf used twice (a tied head) has its two gradients summed in its InputBuffer
             # before AccumulateGrad runs.
-            acc = Node(ACCUMULATE_SEQ, "AccumulateGrad", _accumulate_grad_rule, [], [], {"leaf": t})
+            info = {"leaf": t, "segment": t.storage.tag}
+            acc = Node(ACCUMULATE_SEQ, "AccumulateGrad", _accumulate_grad_rule, [], [], info)
             self._accumulators[id(t.storage)] = acc
         return (acc, 0)
 
@@ -371,6 +381,7 @@ class Tape:
         while ready:
             ready.sort(key=lambda n: n.seq)
             n = ready.pop()
+            self.segment = n.info.get("segment", self.segment)
             reg = n.info.get("region")
             if reg is not None and not reg.done:
                 self._recompute(reg)

@@ -6,7 +6,8 @@ models have ``L`` layers, a symbol. Layers are identical, so a replay of five la
 second, a middle one, second-to-last, last) generalises exactly:
 
 * at an event outside the middle layer, the middle layer's tensors stand for all ``L - 4``
-  middle layers (they are all in the same state, all before or all after the event);
+  middle layers (they are all in the same state, all before or all after the event), except
+  next to it (events in layers 1 and 3), where layer 4 or layer 0 stands for the far ones;
 * at an event inside middle layer ``j`` (``2 <= j <= L-3``), the other middle layers count as
   layer 0 does (two or more below) for the ``j - 2`` below and as layer 4 does for the
   ``L - 3 - j`` above. The live bytes are affine in ``j``, so the maximum over ``j`` is at
@@ -94,10 +95,15 @@ def candidates_general(events: Sequence[Event]) -> list[Candidate]:
                     counts[key] = (k0 - 5 * c, k1 + c)
                 out.append(Candidate(e.phase, e.label, counts))
         else:
+            # The L - 5 middle layers the replay lacks stand where layer 2 stands, unless layer
+            # 2 is next to the event's layer (1 or 3): a neighbour still holds tensors that
+            # cross the boundary (the layer input a checkpoint frame keeps, the gradient passed
+            # down), so there a far layer on the same side stands in (4 above, 0 below).
+            like = {1: GENERAL_LAYERS - 1, 3: 0}.get(e.segment, MIDDLE)  # type: ignore[call-overload]
             counts = dict(base)
-            for key, c in _contrib(e, MIDDLE).items():
+            for key, c in _contrib(e, like).items():
                 k0, k1 = counts[key]
-                counts[key] = (k0 - 5 * c, k1 + c)  # L - 4 middle layers in all
+                counts[key] = (k0 - 5 * c, k1 + c)  # (L - 5) more copies
             out.append(Candidate(e.phase, e.label, counts))
     return out
 
@@ -123,9 +129,7 @@ def build(cands: Sequence[Candidate], l_min: int) -> Timeline:
         keep.extend(rows[i] for i in kept)
     keep.sort()
     phases = tuple(dict.fromkeys(c.phase for c in cands))
-    return Timeline(
-        tuple(sizes), phases, tuple(cands[i] for i in keep), c0[keep], c1[keep]
-    )
+    return Timeline(tuple(sizes), phases, tuple(cands[i] for i in keep), c0[keep], c1[keep])
 
 
 def _undominated(at_min: np.ndarray, slope: np.ndarray) -> list[int]:

@@ -68,7 +68,9 @@ class Attention(nn.Module):
                 self.q_norm = RMSNorm(hd, spec.norm_eps)
                 self.k_norm = RMSNorm(hd, spec.norm_eps)
 
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_drop: float) -> torch.Tensor:
+    def core(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_drop: float
+    ) -> torch.Tensor:
         """The attention core (what selective recomputation checkpoints)."""
         if self.attention == "eager":
             return _eager_attention(q, k, v, p_drop)
@@ -258,4 +260,3 @@ class ReferenceLM(nn.Module):
     def forward(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         logits = F.linear(self.hidden_states(ids), self.head_weight())
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-

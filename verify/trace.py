@@ -75,10 +75,14 @@ class AllocationTrace(TorchDispatchMode):
             if size:
                 self.live_bytes += size
                 self.events.append(
-                    TraceEvent(name, size, self.live_bytes, tuple(t.shape), str(t.dtype), self.phase)
+                    TraceEvent(
+                        name, size, self.live_bytes, tuple(t.shape), str(t.dtype), self.phase
+                    )
                 )
         return out
 
     def print(self, limit: int | None = None) -> None:
         for e in self.events[:limit]:
-            print(f"{e.phase:9s} {e.op:40s} {e.delta_bytes:+12d} {e.live_bytes:12d} {e.shape} {e.dtype}")
+            print(
+                f"{e.phase:9s} {e.op:40s} {e.delta_bytes:+12d} {e.live_bytes:12d} {e.shape} {e.dtype}"
+            )

@@ -60,9 +60,7 @@ def to_copy(tape: Tape, x: Tensor, itemsize: int, name: str) -> Tensor:
     return tape.output(tape.new(x.numel, itemsize, name), n)
 
 
-def cross_entropy(
-    tape: Tape, logits: Tensor, target: Tensor, rows: Size, vocab: Size
-) -> Tensor:
+def cross_entropy(tape: Tape, logits: Tensor, target: Tensor, rows: Size, vocab: Size) -> Tensor:
     """``F.cross_entropy(logits, target, ignore_index=-100)`` = ``log_softmax`` + ``nll_loss``.
 
     ``LogSoftmaxBackward0`` saves its output; ``NllLossBackward0`` saves the log-probabilities,
