@@ -14,7 +14,8 @@ from calc.attention import attention_kernel, cpu_backend
 from calc.graphs import reference
 from calc.jobs import Training
 from calc.model_spec import ModelSpec
-from calc.tape import Event, Tape
+from calc import ops
+from calc.tape import Event, Tape, Tensor
 
 WEIGHT_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
 AUTOCAST_ITEMSIZE = {"amp-bf16": 2, "amp-fp16": 2}
@@ -93,6 +94,7 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     params = w.parameters()
     shapes = w.shapes(sh)
     states = None
+    scaler: list = []
     for step in (1, 2):
         for mb in range(job.grad_accum):
             tape.segment = "embed"
@@ -108,6 +110,8 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
                     tape.autocast_enter(sh.autocast_itemsize)
                 loss = reference.forward(tape, sh, w, cos, sin)
                 tape.autocast_exit()
+            if job.precision == "amp-fp16":
+                loss, scaler = _scale_loss(tape, loss, scaler)
             if job.zero_grad == "before_backward" and mb == 0:
                 tape.zero_grad()
             tape.phase = f"step{step}/backward"
@@ -124,6 +128,19 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         if job.zero_grad == "after_step":
             tape.zero_grad()
     return tape.events
+
+
+def _scale_loss(tape: Tape, loss: Tensor, scaler: list) -> tuple[Tensor, list]:
+    """``GradScaler.scale(loss)``: its first call creates ``_scale`` (fp32) and
+    ``_growth_tracker`` (int32), 0-d tensors kept for the run (``torch/amp/grad_scaler.py``,
+    ``_lazy_init_scale_growth_tracker``); then ``loss * _scale``."""
+    if not scaler:
+        saved, tape.segment = tape.segment, "base"
+        scaler = [tape.new(1, 4, "grad_scaler.scale", "state"), tape.new(1, 4, "growth", "state")]
+        tape.segment = saved
+    scaled = ops.mul(tape, loss, scaler[0], "scaled_loss")
+    tape.drop(loss)
+    return scaled, scaler
 
 
 def with_layers(model: ModelSpec, n_layers: int) -> ModelSpec:
