@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from calc import ops
 from calc import symbols as S
 from calc.attention import attention_kernel, cpu_backend
 from calc.graphs import reference
 from calc.jobs import Training
 from calc.model_spec import ModelSpec
-from calc import ops
 from calc.tape import Event, Tape, Tensor
 
 WEIGHT_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
