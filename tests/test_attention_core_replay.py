@@ -3,8 +3,8 @@
 A tiny reference model (hidden 64, 4 heads of 16, 2 kv heads or 4, ffn 96, vocab 300; batch 2,
 sequence 32; one or two layers) runs one forward and backward under `verify.trace.
 AllocationTrace` with SDPA forced to the math backend, or with the eager attention core. The
-replay of the same step, with the model's attention core replayed by `attention_core` (through
-a local copy of `calc.graphs.reference.attention` that calls it), must give the same live total
+replay of the same step (`calc.graphs.reference`, whose attention core is `attention_core`)
+must give the same live total
 after every allocation: llama-style GQA and MHA, fp32 and bf16, attention dropout 0 and 0.1,
 and gpt2 (no RoPE, fused qkv split into views).
 """
@@ -27,7 +27,7 @@ from calc.graphs import attention_core as AC  # noqa: E402
 from calc.graphs import reference as R  # noqa: E402
 from calc.model_spec import ModelSpec  # noqa: E402
 from calc.step import shape_for  # noqa: E402
-from calc.tape import Tape, Tensor  # noqa: E402
+from calc.tape import Tape  # noqa: E402
 from verify.reference_model import ReferenceLM  # noqa: E402
 from verify.trace import AllocationTrace  # noqa: E402
 
@@ -44,81 +44,6 @@ GPT2 = dict(
     model_type="gpt2", n_kv_heads=4, mlp="gelu", norm="layernorm", qkv_bias=True, o_bias=True,
     mlp_bias=True, norm_bias=True, tied_embeddings=True, learned_positions=True, ffn=256,
 )  # fmt: skip
-
-
-# -- the replay with the attention core of this module ------------------------------------------
-def _attention(
-    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor | None, sin: Tensor | None
-) -> Tensor:
-    """`calc.graphs.reference.attention` with the core dispatched by `attention_core.core`,
-    v's view copying its gradient back for the math/eager cores (their dv is contiguous in
-    [b, k, s, d]) and the head merge by `attention_core.merge_heads`."""
-    if sh.model_type == "gpt2":
-        return _attention_gpt2(tape, sh, x, lw)
-    n = sh.b * sh.s
-    cq_, ck_, cv_ = AC.view_grad_copies(sh)
-    q = ops.linear(tape, x, lw["q"], lw["q.b"], n, sh.a * sh.d, "q")
-    k = ops.linear(tape, x, lw["k"], lw["k.b"], n, sh.k * sh.d, "k")
-    v = ops.linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
-    qv = ops.view(tape, q, copy_back=cq_)
-    kv = ops.view(tape, k, copy_back=ck_)
-    tape.drop(q, k)
-    if sh.qk_norm:
-        qn = R.rmsnorm(tape, qv, lw["q_norm"], n * sh.a)
-        kn = R.rmsnorm(tape, kv, lw["k_norm"], n * sh.k)
-        tape.drop(qv, kv)
-        qv, kv = qn, kn
-    qt, kt = ops.view(tape, qv), ops.view(tape, kv)
-    tape.drop(qv, kv)
-    vv = ops.view(tape, v, copy_back=cv_)
-    vt = ops.view(tape, vv)
-    tape.drop(v, vv)
-    cq = ops.to_dtype(tape, cos, qt.itemsize, "rope_cos.cast")
-    sq = ops.to_dtype(tape, sin, qt.itemsize, "rope_sin.cast")
-    qr = R.rope(tape, qt, cq, sq, "q")
-    tape.drop(qt)
-    kr = R.rope(tape, kt, cq, sq, "k")
-    tape.drop(kt)
-    out = _sdpa(tape, sh, qr, kr, vt)
-    o = AC.merge_heads(tape, sh, out)
-    tape.drop(out)
-    y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
-    tape.drop(o, qr, kr, vt, cq, sq)
-    return y
-
-
-def _sdpa(tape: Tape, sh: R.Shape, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    casts = []
-    if tape.autocast_itemsize and sh.attention != "eager":
-        kc = ops.autocast_cast(tape, k, "k.cast")
-        qc = ops.autocast_cast(tape, q, "q.cast")
-        vc = ops.autocast_cast(tape, v, "v.cast")
-        q, k, v = qc, kc, vc
-        casts = [qc, kc, vc]
-    out = AC.core(tape, sh, q, k, v, "attn")
-    tape.drop(*casts)
-    return out
-
-
-def _attention_gpt2(tape: Tape, sh: R.Shape, x: Tensor, lw: dict) -> Tensor:
-    n = sh.b * sh.s
-    cq_, ck_, cv_ = AC.view_grad_copies(sh)
-    qkv = ops.linear(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "qkv")
-    q, k, v = ops.split3(tape, qkv)
-    tape.drop(qkv)
-    qv, kv = ops.view(tape, q, copy_back=cq_), ops.view(tape, k, copy_back=ck_)
-    tape.drop(q, k)
-    qt, kt = ops.view(tape, qv), ops.view(tape, kv)
-    tape.drop(qv, kv)
-    vv = ops.view(tape, v, copy_back=cv_)
-    vt = ops.view(tape, vv)
-    tape.drop(v, vv)
-    out = _sdpa(tape, sh, qt, kt, vt)
-    o = AC.merge_heads(tape, sh, out)
-    tape.drop(out)
-    y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
-    tape.drop(o, qt, kt, vt)
-    return y
 
 
 # -- measuring and replaying one step -----------------------------------------------------------
@@ -162,14 +87,13 @@ def _measure(spec: ModelSpec, job: calc.Training) -> list[int]:
     return [e.live_bytes for e in trace.events if e.delta_bytes > 0]
 
 
-def _replay(spec: ModelSpec, job: calc.Training, monkeypatch) -> list[tuple[str, int]]:
+def _replay(spec: ModelSpec, job: calc.Training) -> list[tuple[str, int]]:
     sh = shape_for(spec, job, "cpu", spec.n_layers)
     vals = calc.values_for(spec, job)
     sh = dataclasses.replace(
         sh, b=vals[Sy.b], s=vals[Sy.s], h=vals[Sy.h], a=vals[Sy.a], k=vals[Sy.k],
         d=vals[Sy.d], f=vals[Sy.f], V=vals[Sy.V], P=vals[Sy.P],
     )  # fmt: skip
-    monkeypatch.setattr(R, "attention", _attention)
     tape = Tape(inplace_accumulate=False)
     w = R.Weights(tape, sh)
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "cos", "buffer")
@@ -216,11 +140,11 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_replay_matches_trace(case: str, monkeypatch) -> None:
+def test_replay_matches_trace(case: str) -> None:
     overrides, gpt2, precision, attention = CASES[case]
     spec, job = _configs(overrides, gpt2, precision, attention)
     measured = _measure(spec, job)
-    replayed = _replay(spec, job, monkeypatch)
+    replayed = _replay(spec, job)
     for i, (m, (label, r)) in enumerate(zip(measured, replayed, strict=False)):
         assert m == r, f"allocation {i} ({label}): measured {m}, replayed {r}"
     assert len(measured) == len(replayed)
