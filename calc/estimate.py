@@ -10,7 +10,6 @@ matrix-vector product.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -217,7 +216,3 @@ def _breakdown(
             tree["/".join(parts[:depth])] += nbytes
     tree["total"] = sum(leaf.values())
     return dict(sorted(tree.items(), key=lambda kv: (kv[0] != "total", kv[0])))
-
-
-def bytes_to_gib(nbytes: int) -> float:
-    return nbytes / math.ldexp(1.0, 30)

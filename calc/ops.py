@@ -9,8 +9,6 @@ its end. Views allocate nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sympy as sp
 
 from calc.tape import Node, Size, Tape, Tensor
@@ -87,10 +85,6 @@ def numel_ge(p: Size, q: Size) -> bool:
         return p >= q
     point = {sym: 7 for sym in (sp.sympify(p) - sp.sympify(q)).free_symbols}
     return bool(sp.sympify(p).subs(point) >= sp.sympify(q).subs(point))
-
-
-def _same(p: Size, q: Size) -> bool:
-    return bool(p == q)
 
 
 def add(
@@ -358,9 +352,7 @@ def sdpa_flash(tape: Tape, q: Tensor, k: Tensor, v: Tensor, lse_numel: Size, nam
     return tape.output(out, n)
 
 
-def cross_entropy(
-    tape: Tape, logits: Tensor, rows: Size, vocab: Size, itemsize: int
-) -> tuple[Tensor, list[Tensor]]:
+def cross_entropy(tape: Tape, logits: Tensor, rows: Size, vocab: Size, itemsize: int) -> Tensor:
     """``F.cross_entropy`` = ``log_softmax`` (saves its output) + ``nll_loss``.
 
     ``nll_loss_forward`` returns the loss and ``total_weight`` (both 0-d; NllLossBackward saves
@@ -381,7 +373,7 @@ def cross_entropy(
     n = tape.node("NllLoss", rule, [logp], saved=[logp, total_weight])
     tape.drop(total_weight)
     tape.drop(logp, up)
-    return tape.output(loss, n), []
+    return tape.output(loss, n)
 
 
 def _log_softmax(tape: Tape, x: Tensor, itemsize: int) -> Tensor:
@@ -392,8 +384,3 @@ def _log_softmax(tape: Tape, x: Tensor, itemsize: int) -> Tensor:
     out = tape.new(x.numel, itemsize, "logp")
     n = tape.node("LogSoftmax", rule, [x], saved=[out])
     return tape.output(out, n)
-
-
-def keep(tensors: Sequence[Tensor]) -> None:
-    """Documentation helper: tensors deliberately kept alive by the caller."""
-    del tensors

@@ -7,8 +7,6 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from calc import ops
 from calc import symbols as S
 from calc.attention import attention_kernel, cpu_backend
@@ -141,7 +139,3 @@ def _scale_loss(tape: Tape, loss: Tensor, scaler: list) -> tuple[Tensor, list]:
     scaled = ops.mul(tape, loss, scaler[0], "scaled_loss")
     tape.drop(loss)
     return scaled, scaler
-
-
-def with_layers(model: ModelSpec, n_layers: int) -> ModelSpec:
-    return replace(model, n_layers=n_layers)

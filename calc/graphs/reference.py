@@ -326,6 +326,6 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
     logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
     tape.drop(hid)
     flat = ops.view(tape, logits)
-    loss, _ = ops.cross_entropy(tape, flat, n, sh.V, logits.itemsize)
+    loss = ops.cross_entropy(tape, flat, n, sh.V, logits.itemsize)
     tape.drop(flat, logits)
     return loss
