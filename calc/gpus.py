@@ -1,0 +1,70 @@
+"""The GPU catalog: each GPU's memory, as the vendor states it and as PyTorch can use it.
+
+The catalog is a data file, ``hardware/gpus.json`` (read by ``calc.cards``, the one module of
+``calc`` that reads files). Units are explicit: vendors sell memory in "GB" that, for HBM and
+GDDR parts, is a binary capacity (an "80 GB" H100 carries 80 GiB = 80 x 2**30 bytes of DRAM),
+while the driver keeps part of it; ``total_bytes`` is what ``cudaMemGetInfo`` / ``nvidia-smi``
+report as total, ``usable_bytes`` what ``torch.cuda.max_memory_allocated`` can reach: the
+total less the CUDA context and the driver's reservations (``reserved_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from calc.result import GIB
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPU:
+    """One GPU model of the catalog."""
+
+    id: str
+    """Catalog id, lower-case (``h100-80gb``)."""
+    name: str
+    """Vendor's product name (``NVIDIA H100 80GB HBM3 (SXM5)``)."""
+    vendor: str
+    """``nvidia`` or ``amd``."""
+    marketed: str
+    """Capacity as the vendor's datasheet writes it (``80 GB HBM3``)."""
+    total_bytes: int
+    """Device memory total as the driver reports it (``cudaMemGetInfo`` total,
+    ``nvidia-smi`` "Total" x 2**20, ``rocm-smi`` VRAM total), in bytes."""
+    reserved_bytes: int
+    """Bytes of ``total_bytes`` PyTorch's allocator cannot hand out: the CUDA/HIP context,
+    kernel images and the driver's reservations (measured where ``source`` says so, else the
+    catalog's stated default)."""
+    source: str
+    """Where ``marketed`` and ``total_bytes`` come from (datasheet URL, measurement)."""
+
+    def __post_init__(self) -> None:
+        if not self.id or self.id != self.id.lower():
+            raise ValueError(f"id={self.id!r} must be a non-empty lower-case string")
+        for name in ("total_bytes", "reserved_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a non-negative integer (bytes)")
+        if self.reserved_bytes >= self.total_bytes:
+            raise ValueError(
+                f"reserved_bytes={self.reserved_bytes} must be below total_bytes={self.total_bytes}"
+            )
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes a job's ``max_memory_allocated`` may reach: ``total - reserved``."""
+        return self.total_bytes - self.reserved_bytes
+
+    @property
+    def usable_gib(self) -> float:
+        """``usable_bytes`` in GiB (2**30 bytes)."""
+        return self.usable_bytes / GIB
+
+
+def gpu_catalog() -> dict[str, GPU]:
+    """Every GPU of ``hardware/gpus.json``, by id, smallest usable memory first."""
+    raise NotImplementedError
+
+
+def get_gpu(gpu_id: str) -> GPU:
+    """The catalog GPU ``gpu_id`` (case-insensitive); ``ValueError`` lists the known ids."""
+    raise NotImplementedError
