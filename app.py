@@ -1,0 +1,22 @@
+"""vramplan's web calculator: ``streamlit run app.py`` (``bash scripts/run.sh`` does it).
+
+The entry page draws the inputs (``webapp.widgets``: model, task, GPU, every job field; the
+state mirrored into the URL) and hands over to the page chosen at the top: the calculator, the
+capacity planner, or the verification evidence. No arithmetic here or in the pages: numbers come
+from ``calc``.
+"""
+
+import streamlit as st
+
+from webapp import widgets
+
+st.set_page_config(page_title="vramplan: GPU memory calculator", page_icon="🧮", layout="wide")
+widgets.sidebar()
+st.navigation(
+    [
+        st.Page("views/calculator.py", title="Calculator", icon="🧮", default=True),
+        st.Page("views/planner.py", title="Planner", icon="🗂️", url_path="planner"),
+        st.Page("views/evidence.py", title="Verification", icon="🔬", url_path="verification"),
+    ],
+    position="top",
+).run()

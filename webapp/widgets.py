@@ -1,0 +1,226 @@
+"""The sidebar of the web calculator: one widget per input of ``webapp.form``, stable keys, the
+state mirrored into the URL query string.
+
+Streamlit forgets the value of a widget that is not drawn in a run (a training field while
+the task is inference). The page state therefore lives in ``st.session_state["state"]`` (a plain
+dict keyed by widget key): each widget is seeded from it and writes back to it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import streamlit as st
+
+import calc
+from calc import gpus
+from webapp import form
+from webapp.model_source import Model, from_card, from_config_bytes
+
+STATE = "state"
+"""Session-state key of the page state (a dict keyed by widget key)."""
+INPUTS = "inputs"
+"""Session-state key where the entry page leaves the resolved ``Inputs`` for the pages."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inputs:
+    """Everything the pages need, resolved and validated."""
+
+    model: Model | None
+    """The model; None when the user's config is missing or invalid (see ``errors``)."""
+    job: calc.Training | calc.Inference | None
+    """The job; None when a field is invalid (see ``errors``)."""
+    task: str
+    """``train`` or ``infer``."""
+    gpu: gpus.GPU
+    """The GPU the verdict is against."""
+    device: str
+    """``cuda`` (predict max_memory_allocated) or ``cpu`` (the CPU tracker)."""
+    state: dict
+    """The page state (for keys a page adds, e.g. the planner's)."""
+    errors: tuple[str, ...]
+    """Messages for the user: why there is no model or no job."""
+
+
+@st.cache_resource
+def gpu_catalog() -> dict[str, gpus.GPU]:
+    """The GPU catalog (read once per server)."""
+    return gpus.gpu_catalog()
+
+
+@st.cache_resource
+def card_ids() -> tuple[str, ...]:
+    """The model card ids (read once per server)."""
+    return tuple(calc.list_cards())
+
+
+@st.cache_resource(max_entries=64)
+def card_model(card_id: str) -> Model:
+    """A model card, parsed once per server."""
+    return from_card(card_id)
+
+
+def _default_gpu(catalog: dict[str, gpus.GPU]) -> str:
+    return "h100-80gb" if "h100-80gb" in catalog else next(iter(catalog))
+
+
+def page_state() -> dict:
+    """The page state, created from the URL's query parameters on the session's first run."""
+    if STATE not in st.session_state:
+        catalog = gpu_catalog()
+        state, warnings = form.from_query(st.query_params.to_dict(), card_ids(), tuple(catalog))
+        if not state["gpu"]:
+            state["gpu"] = _default_gpu(catalog)
+        st.session_state[STATE] = state
+        st.session_state["url_warnings"] = warnings
+    state = st.session_state[STATE]
+    for key in state:  # widgets drawn by a page (the planner's) changed since the last run
+        if key in st.session_state:
+            state[key] = st.session_state[key]
+    return state
+
+
+def bind(key: str, state: dict) -> None:
+    """Seed widget ``key`` from the page state before it is drawn."""
+    if key not in st.session_state:
+        st.session_state[key] = state[key]
+
+
+def _field_widget(field: form.FormField, state: dict) -> None:
+    key = field.key
+    bind(key, state)
+    if field.kind == "choice":
+        st.selectbox(field.label, field.choices, key=key, help=field.help or None)
+    elif field.kind in ("int", "optional_int"):
+        st.number_input(
+            field.label,
+            min_value=int(field.low),
+            max_value=int(field.high),
+            step=1,
+            key=key,
+            help=field.help or None,
+            **({"value": None} if field.kind == "optional_int" else {}),
+        )
+    else:
+        st.number_input(
+            field.label,
+            min_value=float(field.low),
+            max_value=float(field.high),
+            step=0.01,
+            format="%.3f",
+            key=key,
+            help=field.help or None,
+            **({"value": None} if field.kind == "optional_float" else {}),
+        )
+    state[key] = st.session_state[key]
+
+
+def _model_inputs(state: dict) -> tuple[Model | None, list[str]]:
+    for key in ("source", "card", "config"):
+        bind(key, state)
+    st.radio(
+        "model from",
+        form.SOURCES,
+        key="source",
+        format_func=form.SOURCE_LABELS.__getitem__,
+        horizontal=True,
+    )
+    state["source"] = st.session_state["source"]
+    errors: list[str] = []
+    if state["source"] == "card":
+        st.selectbox("model card", card_ids(), key="card")
+        state["card"] = st.session_state["card"]
+        return card_model(state["card"]), errors
+    if state["source"] == "paste":
+        st.text_area(
+            "config.json",
+            key="config",
+            height=160,
+            max_chars=form.MAX_URL_CONFIG_CHARS * 64,
+            placeholder='{"model_type": "llama", "hidden_size": 4096, ...}',
+            help="a Hugging Face config.json; read as JSON, never executed",
+        )
+        state["config"] = st.session_state["config"]
+        text = state["config"]
+        if not text.strip():
+            return None, ["paste a config.json (model_type llama, mistral, qwen2, qwen3 or gpt2)"]
+        data: bytes | str = text
+        name = "pasted config.json"
+    else:
+        upload = st.file_uploader("config.json", type=["json"], key="config_file")
+        if upload is None:
+            return None, ["upload a config.json (model_type llama, mistral, qwen2, qwen3 or gpt2)"]
+        data, name = upload.getvalue(), upload.name
+    try:
+        return from_config_bytes(data, name=name), errors
+    except ValueError as exc:
+        return None, [str(exc)]
+
+
+def sidebar() -> Inputs:
+    """Draw every input in the sidebar, mirror the state into the URL, return the inputs."""
+    state = page_state()
+    catalog = gpu_catalog()
+    with st.sidebar:
+        for warning in st.session_state.get("url_warnings", []):
+            st.warning(f"link: {warning}", icon="⚠️")
+        model, errors = _model_inputs(state)
+        for key in ("task", "gpu"):
+            bind(key, state)
+        st.radio(
+            "task",
+            form.TASKS,
+            key="task",
+            format_func=form.TASK_LABELS.__getitem__,
+            horizontal=True,
+        )
+        state["task"] = st.session_state["task"]
+        st.selectbox(
+            "GPU",
+            tuple(catalog),
+            key="gpu",
+            format_func=lambda g: f"{catalog[g].name} ({catalog[g].usable_gib:.1f} GiB usable)",
+        )
+        state["gpu"] = st.session_state["gpu"]
+        task = state["task"]
+        fields = form.fields_of(task)
+        for section in form.SECTIONS:
+            in_section = [f for f in fields if f.section == section]
+            if not in_section:
+                continue
+            if section == "job":
+                for field in in_section:
+                    _field_widget(field, state)
+            else:
+                with st.expander(section):
+                    for field in in_section:
+                        _field_widget(field, state)
+                    if section == "advanced":
+                        bind("device", state)
+                        st.radio(
+                            "predict",
+                            calc.jobs.DEVICES,
+                            key="device",
+                            horizontal=True,
+                            help="cuda: torch.cuda.max_memory_allocated; "
+                            "cpu: what verify's CPU storage tracker measures",
+                        )
+                        state["device"] = st.session_state["device"]
+    job = None
+    try:
+        job = form.build_job(task, state)
+    except ValueError as exc:
+        errors.append(str(exc))
+    st.query_params.from_dict(form.to_query(state, model.config if model else None))
+    inputs = Inputs(
+        model=model,
+        job=job,
+        task=task,
+        gpu=catalog[state["gpu"]],
+        device=state["device"],
+        state=state,
+        errors=tuple(errors),
+    )
+    st.session_state[INPUTS] = inputs
+    return inputs
