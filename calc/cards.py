@@ -1,4 +1,6 @@
-"""Model cards: the only module of ``calc`` that reads files.
+"""Model cards, and the other data files of ``calc``: the only module of ``calc`` that touches
+files (model cards, the GPU catalog ``hardware/gpus.json``, the latest verify report, and the
+planner's compiled cache).
 
 A card is a folder ``model_cards/<id>/`` holding the upstream Hugging Face ``config.json``
 (unedited) and ``published.json`` with a parameter count published elsewhere, with its source.
@@ -62,3 +64,70 @@ def published_params(card_id: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"n_params={value!r} in {path} must be a positive integer")
     return value
+
+
+GPU_CATALOG_PATH: Path = CARDS_DIR.parent / "hardware" / "gpus.json"
+"""The GPU catalog (``calc.gpus`` reads it through ``load_gpu_catalog_data``)."""
+VERIFY_REPORT_PATH: Path = CARDS_DIR.parent / "verify" / "reports" / "latest" / "report.json"
+"""The latest ``python -m verify`` report (error bars of ``calc.plan``)."""
+
+
+def load_gpu_catalog_data() -> dict:
+    """``hardware/gpus.json`` as a dict (``{"about": ..., "gpus": [...]}``)."""
+    return _read_json(GPU_CATALOG_PATH)
+
+
+def load_verify_report(path: Path | None = None) -> dict | None:
+    """The latest verify report (``verify/reports/latest/report.json``), or None if absent."""
+    path = VERIFY_REPORT_PATH if path is None else Path(path)
+    return _read_json(path) if path.is_file() else None
+
+
+def plan_cache_dir() -> Path:
+    """Folder of the planner's persistent compiled cache: ``$VRAMPLAN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/vramplan``, else ``~/.cache/vramplan``."""
+    import os
+
+    env = os.environ.get("VRAMPLAN_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "vramplan"
+
+
+def read_plan_cache(name: str) -> dict | None:
+    """The cache entry ``name`` (a hex digest) as parsed JSON, or None when absent or
+    unreadable (a damaged entry is recompiled, never trusted)."""
+    path = plan_cache_dir() / f"{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_plan_cache(name: str, data: dict) -> bool:
+    """Store a cache entry atomically (write then rename); False if the folder is not
+    writable (the planner then only caches in memory)."""
+    folder = plan_cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{name}.{id(data)}.tmp"
+        tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+        tmp.replace(folder / f"{name}.json")
+    except OSError:
+        return False
+    return True
+
+
+def calc_source_digest() -> str:
+    """SHA-256 over the source files of ``calc`` (sorted by path): the planner's cache key, so
+    any change to the cost model invalidates every compiled entry."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()

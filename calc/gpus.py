@@ -11,6 +11,7 @@ total less the CUDA context and the driver's reservations (``reserved_bytes``).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from calc.result import GIB
 
@@ -60,11 +61,30 @@ class GPU:
         return self.usable_bytes / GIB
 
 
+_FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "reserved_bytes", "source")
+
+
+@lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GPU]:
     """Every GPU of ``hardware/gpus.json``, by id, smallest usable memory first."""
-    raise NotImplementedError
+    from calc.cards import load_gpu_catalog_data
+
+    rows = load_gpu_catalog_data().get("gpus")
+    if not isinstance(rows, list):
+        raise ValueError("hardware/gpus.json: 'gpus' must be a list of GPU objects")
+    gpus = []
+    for row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"hardware/gpus.json: each GPU must be an object, got {row!r}")
+        gpus.append(GPU(**{name: row.get(name) for name in _FIELDS}))
+    gpus.sort(key=lambda g: (g.usable_bytes, g.id))
+    return {g.id: g for g in gpus}
 
 
 def get_gpu(gpu_id: str) -> GPU:
     """The catalog GPU ``gpu_id`` (case-insensitive); ``ValueError`` lists the known ids."""
-    raise NotImplementedError
+    catalog = gpu_catalog()
+    key = gpu_id.strip().lower() if isinstance(gpu_id, str) else gpu_id
+    if key not in catalog:
+        raise ValueError(f"gpu={gpu_id!r} is not in the GPU catalog; known: {', '.join(catalog)}")
+    return catalog[key]
