@@ -10,13 +10,24 @@ import streamlit as st
 
 from webapp import widgets
 
-st.set_page_config(page_title="vramplan: GPU memory calculator", page_icon="🧮", layout="wide")
+st.set_page_config(
+    page_title="vramplan: GPU memory calculator", page_icon=":material/calculate:", layout="wide"
+)
 widgets.sidebar()
 st.navigation(
     [
-        st.Page("views/calculator.py", title="Calculator", icon="🧮", default=True),
-        st.Page("views/planner.py", title="Planner", icon="🗂️", url_path="planner"),
-        st.Page("views/evidence.py", title="Verification", icon="🔬", url_path="verification"),
+        st.Page(
+            "views/calculator.py", title="Calculator", icon=":material/calculate:", default=True
+        ),
+        st.Page(
+            "views/planner.py", title="Planner", icon=":material/table_view:", url_path="planner"
+        ),
+        st.Page(
+            "views/evidence.py",
+            title="Verification",
+            icon=":material/science:",
+            url_path="verification",
+        ),
     ],
     position="top",
 ).run()

@@ -195,3 +195,19 @@ def plan_rows(evaluated: Sequence[object]) -> list[dict[str, object]]:
             }
         )
     return rows
+
+
+def latex_lines(expr: sp.Expr, terms_per_line: int = 4) -> str:
+    """The LaTeX of a sum broken into lines of ``terms_per_line`` terms (an ``aligned``
+    block), so that a long formula wraps on a page; other expressions as one line."""
+    if terms_per_line < 1:
+        raise ValueError(f"terms_per_line={terms_per_line} must be >= 1")
+    terms = expr.as_ordered_terms() if isinstance(expr, sp.Add) else [expr]
+    parts = [sp.latex(t) for t in terms]
+    lines = [
+        " + ".join(parts[i : i + terms_per_line]) for i in range(0, len(parts), terms_per_line)
+    ]
+    if len(lines) == 1:
+        return lines[0]
+    body = " \\\\\n&+ ".join(lines)
+    return "\\begin{aligned}\n&" + body + "\n\\end{aligned}"

@@ -11,7 +11,7 @@ from webapp import cached, charts, widgets
 
 inputs: widgets.Inputs = st.session_state[widgets.INPUTS]
 for error in inputs.errors:
-    st.error(error, icon="🚫")
+    st.error(error, icon=":material/error:")
 if inputs.model is None or inputs.job is None:
     st.stop()
 
@@ -27,7 +27,7 @@ st.caption(
 try:
     est = cached.estimate(model, key, job, inputs.device)
 except (ValueError, NotImplementedError) as exc:
-    st.warning(f"not modelled yet: {exc}", icon="🚧")
+    st.warning(f"not modelled yet: {exc}", icon=":material/construction:")
     st.stop()
 
 fits, sentence = display.fit_verdict(est.peak_bytes, gpu.usable_bytes, gpu.name)
@@ -35,7 +35,9 @@ left, mid, right = st.columns(3)
 left.metric("peak per GPU", f"{display.gib(est.peak_bytes):.2f} GiB")
 mid.metric(f"{gpu.name}, usable", f"{gpu.usable_gib:.1f} GiB")
 right.metric("peak phase", est.peak_phase, help=f"at the allocation of {est.peak_event}")
-(st.success if fits else st.error)(sentence, icon="✅" if fits else "❌")
+(st.success if fits else st.error)(
+    sentence, icon=":material/check_circle:" if fits else ":material/cancel:"
+)
 
 gpu_label = f"{gpu.name}: {gpu.usable_gib:.1f} GiB"
 st.subheader("What is live at the peak")
@@ -73,11 +75,12 @@ st.caption(
     "The bytes live at the peak allocation: each term is (count) x (tensor size rounded up to "
     "the allocator's 512-byte blocks). Evaluated at the values below it gives the peak."
 )
-st.latex(r"\text{peak} = " + est.latex())
-st.dataframe(
-    pd.DataFrame(display.symbol_rows(est)).assign(symbol=lambda f: "$" + f["symbol"] + "$"),
-    hide_index=True,
-    width="stretch",
+st.latex(r"\text{peak} = " + display.latex_lines(est.peak_expression))
+st.markdown(
+    "| symbol | meaning | value |\n|---|---|---:|\n"
+    + "\n".join(
+        f"| ${r['symbol']}$ | {r['meaning']} | {r['value']:,} |" for r in display.symbol_rows(est)
+    )
 )
 if est.notes:
     st.caption("Assumptions: " + "; ".join(est.notes))

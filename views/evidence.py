@@ -9,7 +9,9 @@ from webapp import charts, evidence
 st.title("Verification evidence")
 report = evidence.load_report()
 if report is None:
-    st.error(f"no verify report at {evidence.REPORT}: run `python -m verify`", icon="🚫")
+    st.error(
+        f"no verify report at {evidence.REPORT}: run `python -m verify`", icon=":material/error:"
+    )
     st.stop()
 
 meta, summary = report.get("meta", {}), report.get("summary", {})

@@ -10,7 +10,7 @@ inputs: widgets.Inputs = st.session_state[widgets.INPUTS]
 state = inputs.state
 st.title("Capacity planner")
 for error in inputs.errors:
-    st.error(error, icon="🚫")
+    st.error(error, icon=":material/error:")
 if inputs.model is None or inputs.job is None:
     st.stop()
 
@@ -60,7 +60,7 @@ try:
     planning.precompile(inputs.model, request)
     result = planning.plan(inputs.model, request)
 except (ValueError, NotImplementedError) as exc:
-    st.warning(f"the planner cannot answer this: {exc}", icon="🚧")
+    st.warning(f"the planner cannot answer this: {exc}", icon=":material/construction:")
     st.stop()
 
 (st.success if result.best is not None else st.error)(result.verdict())

@@ -34,5 +34,5 @@ def size_sweep(
     high: int, device: str,
 ) -> Sweep:  # fmt: skip
     """``calc.sweep.sweep`` over doubling values of ``field`` around ``current``."""
-    values = doubling_values(current, high=high, points=12)
+    values = doubling_values(current, high=high, points=9)
     return sweep(_model.spec, job, field, values, device=device)

@@ -24,7 +24,7 @@ def _gpu_rule(usable_gib: float, label: str, axis: str) -> list[Spec]:
     }
     text_mark = {"type": "text", "color": GPU_LINE_COLOR, "align": "left", "dx": 4}
     if axis == "x":
-        text_mark.update({"dy": 6, "baseline": "top", "y": 0})
+        text_mark.update({"baseline": "bottom", "y": -4})
     else:
         text_mark.update({"dy": -6, "x": 0})
     text = {"data": data, "mark": text_mark, "encoding": {**pos, "text": {"field": "label"}}}
@@ -33,7 +33,6 @@ def _gpu_rule(usable_gib: float, label: str, axis: str) -> list[Spec]:
 
 def breakdown_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:
     """Horizontal stacked bars, one per level of the breakdown tree, with the GPU's line."""
-    levels = len({r["level"] for r in rows})
     bars = {
         "data": {"values": list(rows)},
         "mark": {"type": "bar", "stroke": "white", "strokeWidth": 0.5},
@@ -42,7 +41,7 @@ def breakdown_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> 
                   "title": "GiB live at the peak"},
             "y": {"field": "level", "type": "nominal", "title": None, "sort": None},
             "color": {"field": "group", "type": "nominal", "title": "component",
-                      "legend": {"orient": "bottom", "columns": 6}},
+                      "legend": {"orient": "bottom", "columns": 4}},
             "order": {"field": "order", "type": "quantitative"},
             "tooltip": [
                 {"field": "component", "type": "nominal"},
@@ -52,7 +51,11 @@ def breakdown_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> 
             ],
         },
     }  # fmt: skip
-    return {"height": 48 * levels + 30, "layer": [bars, *_gpu_rule(usable_gib, gpu_label, "x")]}
+    return {
+        "height": {"step": 44},
+        "padding": {"left": 12},
+        "layer": [bars, *_gpu_rule(usable_gib, gpu_label, "x")],
+    }
 
 
 def phases_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:

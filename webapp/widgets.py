@@ -164,7 +164,7 @@ def sidebar() -> Inputs:
     catalog = gpu_catalog()
     with st.sidebar:
         for warning in st.session_state.get("url_warnings", []):
-            st.warning(f"link: {warning}", icon="⚠️")
+            st.warning(f"link: {warning}", icon=":material/warning:")
         model, errors = _model_inputs(state)
         for key in ("task", "gpu"):
             bind(key, state)
