@@ -215,15 +215,21 @@ def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int]) -> Reduc
     return Reduced(var_programs, kept.astype(np.float64), kept, keep)
 
 
-def _job_for_key(job: Training | Inference) -> Training | Inference:
-    """``job`` with the fields that do not change the structure's compile set to a standard
-    value: sizes, and ``grad_accum`` beyond 2 (the replay accumulates identically from the
-    second micro-batch on; tests/test_plan_grid.py checks the peaks agree)."""
+def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
+    """``job`` with ``grad_accum`` beyond 2 set to 2: the replay accumulates identically from the
+    second micro-batch on, so the peaks agree (tests/test_plan_grid.py checks it) and one
+    compile serves every accumulation count >= 2."""
     from dataclasses import replace
 
-    if isinstance(job, Training):
-        return replace(job, micro_batch=1, seq_len=1, grad_accum=min(job.grad_accum, 2))
-    return replace(job, batch=1, context=1, prompt=None)
+    if isinstance(job, Training) and job.grad_accum > 2:
+        return replace(job, grad_accum=2)
+    return job
+
+
+def structure_id(model: ModelSpec, job: Training | Inference) -> tuple:
+    """What decides the compiled structure of ``(model, job)``: jobs with equal ids differ
+    only in sizes and share one ``StructureTable``."""
+    return _estimate._structure_key(model, _cap_grad_accum(job))
 
 
 def _cache_name(key: tuple, device: str, branch: int) -> str:
@@ -269,7 +275,7 @@ def structure_table(
 
     Raises ``ValueError`` for a job ``calc.Training``/``calc.Inference`` rejects (they validate
     on construction, so this only re-checks the device)."""
-    job = _job_for_key(job)
+    job = _cap_grad_accum(job)
     key = _estimate._structure_key(model, job)
     branch = _estimate._branch(model.n_layers)
     mem_key = (key, device, branch)

@@ -1,0 +1,148 @@
+"""The planner's axes: every choice ``calc.plan`` enumerates, one ``Axis`` each, in one list.
+
+An axis names the job field(s) it sets, the values it can take for a request, whether the
+planner enumerates it unless told otherwise, and whether it is a *size* (evaluated in bulk
+within a compiled structure, like the micro-batch) or a *structural* choice (each value is its
+own compiled structure, like the optimizer). Parallelism (data/tensor/pipeline parallel, ZeRO
+stage, offload) and compression (LoRA, quantization) join by appending their ``Axis`` to
+``AXES`` once ``calc.Training``/``calc.Inference`` have the fields: ``shards=True`` marks an
+axis that models how several GPUs share a training job, and ``communication`` gives the
+throughput proxy's communication factor (``calc.throughput``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from calc.jobs import (
+    ATTENTIONS,
+    IMPLEMENTATIONS,
+    INFERENCE_PRECISIONS,
+    OPTIMIZER_IMPLS,
+    OPTIMIZERS,
+    PRECISIONS,
+    RECOMPUTES,
+    Inference,
+    Training,
+)
+
+TRAINING = "training"
+INFERENCE = "inference"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Context:
+    """What the values of an axis may depend on: the request."""
+
+    kind: str
+    """``training`` or ``inference``."""
+    seq_len: int
+    """Tokens per sequence (training) or in the KV cache (inference)."""
+    global_batch: int
+    """Sequences per optimizer step over all GPUs, or sequences served at once."""
+    gpu_count: int
+    """GPUs of the request."""
+
+    @property
+    def per_gpu_batch(self) -> int:
+        """Sequences each GPU processes per step (``global_batch / gpu_count``)."""
+        return self.global_batch // self.gpu_count
+
+
+def divisors(n: int) -> tuple[int, ...]:
+    """Positive divisors of ``n``, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return tuple(sorted(set(small + [n // d for d in small])))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Axis:
+    """One choice the planner enumerates."""
+
+    name: str
+    """Key in ``Config.choices`` and in ``plan(fixed=...)``; the job field it sets, if one."""
+    kinds: tuple[str, ...]
+    """Job kinds it applies to (``training``, ``inference``)."""
+    values: Callable[[Context], tuple]
+    """Every value allowed for a request, in the order a table lists them."""
+    enumerated: bool = True
+    """Enumerated by default; otherwise held at the base job's value unless ``fixed`` lists
+    values for it."""
+    size: bool = False
+    """A size evaluated in bulk within one compiled structure (the micro-batch)."""
+    knob: bool = True
+    """Offered by ``changes_to_fit`` (False for choices that are not the user's to change,
+    e.g. which modeling code verify runs)."""
+    shards: bool = False
+    """Models how 2+ GPUs share a training job (data/tensor/pipeline parallel, ZeRO). While no
+    such axis exists, training on 2+ GPUs is reported as not modelled."""
+    communication: Callable[[object, Context], float] | None = None
+    """The throughput proxy's communication factor of a value (>= 1), if the axis has one."""
+
+    def current(self, job: Training | Inference) -> object:
+        """The value ``job`` has on this axis."""
+        if self.name == "micro_batch":
+            return job.micro_batch if isinstance(job, Training) else job.batch
+        return getattr(job, self.name)
+
+    def apply(self, fields: dict, value: object, ctx: Context) -> None:
+        """Set the job fields for ``value`` (``fields`` is the job's field dict)."""
+        if self.name != "micro_batch":
+            fields[self.name] = value
+        elif ctx.kind == TRAINING:
+            fields["micro_batch"] = value
+            fields["grad_accum"] = max(1, ctx.per_gpu_batch // int(value))  # type: ignore[call-overload]
+        else:
+            fields["batch"] = value
+
+
+def _training_or_inference(train: tuple, infer: tuple) -> Callable[[Context], tuple]:
+    return lambda ctx: train if ctx.kind == TRAINING else infer
+
+
+AXES: tuple[Axis, ...] = (
+    Axis(
+        name="precision",
+        kinds=(TRAINING, INFERENCE),
+        values=_training_or_inference(PRECISIONS, INFERENCE_PRECISIONS),
+    ),
+    Axis(name="optimizer", kinds=(TRAINING,), values=lambda ctx: OPTIMIZERS),
+    Axis(name="recompute", kinds=(TRAINING,), values=lambda ctx: RECOMPUTES),
+    Axis(
+        name="optimizer_impl",
+        kinds=(TRAINING,),
+        values=lambda ctx: OPTIMIZER_IMPLS,
+        enumerated=False,
+    ),
+    Axis(
+        name="attention",
+        kinds=(TRAINING, INFERENCE),
+        values=lambda ctx: ATTENTIONS,
+        enumerated=False,
+    ),
+    Axis(
+        name="implementation",
+        kinds=(TRAINING, INFERENCE),
+        values=lambda ctx: IMPLEMENTATIONS,
+        enumerated=False,
+        knob=False,
+    ),
+    Axis(
+        name="micro_batch",
+        kinds=(TRAINING, INFERENCE),
+        values=lambda ctx: divisors(ctx.per_gpu_batch),
+        size=True,
+    ),
+)
+"""Every axis, in the order tables show them. The size axis (micro-batch) comes last."""
+
+
+def axes_for(kind: str) -> tuple[Axis, ...]:
+    """The axes that apply to a job kind."""
+    return tuple(a for a in AXES if kind in a.kinds)
+
+
+def multi_gpu_training_modelled() -> bool:
+    """True once some axis models how 2+ GPUs share a training job."""
+    return any(a.shards for a in AXES)

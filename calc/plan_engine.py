@@ -1,0 +1,281 @@
+"""The planner's engine: validating a request, building its grid of jobs, and evaluating
+jobs in bulk, grouped by compiled structure (``calc.plan_grid``). ``calc.plan`` and
+``calc.plan_search`` are its callers; results are the dataclasses of ``calc.plan_result``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict
+
+import numpy as np
+
+from calc import plan_grid
+from calc.evidence import ErrorBar, VerifiedCase, error_bar, verified_cases
+from calc.gpus import GPU, get_gpu
+from calc.jobs import Inference, Training, check_choice, check_size
+from calc.model_spec import ModelSpec
+from calc.plan_axes import (
+    INFERENCE,
+    TRAINING,
+    Axis,
+    Context,
+    axes_for,
+    multi_gpu_training_modelled,
+)
+from calc.plan_result import TASKS, Config, Evaluated, RankBy, rank
+from calc.throughput import throughput_proxy
+
+KIND_OF_TASK = {
+    "pretrain": TRAINING,
+    "full-finetune": TRAINING,
+    "inference": INFERENCE,
+}
+"""Job kind of each modelled task (pretraining and full fine-tuning hold the same tensors)."""
+NOT_MODELLED_TASKS = {
+    "lora": "task='lora' is not modelled yet (LoRA adapters arrive with the compression issue)",
+    "qlora": "task='qlora' is not modelled yet (4-bit base weights and LoRA adapters arrive "
+    "with the compression issue)",
+}
+MULTI_GPU_TRAINING = (
+    "not modelled: training on 2+ GPUs (data parallel gradient buckets, ZeRO, tensor or "
+    "pipeline parallelism) arrives with the parallelism issue"
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation and the request's context
+
+
+def kind_of(task: object) -> str:
+    check_choice("task", task, TASKS)
+    if task in NOT_MODELLED_TASKS:
+        raise NotImplementedError(NOT_MODELLED_TASKS[str(task)])
+    return KIND_OF_TASK[str(task)]
+
+
+def gpu_of(gpu: object) -> GPU:
+    if isinstance(gpu, GPU):
+        return gpu
+    if not isinstance(gpu, str):
+        raise ValueError(f"gpu={gpu!r} must be a catalog id (calc.gpus.gpu_catalog()) or a GPU")
+    return get_gpu(gpu)
+
+
+def context(kind: str, seq_len: object, global_batch: object, gpu_count: object) -> Context:
+    check_size("seq_len", seq_len, 1, 1 << 24)
+    check_size("global_batch", global_batch, 1, 1 << 20)
+    check_size("gpu_count", gpu_count, 1, 1 << 16)
+    assert isinstance(global_batch, int) and isinstance(gpu_count, int)
+    assert isinstance(seq_len, int)
+    if global_batch % gpu_count:
+        raise ValueError(
+            f"global_batch={global_batch} must be a multiple of gpu_count={gpu_count} "
+            "(each GPU takes the same number of sequences)"
+        )
+    return Context(kind=kind, seq_len=seq_len, global_batch=global_batch, gpu_count=gpu_count)
+
+
+def base_fields_of(kind: str, base: Training | Inference | None) -> dict:
+    if base is None:
+        return {}
+    want = Training if kind == TRAINING else Inference
+    if not isinstance(base, want):
+        raise ValueError(f"base must be a calc.{want.__name__} for this task, got {base!r}")
+    fields = asdict(base)
+    for size in ("micro_batch", "seq_len", "grad_accum", "batch", "context", "prompt"):
+        fields.pop(size, None)
+    return fields
+
+
+def make_job(kind: str, fields: Mapping, ctx: Context) -> Training | Inference:
+    """The job of ``fields`` at the request's sizes (raises ``ValueError`` if invalid)."""
+    if kind == TRAINING:
+        return Training(**{"micro_batch": 1, "seq_len": ctx.seq_len, **fields})
+    return Inference(**{"batch": 1, "context": ctx.seq_len, **fields})
+
+
+def axis_values(
+    kind: str, ctx: Context, fixed: Mapping[str, object] | None, base_fields: Mapping
+) -> list[tuple[Axis, tuple]]:
+    axes = axes_for(kind)
+    names = {a.name: a for a in axes}
+    fixed = dict(fixed or {})
+    for name in fixed:
+        if name not in names:
+            raise ValueError(f"fixed: {name!r} is not an axis of {kind}; axes: {', '.join(names)}")
+    out = []
+    for axis in axes:
+        allowed = axis.values(ctx)
+        if axis.name in fixed:
+            want = fixed[axis.name]
+            values = tuple(want) if isinstance(want, tuple | list) else (want,)
+            for v in values:
+                if v not in allowed:
+                    raise ValueError(
+                        f"fixed[{axis.name!r}]={v!r} is not allowed here; allowed: "
+                        f"{', '.join(map(repr, allowed))}"
+                    )
+            if not values:
+                raise ValueError(f"fixed[{axis.name!r}] is empty; allowed: {allowed}")
+        elif axis.enumerated:
+            values = allowed
+        else:
+            values = (axis.current(make_job(kind, base_fields, ctx)),)
+        out.append((axis, values))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# evaluation of a list of jobs, grouped by compiled structure
+
+
+class Evaluator:
+    """Evaluates jobs of one model against one GPU, sharing structures and sizes."""
+
+    def __init__(
+        self, model: ModelSpec, ctx: Context, gpu: GPU, device: str,
+        cases: Sequence[VerifiedCase], progress: Callable[[int, int], None] | None = None,
+    ) -> None:  # fmt: skip
+        self.model, self.ctx, self.gpu, self.device = model, ctx, gpu, device
+        self.cases = cases
+        self.progress = progress
+        self.compiled_now = 0
+        self._bars: dict = {}
+
+    def choices(self, job: Training | Inference) -> dict[str, object]:
+        return {a.name: a.current(job) for a in axes_for(self.ctx.kind)}
+
+    def _row(self, choices: Mapping, job: Training | Inference | None, **kw: object) -> Evaluated:
+        grad_accum = job.grad_accum if isinstance(job, Training) else 1
+        config = Config(
+            job=job,  # type: ignore[arg-type]
+            gpu_count=self.ctx.gpu_count,
+            choices=dict(choices),
+            grad_accum=grad_accum,
+        )
+        base = dict(
+            config=config, usable_bytes=self.gpu.usable_bytes, gpu_id=self.gpu.id,
+            peak_bytes=None, fits=False, headroom_bytes=None, throughput_proxy=0.0,
+        )  # fmt: skip
+        base.update(kw)
+        return Evaluated(**base)  # type: ignore[arg-type]
+
+    def _bar(self, key: object, job: Training | Inference) -> ErrorBar | None:
+        if key not in self._bars:
+            self._bars[key] = error_bar(job, self.model, self.cases)
+        return self._bars[key]
+
+    def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
+        """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
+        out: list[Evaluated | None] = [None] * len(entries)
+        groups: dict = {}
+        for i, (choices, job) in enumerate(entries):
+            if isinstance(job, str):
+                out[i] = self._row(choices, None, reason=job)
+                continue
+            groups.setdefault(plan_grid.structure_id(self.model, job), []).append(i)
+        multi_gpu = (
+            self.ctx.kind == TRAINING
+            and self.ctx.gpu_count > 1
+            and not multi_gpu_training_modelled()
+        )
+        points: dict = {}  # sizes evaluated once per set of points, shared by structures
+        for n_done, (key, idx) in enumerate(groups.items()):
+            if self.progress is not None:
+                self.progress(n_done, len(groups))
+            jobs = [entries[i][1] for i in idx]
+            exemplar = jobs[0]
+            assert not isinstance(exemplar, str)
+            if multi_gpu:
+                for i in idx:
+                    out[i] = self._row(entries[i][0], entries[i][1], reason=MULTI_GPU_TRAINING)  # type: ignore[arg-type]
+                continue
+            table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
+            self.compiled_now += int(fresh)
+            if table.not_modelled:
+                for i in idx:
+                    out[i] = self._row(
+                        entries[i][0], entries[i][1], reason=f"not modelled: {table.not_modelled}"
+                    )  # type: ignore[arg-type]
+                continue
+            b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)  # type: ignore[arg-type]
+            memo_here = points.setdefault((b, s, c), {})
+            peaks = plan_grid.grid_peaks(
+                self.model, exemplar, np.array(b), np.array(s), np.array(c),
+                device=self.device, table=table, memo=memo_here,
+            )  # fmt: skip
+            bar = self._bar(key, exemplar)
+            for n, i in enumerate(idx):
+                job = entries[i][1]
+                assert not isinstance(job, str)
+                peak = int(peaks.peak_bytes[n])
+                headroom = self.gpu.usable_bytes - peak
+                fits = headroom >= 0
+                reason = "" if fits else (
+                    f"peak {peak / 2**30:.2f} GiB > {self.gpu.usable_bytes / 2**30:.2f} GiB "
+                    f"usable on {self.gpu.id}: needs {-headroom / 2**30:.2f} GiB more"
+                )  # fmt: skip
+                out[i] = self._row(
+                    entries[i][0], job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
+                    throughput_proxy=throughput_proxy(self.model, job), reason=reason,
+                    error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
+                )  # fmt: skip
+        if self.progress is not None:
+            self.progress(len(groups), len(groups))
+        return [e for e in out if e is not None]
+
+
+def sizes_of(job: Training | Inference) -> tuple[int, int, int]:
+    if isinstance(job, Training):
+        return job.micro_batch, job.seq_len, job.seq_len
+    return job.batch, job.prompt_len, job.context
+
+
+def grid_entries(
+    kind: str, ctx: Context, axis_values: list[tuple[Axis, tuple]], base_fields: Mapping
+) -> list[tuple[dict, Training | Inference | str]]:
+    entries: list[tuple[dict, Training | Inference | str]] = []
+    names = [a.name for a, _ in axis_values]
+    for combo in itertools.product(*(values for _, values in axis_values)):
+        fields = dict(base_fields)
+        for (axis, _), value in zip(axis_values, combo, strict=True):
+            axis.apply(fields, value, ctx)
+        choices = dict(zip(names, combo, strict=True))
+        try:
+            entries.append((choices, make_job(kind, fields, ctx)))
+        except ValueError as exc:
+            entries.append((choices, f"invalid: {exc}"))
+    return entries
+
+
+def split(rows: Iterable[Evaluated], rank_by: RankBy) -> tuple[tuple, tuple]:
+    rows = list(rows)
+    fitting = rank(tuple(e for e in rows if e.fits), rank_by)
+    missing = sorted(
+        (e for e in rows if not e.fits and e.modelled),
+        key=lambda e: (-(e.headroom_bytes or 0), -e.throughput_proxy),
+    )
+    other = [e for e in rows if not e.modelled]
+    return fitting, tuple(missing + other)
+
+
+def verified_cases_of(report: Mapping | None, use_report: bool) -> tuple[VerifiedCase, ...]:
+    if not use_report:
+        return ()
+    if report is None:
+        from calc.cards import load_verify_report
+
+        report = load_verify_report()
+    return verified_cases(report)
+
+
+def job_context(job: Training | Inference, gpu_count: int) -> Context:
+    check_size("gpu_count", gpu_count, 1, 1 << 16)
+    if isinstance(job, Training):
+        per_gpu = job.micro_batch * job.grad_accum
+        return Context(kind=TRAINING, seq_len=job.seq_len, global_batch=per_gpu * gpu_count,
+                       gpu_count=gpu_count)  # fmt: skip
+    return Context(kind=INFERENCE, seq_len=job.context, global_batch=job.batch * gpu_count,
+                   gpu_count=gpu_count)  # fmt: skip

@@ -1,0 +1,67 @@
+"""The planner's throughput proxy: a relative score for ranking configurations that fit.
+
+It is a ranking aid, not a prediction of step time, built from three documented effects:
+
+* **recomputed FLOPs**: a training step costs forward + backward = 3 forward passes of matmul
+  FLOPs (the backward computes two matmuls per forward one); activation recomputation adds
+  what it reruns. Per token and layer, the forward costs ``2 x (layer parameters)`` FLOPs in
+  matmuls plus ``4 x s x a x d`` in the attention core (``Q K^T`` and ``softmax(.) V``, causal
+  masking not discounted): Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+  Transformer Models", section 5 (forward ``24 b s h^2 + 4 b s^2 h`` per layer for ``f = 4h``).
+  ``full`` reruns every layer's forward; ``selective`` reruns the attention core only (their
+  selective recomputation). The head's ``2 h V`` per token is never recomputed.
+* **communication**: a factor ``>= 1`` per configuration from the parallelism axes
+  (``calc.plan_axes``); 1 while no parallelism is modelled.
+* **micro-batch size**: kernels run closer to peak on more tokens per call; the score uses
+  ``t / (t + TOKENS_HALF_EFFICIENCY)`` for ``t = micro_batch x seq_len`` tokens, a saturating
+  curve with an assumed half-efficiency point (not a measurement).
+
+``proxy = efficiency(t) / (recompute_factor x communication_factor)``. Precision is not in
+the score: fp32 matmuls are far slower than bf16 ones on tensor-core GPUs, so compare
+precisions by recipe, not by this proxy.
+"""
+
+from __future__ import annotations
+
+from calc.jobs import Inference, Training
+from calc.model_spec import ModelSpec
+
+TOKENS_HALF_EFFICIENCY = 1024
+"""Tokens per micro-batch at which the proxy's efficiency term is 1/2 (an assumed scale)."""
+
+
+def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, int]:
+    """``(matmul, attention_core)`` forward FLOPs per token of one decoder layer:
+    ``2 x`` the layer's matmul parameters, and ``4 x s x a x d`` (Korthikanti et al. 2022, s5)."""
+    matmul_params = sum(
+        p.numel for p in model.param_tensors() if p.group == "layer" and len(p.shape) == 2
+    )
+    return 2 * matmul_params, 4 * seq_len * model.n_heads * model.head_dim
+
+
+def recompute_factor(model: ModelSpec, job: Training | Inference) -> float:
+    """Training FLOPs with ``job.recompute`` over those without (1 for inference and for
+    ``recompute="none"``): ``(3F + R) / 3F`` with ``F`` the forward FLOPs per token (layers
+    and head) and ``R`` the recomputed ones."""
+    if isinstance(job, Inference) or job.recompute == "none":
+        return 1.0
+    matmul, core = layer_forward_flops_per_token(model, job.seq_len)
+    forward = model.n_layers * (matmul + core) + 2 * model.hidden * model.vocab
+    rerun = model.n_layers * ((matmul + core) if job.recompute == "full" else core)
+    return (3 * forward + rerun) / (3 * forward)
+
+
+def microbatch_efficiency(tokens: int) -> float:
+    """``tokens / (tokens + TOKENS_HALF_EFFICIENCY)``: more tokens per call, closer to 1."""
+    return tokens / (tokens + TOKENS_HALF_EFFICIENCY)
+
+
+def throughput_proxy(
+    model: ModelSpec, job: Training | Inference, communication_factor: float = 1.0
+) -> float:
+    """The relative throughput score of ``job`` (module docstring); higher is better."""
+    if isinstance(job, Training):
+        tokens = job.micro_batch * job.seq_len
+    else:
+        tokens = job.batch * job.prompt_len
+    return microbatch_efficiency(tokens) / (recompute_factor(model, job) * communication_factor)
