@@ -1,0 +1,247 @@
+"""The web calculator under ``streamlit.testing.v1.AppTest``: every widget driven by its key, the
+numbers shown compared with ``calc.estimate`` called here on the same inputs, and no exception
+for any input, bad configs and bad links included.
+
+The jobs are built in this file from plain keyword arguments (not through ``webapp.form``), so
+a wrong mapping from widget to job field shows up as a different peak.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import calc
+from calc import gpus
+from webapp import form
+
+APP = str(Path(__file__).resolve().parent.parent / "app.py")
+REPORT = Path(__file__).resolve().parent.parent / "verify" / "reports" / "latest" / "report.json"
+CARD = "qwen2.5-0.5b"
+"""A small card: compile time does not depend on the size, but keep the numbers readable."""
+
+# One non-default value per widget, and the job keyword it must set. A widget added to the form
+# must be added here (test_every_widget_is_driven_here says so).
+TRAIN_CHANGES: dict[str, object] = {
+    "train.micro_batch": 3,
+    "train.seq_len": 512,
+    "train.precision": "bf16-master",
+    "train.optimizer": "adam8bit",
+    "train.recompute": "full",
+    "train.attention": "eager",
+    "train.optimizer_impl": "for-loop",
+    "train.implementation": "reference",
+    "train.grad_accum": 4,
+    "train.weight_decay": 0.1,
+    "train.dropout": 0.1,
+    "train.zero_grad": "before_backward",
+}
+INFER_CHANGES: dict[str, object] = {
+    "infer.batch": 4,
+    "infer.context": 1024,
+    "infer.prompt": 512,
+    "infer.precision": "fp16",
+    "infer.attention": "math",
+    "infer.implementation": "reference",
+}
+
+
+def _app(query: dict[str, str] | None = None) -> AppTest:
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update(query or {})
+    at.run()
+    return at
+
+
+def _metric(at: AppTest, label: str) -> str:
+    values = [m.value for m in at.metric if m.label == label]
+    assert values, f"no metric {label!r}: {[m.label for m in at.metric]}"
+    return values[0]
+
+
+def _expected_gib(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"  # GiB = 2**30 bytes, two decimals, as the page shows
+
+
+def _messages(at: AppTest) -> str:
+    return "\n".join(str(e.value) for e in [*at.error, *at.warning, *at.success, *at.info])
+
+
+def _check_page(at: AppTest, model: calc.ModelSpec, job: object, gpu_id: str) -> None:
+    """No exception; the peak, the verdict and the breakdown table agree with calc.estimate."""
+    assert not at.exception, [e.value for e in at.exception]
+    try:
+        est = calc.estimate(model, job)
+    except (ValueError, NotImplementedError) as exc:
+        assert str(exc) in _messages(at)
+        return
+    assert _metric(at, "peak per GPU") == _expected_gib(est.peak_bytes)
+    assert _metric(at, "peak phase") == est.peak_phase
+    usable = gpus.get_gpu(gpu_id).usable_bytes
+    if est.peak_bytes <= usable:
+        assert any(str(s.value).startswith("fits in") for s in at.success), _messages(at)
+    else:
+        assert any(str(e.value).startswith("does not fit in") for e in at.error), _messages(at)
+    table = at.dataframe[0].value
+    assert Counter(int(b) for b in table["bytes"]) == Counter(
+        int(v) for v in est.breakdown.values()
+    )
+    assert at.latex, "the formula is shown"
+
+
+def test_every_widget_is_driven_here() -> None:
+    assert set(TRAIN_CHANGES) == {f.key for f in form.fields_of("train")}
+    assert set(INFER_CHANGES) == {f.key for f in form.fields_of("infer")}
+
+
+def test_default_page_shows_the_default_job_of_the_readme() -> None:
+    at = _app()
+    model = calc.load_card("qwen2.5-32b")
+    _check_page(at, model, calc.Training(micro_batch=1, seq_len=2048), "h100-80gb")
+    assert at.selectbox(key="card").value == "qwen2.5-32b"
+    assert at.query_params["card"] == ["qwen2.5-32b"] or at.query_params["card"] == "qwen2.5-32b"
+
+
+def _query_value(at: AppTest, name: str) -> str | None:
+    value = at.query_params.get(name)
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+def _set(at: AppTest, key: str, value: object) -> None:
+    at.get_by_key(key).set_value(value)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("task", "changes"), [("train", TRAIN_CHANGES), ("infer", INFER_CHANGES)])
+def test_every_widget_changes_the_job_as_calc_estimate_sees_it(
+    task: str, changes: dict[str, object]
+) -> None:
+    at = _app({"card": CARD})
+    model = calc.load_card(CARD)
+    if task == "infer":
+        at.radio(key="task").set_value("infer").run()
+    kwargs: dict[str, object] = (
+        {"micro_batch": 1, "seq_len": 2048} if task == "train" else {"batch": 1, "context": 4096}
+    )
+    job_class = calc.Training if task == "train" else calc.Inference
+    _check_page(at, model, job_class(**kwargs), "h100-80gb")
+    for key, value in changes.items():
+        if key == "train.optimizer_impl":  # adam8bit has no fused kernel: keep the valid ones
+            assert value != "fused"
+        _set(at, key, value)
+        at.run()
+        name = key.split(".", 1)[1]
+        kwargs[name] = value
+        _check_page(at, model, job_class(**kwargs), "h100-80gb")
+        assert _query_value(at, name) == str(value), f"{name} not in the link"
+
+
+def test_gpu_choice_moves_the_verdict_for_every_catalog_gpu() -> None:
+    at = _app({"card": "qwen2.5-7b", "recompute": "full"})
+    model = calc.load_card("qwen2.5-7b")
+    job = calc.Training(micro_batch=1, seq_len=2048, recompute="full")
+    for gpu_id in gpus.gpu_catalog():
+        at.selectbox(key="gpu").set_value(gpu_id).run()
+        _check_page(at, model, job, gpu_id)
+        assert _query_value(at, "gpu") == gpu_id
+
+
+def test_an_invalid_combination_is_an_error_message_not_an_exception() -> None:
+    at = _app({"card": CARD, "optimizer": "lion"})
+    at.selectbox(key="train.optimizer_impl").set_value("fused").run()
+    assert not at.exception
+    assert "optimizer_impl='fused' is not available for optimizer='lion'" in _messages(at)
+
+
+def test_a_shared_link_restores_the_page() -> None:
+    query = {"task": "infer", "card": "mistral-7b-v0.1", "gpu": "l40s-48gb", "batch": "8",
+             "context": "8192", "prompt": "1024", "precision": "fp16"}  # fmt: skip
+    at = _app(query)
+    job = calc.Inference(batch=8, context=8192, prompt=1024, precision="fp16")
+    _check_page(at, calc.load_card("mistral-7b-v0.1"), job, "l40s-48gb")
+    assert at.number_input(key="infer.batch").value == 8
+    assert at.selectbox(key="gpu").value == "l40s-48gb"
+
+
+def test_a_bad_link_warns_and_falls_back_to_defaults() -> None:
+    at = _app({"card": "gpt-5", "micro_batch": "-3", "precision": "fp8", "gpu": "x"})
+    _check_page(at, calc.load_card("qwen2.5-32b"), calc.Training(micro_batch=1, seq_len=2048),
+                "h100-80gb")  # fmt: skip
+    warnings = "\n".join(str(w.value) for w in at.warning)
+    for name in ("card", "micro_batch", "precision", "gpu"):
+        assert name in warnings
+
+
+def test_pasted_config_is_estimated_like_the_same_config_from_python() -> None:
+    config = calc.load_card_config("gpt2")
+    at = _app()
+    at.radio(key="source").set_value("paste").run()
+    assert not at.exception
+    at.text_area(key="config").set_value(json.dumps(config)).run()
+    model = calc.ModelSpec.from_hf_config(config)
+    _check_page(at, model, calc.Training(micro_batch=1, seq_len=2048), "h100-80gb")
+    assert json.loads(_query_value(at, "config") or "") == config
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b'{"model_type": "llama", "hidden_size": 64', "malformed JSON"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
+        (b'["a list"]', "JSON object"),
+        (b'{"model_type": "t5"}', "model_type"),
+        (b'{"model_type": "llama", "hidden_size": 64}', "missing required key"),
+        (b" " * (300 * 1024), "limit"),
+    ],
+)
+def test_bad_uploads_show_an_error_naming_the_problem(data: bytes, words: str) -> None:
+    at = _app()
+    at.radio(key="source").set_value("upload").run()
+    at.file_uploader(key="config_file").upload("config.json", data, "application/json").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = "\n".join(str(e.value) for e in at.error)
+    assert words in errors
+    assert not at.metric  # no estimate without a model
+
+
+def test_good_upload_is_estimated() -> None:
+    config = calc.load_card_config("llama-2-7b")
+    at = _app()
+    at.radio(key="source").set_value("upload").run()
+    data = json.dumps(config).encode()
+    at.file_uploader(key="config_file").upload("config.json", data, "application/json").run()
+    _check_page(at, calc.ModelSpec.from_hf_config(config), calc.Training(micro_batch=1, seq_len=2048),
+                "h100-80gb")  # fmt: skip
+
+
+def test_bad_pastes_show_an_error_and_no_exception() -> None:
+    at = _app()
+    at.radio(key="source").set_value("paste").run()
+    for text in ["", "{", "null", '{"model_type": "gpt2", "n_embd": 7, "n_head": 2}', "1e999"]:
+        at.text_area(key="config").set_value(text).run()
+        assert not at.exception, (text, [e.value for e in at.exception])
+        assert at.error, text
+
+
+def test_verification_page_shows_the_latest_report() -> None:
+    report = json.loads(REPORT.read_text(encoding="utf-8"))
+    at = _app()
+    at.switch_page("views/evidence.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert _metric(at, "cases") == str(report["summary"]["cases"])
+    assert _metric(at, "not modelled") == str(report["summary"]["not_modelled"])
+    table = at.dataframe[-1].value
+    assert len(table) == len(report["cases"])
+    by_name = {c["name"]: c for c in report["cases"]}
+    for _, row in table.iterrows():
+        case = by_name[row["case"]]
+        if case["predicted_peak"] is not None:
+            assert row["predicted_mib"] * 2**20 == pytest.approx(case["predicted_peak"], abs=1)
+            assert row["measured_mib"] * 2**20 == pytest.approx(case["measured_peak"], abs=1)
+    at.multiselect(key="evidence.status").set_value(["not-modelled"]).run()
+    assert len(at.dataframe[-1].value) == report["summary"]["not_modelled"]
