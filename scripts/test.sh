@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): set up .venv on a fresh machine, then lint, format-check,
-# run the quick measurement check and the unit tests. Every step runs even when an earlier one
+# The test command (README, .ci/run): set up .venv on a fresh machine (and the Debian chromium
+# package the web app's end-to-end test drives), then lint, format-check, run the quick
+# measurement check and the unit tests. Every step runs even when an earlier one
 # fails, so one run shows every failure; the exit status is non-zero if any step failed.
 # pytest runs last so that its summary line closes the output.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/venv.sh
-ensure_venv "verify,dev"
+source scripts/chromium.sh
+ensure_venv "verify,dev,app,e2e"
+ensure_chromium || echo "==> chromium install failed: the end-to-end test will fail" >&2
 
 failed=()
 step() {
