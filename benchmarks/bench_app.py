@@ -1,0 +1,130 @@
+"""Time the web calculator's reruns for a 32B card (target: each rerun under 200 ms).
+
+    python benchmarks/bench_app.py [--card qwen2.5-32b] [--reruns 30] [--json]
+
+What is measured: the wall time of one script run of ``app.py`` (entry page + calculator page)
+under ``streamlit.testing.v1.AppTest``, i.e. the server's work for a rerun: reading the widgets,
+``calc.estimate`` and the two sweeps (cached or not, as the scenario says), building the chart
+specs and the formula, and serialising every element. Not measured: the websocket transfer and
+the browser drawing the page (client side, after the server's part).
+
+Scenarios, each a widget change followed by a rerun, cycled so that no input repeats within a
+scenario (a repeat would be served from ``st.cache_resource``):
+
+* ``size``: micro-batch or sequence length changes (the common interaction: new estimate and
+  new sweeps from the already compiled expressions);
+* ``gpu``: the GPU changes (estimate cached, verdict and charts redrawn);
+* ``structure-cached``: a choice that changes the compiled structure (precision) toggles
+  between values compiled before in this process;
+* ``structure-first``: a structure seen for the first time in the process: the sympy replay and
+  ``lambdify`` compile (reported separately; the target is for the others, and this is the cost
+  a server pays once per structure).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET_MS = 200.0
+
+
+def _timed_run(at: object) -> float:
+    t0 = time.perf_counter()
+    at.run()  # type: ignore[attr-defined]
+    elapsed = (time.perf_counter() - t0) * 1000
+    if at.exception:  # type: ignore[attr-defined]
+        sys.exit(f"bench_app: the page raised {at.exception[0].value}")  # type: ignore[attr-defined]
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--card", default="qwen2.5-32b")
+    p.add_argument("--reruns", type=int, default=30, help="reruns per scenario")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = p.parse_args(argv)
+    if args.reruns < 5:
+        p.error("--reruns must be at least 5")
+
+    sys.path.insert(0, str(ROOT))
+    from streamlit.testing.v1 import AppTest
+
+    from calc import gpus
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600)
+    at.query_params["card"] = args.card
+    first_load_ms = _timed_run(at)
+    catalog = list(gpus.gpu_catalog())
+    results: dict[str, list[float]] = {}
+
+    sizes = [(mb, seq) for seq in (512, 1024, 2048, 4096, 8192, 16384) for mb in (1, 2, 3, 4, 6)]
+    times = []
+    for i in range(args.reruns):
+        mb, seq = sizes[i % len(sizes)]
+        at.number_input(key="train.micro_batch").set_value(mb)
+        at.number_input(key="train.seq_len").set_value(seq)
+        times.append(_timed_run(at))
+    results["size"] = times
+
+    times = []
+    for i in range(args.reruns):
+        at.selectbox(key="gpu").set_value(catalog[i % len(catalog)])
+        times.append(_timed_run(at))
+    results["gpu"] = times
+
+    at.selectbox(key="train.precision").set_value("bf16")
+    results["structure-first"] = [_timed_run(at)]
+    times = []
+    for i in range(args.reruns):
+        at.selectbox(key="train.precision").set_value(("amp-bf16", "bf16")[i % 2])
+        # a new size each time, so the estimate itself is not a cache hit
+        at.number_input(key="train.seq_len").set_value(1024 + i)
+        times.append(_timed_run(at))
+    results["structure-cached"] = times
+
+    rows = []
+    for name, ts in results.items():
+        row = {"scenario": name, "runs": len(ts), "median_ms": statistics.median(ts)}
+        row["max_ms"] = max(ts)
+        if len(ts) >= 5:
+            row["p90_ms"] = statistics.quantiles(ts, n=10)[-1]
+        rows.append(row)
+    meta = {
+        "card": args.card,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "first_load_ms": first_load_ms,
+        "target_ms": TARGET_MS,
+    }
+    if args.json:
+        print(json.dumps({**meta, "results": rows}, indent=2))
+        return 0
+    print(f"web calculator reruns on {args.card} (AppTest script runs, python {meta['python']})")
+    print(f"first load of the page (imports, card, first compile): {first_load_ms:.0f} ms")
+    head = f"{'scenario':<18} {'runs':>5} {'median':>9} {'p90':>9} {'max':>9}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        p90 = f"{r['p90_ms']:.1f}" if "p90_ms" in r else "-"
+        print(
+            f"{r['scenario']:<18} {r['runs']:>5} {r['median_ms']:>7.1f}ms {p90:>7}ms"
+            f" {r['max_ms']:>7.1f}ms"
+        )
+    judged = [r for r in rows if r["scenario"] != "structure-first"]
+    worst = max(r.get("p90_ms", r["max_ms"]) for r in judged)
+    status = "under" if worst < TARGET_MS else "OVER"
+    print(
+        f"worst p90 of the interactive reruns: {worst:.1f} ms, {status} the {TARGET_MS:.0f} ms target"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
