@@ -312,7 +312,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m calc``: 0 on success, 2 on bad input or a job the cost model
-    does not cover (one line on stderr, no traceback)."""
+    does not cover (one line on stderr, no traceback). ``python -m calc plan ...`` runs the
+    capacity planner (``calc.plan_cli``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        from calc.plan_cli import main as plan_main
+
+        return plan_main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_cards:
         print("\n".join(list_cards()))
