@@ -132,18 +132,6 @@ def sweep_rows(sweep: Sweep) -> list[dict[str, object]]:
     ]
 
 
-def fit_verdict(peak_bytes: int, usable_bytes: int, gpu_name: str) -> tuple[bool, str]:
-    """Whether the peak fits in the GPU's usable memory, and the sentence saying so:
-    ``fits in H100 (79.2 GiB usable) with 12.3 GiB (15.5%) headroom`` or ``does not fit in ...:
-    needs 3.1 GiB more``."""
-    headroom = usable_bytes - peak_bytes
-    where = f"{gpu_name} ({gib(usable_bytes):.1f} GiB usable)"
-    if headroom >= 0:
-        share = 100 * headroom / usable_bytes
-        return True, f"fits in {where} with {gib(headroom):.2f} GiB ({share:.1f}%) headroom"
-    return False, f"does not fit in {where}: needs {gib(-headroom):.2f} GiB more"
-
-
 MIB = 1 << 20
 """Bytes per MiB (verify's cases are scaled-down models of a few MiB)."""
 

@@ -30,13 +30,13 @@ except (ValueError, NotImplementedError) as exc:
     st.warning(f"not modelled yet: {exc}", icon=":material/construction:")
     st.stop()
 
-fits, sentence = display.fit_verdict(est.peak_bytes, gpu.usable_bytes, gpu.name)
+verdict = cached.evaluate(model, key, job, gpu.id, inputs.device)
 left, mid, right = st.columns(3)
 left.metric("peak per GPU", f"{display.gib(est.peak_bytes):.2f} GiB")
-mid.metric(f"{gpu.name}, usable", f"{gpu.usable_gib:.1f} GiB")
+mid.metric(f"{gpu.name}, usable", f"{gpu.usable_gib:.2f} GiB")
 right.metric("peak phase", est.peak_phase, help=f"at the allocation of {est.peak_event}")
-(st.success if fits else st.error)(
-    sentence, icon=":material/check_circle:" if fits else ":material/cancel:"
+(st.success if verdict.fits else st.error)(
+    verdict.verdict(), icon=":material/check_circle:" if verdict.fits else ":material/cancel:"
 )
 
 gpu_label = f"{gpu.name}: {gpu.usable_gib:.1f} GiB"

@@ -4,7 +4,7 @@ import pandas as pd
 import streamlit as st
 
 from calc import display
-from webapp import form, planning, widgets
+from webapp import cached, form, planning, widgets
 
 inputs: widgets.Inputs = st.session_state[widgets.INPUTS]
 state = inputs.state
@@ -16,12 +16,13 @@ if inputs.model is None or inputs.job is None:
 
 if not state["plan.task"]:
     state["plan.task"] = "inference" if inputs.task == "infer" else "full-finetune"
-for key in ("plan.task", "plan.global_batch", "plan.gpu_count", "plan.rank_by"):
+KEYS = ("plan.task", "plan.global_batch", "plan.gpu_count", "plan.rank_by", "plan.explore")
+for key in KEYS:
     widgets.bind(key, state)
-cols = st.columns(4)
+cols = st.columns([1, 1, 1, 1, 2])
 cols[0].selectbox("task", form.PLAN_TASKS, key="plan.task")
 cols[1].number_input(
-    "global batch (sequences)",
+    "global batch",
     min_value=1,
     max_value=1 << 24,
     step=1,
@@ -29,25 +30,23 @@ cols[1].number_input(
     help="sequences per optimizer step over all GPUs (inference: sequences served)",
 )
 cols[2].number_input(
-    f"number of {inputs.gpu.name}",
-    min_value=1,
-    max_value=form.MAX_GPU_COUNT,
-    step=1,
+    f"GPUs ({inputs.gpu.id})", min_value=1, max_value=form.MAX_GPU_COUNT, step=1,
     key="plan.gpu_count",
-)
+)  # fmt: skip
 cols[3].selectbox("rank by", form.RANK_BYS, key="plan.rank_by")
-for key in ("plan.task", "plan.global_batch", "plan.gpu_count", "plan.rank_by"):
-    state[key] = st.session_state[key]
-seq_len = inputs.job.seq_len if inputs.task == "train" else inputs.job.context
-st.caption(
-    f"{inputs.model.label}, sequence length {seq_len} (from the sidebar), "
-    f"{state['plan.gpu_count']} x {inputs.gpu.name}. The planner enumerates precision x "
-    "optimizer x recompute x micro-batch (and the parallelism and compression axes as they "
-    "land) and evaluates every configuration with compiled, vectorised expressions."
+cols[4].multiselect(
+    "explore",
+    planning.explorable(st.session_state["plan.task"]),
+    key="plan.explore",
+    help="axes to enumerate (with the micro-batch); the others keep the sidebar's values. "
+    "Each new structure compiles once (~1.6 s), then comes from calc's persistent cache.",
 )
+for key in KEYS:
+    state[key] = st.session_state[key]
 
-request = planning.Request(
-    model_key=planning.model_key(inputs.model),
+seq_len = inputs.job.seq_len if inputs.task == "train" else inputs.job.context
+request = planning.Request.make(
+    model_key=cached.model_key(inputs.model),
     task=state["plan.task"],
     seq_len=seq_len,
     global_batch=state["plan.global_batch"],
@@ -55,6 +54,14 @@ request = planning.Request(
     gpu_count=state["plan.gpu_count"],
     rank_by=state["plan.rank_by"],
     device=inputs.device,
+    job=inputs.job,
+    explore=tuple(state["plan.explore"]),
+)
+pinned = ", ".join(f"{axis}={value}" for axis, value in request.fixed) or "nothing"
+st.caption(
+    f"{inputs.model.label}, {seq_len} tokens per sequence (sidebar), "
+    f"{state['plan.gpu_count']} x {inputs.gpu.name}. Enumerates "
+    f"{' x '.join([*state['plan.explore'], 'micro-batch'])}; pinned to the sidebar: {pinned}."
 )
 try:
     planning.precompile(inputs.model, request)
@@ -83,14 +90,19 @@ with st.expander(f"{len(result.excluded)} excluded, with the reason each fails")
     )
 
 st.subheader("What is the least hardware for this?")
-least = planning.least_hardware(inputs.model, request)
-st.markdown(planning.least_hardware_text(least, inputs.gpu))
+st.markdown(planning.least_hardware_text(planning.least_hardware(inputs.model, request)))
 
 st.subheader("What to change to fit (the sidebar's job)")
-changes = planning.changes_to_fit(inputs.model, request, inputs.job)
-if changes is None:
-    st.info("The sidebar's job already fits.")
-elif not changes:
-    st.warning("No change of one or two knobs makes it fit on this hardware.")
+if cached.evaluate(inputs.model, request.model_key, inputs.job, inputs.gpu.id, inputs.device).fits:
+    st.info("The sidebar's job already fits on one GPU.", icon=":material/check_circle:")
+elif not st.toggle(
+    "search (one knob, then pairs: compiles every structure it tries, minutes on first use)",
+    key="plan.changes",
+):
+    st.caption("Switch on the search to list the smallest changes that make the job fit.")
 else:
-    st.markdown("\n".join(f"- {c.text()}" for c in changes))
+    changes = planning.changes_to_fit(inputs.model, request, inputs.job)
+    if changes:
+        st.markdown("\n".join(f"- {c.text()}" for c in changes))
+    else:
+        st.warning("No change of one or two knobs makes it fit on this hardware.")

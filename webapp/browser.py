@@ -33,9 +33,9 @@ CHROMIUM_ARGS = (
     "--disable-sync",
     "--disable-dev-shm-usage",
 )
-VERDICT_TEXTS = ("fits in", "does not fit in")
-"""The verdict sentence starts with one of these (``calc.display.fit_verdict``)."""
-VERDICT = "^(fits in|does not fit in) "
+VERDICT_TEXTS = ("fits with", "does not fit:")
+"""The verdict sentence starts with one of these (``calc.plan.Evaluated.verdict``)."""
+VERDICT = "^(fits with|does not fit:) "
 """A regular expression matching the verdict sentence."""
 
 

@@ -9,6 +9,7 @@ import json
 import streamlit as st
 
 import calc
+from calc import plan
 from calc.sweep import Sweep, doubling_values, sweep
 from webapp.model_source import Model
 
@@ -26,6 +27,15 @@ def estimate(
 ) -> calc.Estimate:
     """``calc.estimate`` of the job (``key`` names the model for the cache)."""
     return calc.estimate(_model.spec, job, device=device)
+
+
+@st.cache_resource(max_entries=256, show_spinner=False)
+def evaluate(
+    _model: Model, key: str, job: calc.Training | calc.Inference, gpu_id: str, device: str
+) -> plan.Evaluated:
+    """``calc.plan.evaluate``: the job against one GPU, its verdict with the error observed on
+    the nearest verified cases (the same sentence as a planner row)."""
+    return plan.evaluate(_model.spec, job, gpu=gpu_id, device=device)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

@@ -153,6 +153,7 @@ PAGE_DEFAULTS: dict[str, object] = {
     "plan.global_batch": 8,
     "plan.gpu_count": 1,
     "plan.rank_by": "throughput",
+    "plan.explore": ["precision", "recompute"],
 }
 
 PLAN_PARAMS: dict[str, str] = {
@@ -160,11 +161,16 @@ PLAN_PARAMS: dict[str, str] = {
     "global_batch": "plan.global_batch",
     "gpu_count": "plan.gpu_count",
     "rank_by": "plan.rank_by",
+    "explore": "plan.explore",
 }
 """The planner page's URL query parameters -> state keys (validated by ``parse_plan``)."""
 PLAN_TASKS: tuple[str, ...] = ("pretrain", "full-finetune", "lora", "qlora", "inference")
 """``calc.plan.TASKS`` (repeated here so the form needs no planner import; a test checks)."""
 RANK_BYS: tuple[str, ...] = ("throughput", "headroom")
+EXPLORE_AXES: tuple[str, ...] = ("precision", "optimizer", "recompute")
+"""Axes the planner may enumerate besides the micro-batch (``calc.plan_axes``: enumerated by
+default, not a size); the others hold the sidebar job's value. Fewer axes, fewer structures
+to compile on first use (~1.6 s each)."""
 MAX_GPU_COUNT = 4096
 
 
@@ -223,6 +229,11 @@ def parse_plan(key: str, text: str) -> object:
     if key == "plan.rank_by":
         jobs.check_choice(name, text, RANK_BYS)
         return text
+    if key == "plan.explore":
+        axes = [a for a in text.split(",") if a]
+        for axis in axes:
+            jobs.check_choice(name, axis, EXPLORE_AXES)
+        return axes
     high = MAX_GPU_COUNT if key == "plan.gpu_count" else 1 << 24
     try:
         value = int(text)
@@ -309,8 +320,9 @@ def to_query(state: Mapping[str, object], config: Mapping[str, object] | None = 
     if state.get("device", "cuda") != "cuda":
         out["device"] = str(state["device"])
     for param, key in PLAN_PARAMS.items():
-        if state.get(key, PAGE_DEFAULTS[key]) != PAGE_DEFAULTS[key]:
-            out[param] = str(state[key])
+        value = state.get(key, PAGE_DEFAULTS[key])
+        if value != PAGE_DEFAULTS[key]:
+            out[param] = ",".join(value) if isinstance(value, list) else str(value)
     for field in fields_of(task):
         value = state.get(field.key, field.default)
         if value != field.default:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import streamlit as st
@@ -9,10 +10,8 @@ import streamlit as st
 import calc
 from calc import display
 from calc import plan as planner
-from webapp.cached import estimate, model_key
+from calc.plan_axes import INFERENCE, TRAINING, axes_for
 from webapp.model_source import Model
-
-__all__ = ["COLUMNS", "Request", "changes_to_fit", "least_hardware", "model_key", "plan"]
 
 COLUMNS = {
     "peak_gib": st.column_config.NumberColumn("peak GiB", format="%.2f"),
@@ -21,6 +20,17 @@ COLUMNS = {
     "throughput_proxy": st.column_config.NumberColumn("throughput proxy", format="%.3f"),
 }
 """How the planner's tables show their numbers."""
+
+
+def kind(task: str) -> str:
+    """``training`` or ``inference`` for a planner task."""
+    return INFERENCE if task == "inference" else TRAINING
+
+
+def explorable(task: str) -> tuple[str, ...]:
+    """The axes the user may ask the planner to enumerate (``calc.plan_axes``; the micro-batch
+    is always enumerated, in bulk)."""
+    return tuple(a.name for a in axes_for(kind(task)) if a.enumerated and not a.size)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -43,41 +53,64 @@ class Request:
     """``throughput`` or ``headroom``."""
     device: str
     """``cuda`` or ``cpu``."""
+    base: calc.Training | calc.Inference | None
+    """The sidebar's job when it is of the task's kind: the axes not explored keep its values."""
+    fixed: tuple[tuple[str, object], ...]
+    """Axes pinned to the base job's value (those the user did not ask to explore)."""
+
+    @staticmethod
+    def make(
+        *, model_key: str, task: str, seq_len: int, global_batch: int, gpu: str,
+        gpu_count: int, rank_by: str, device: str, job: calc.Training | calc.Inference,
+        explore: tuple[str, ...],
+    ) -> Request:  # fmt: skip
+        """A request whose unexplored axes hold the sidebar job's values."""
+        same_kind = isinstance(job, calc.Inference) == (kind(task) == INFERENCE)
+        base = job if same_kind else None
+        fixed = tuple(
+            (axis, getattr(base, axis)) for axis in explorable(task) if axis not in explore
+        ) if base is not None else ()  # fmt: skip
+        return Request(
+            model_key=model_key, task=task, seq_len=seq_len, global_batch=global_batch,
+            gpu=gpu, gpu_count=gpu_count, rank_by=rank_by, device=device, base=base, fixed=fixed,
+        )  # fmt: skip
 
 
-def precompile(model: Model, request: Request) -> None:
-    """Compile every structure the plan needs, once per server, with a progress bar (the first
-    plan of a model compiles a few dozen structures, ~1.5 s each, unless calc's persistent
-    cache already holds them)."""
-    _precompile(model, request.model_key, request.task, request.device)
+def _progress_bar(text: str) -> tuple[Callable[[int, int], None], object]:
+    bar = st.progress(0.0, text=text)
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / max(total, 1), text=f"{text} {done} of {total}")
+
+    return progress, bar
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
-def _precompile(_model: Model, key: str, task: str, device: str) -> bool:
-    from calc import plan_grid
+def _precompile(_model: Model, request: Request) -> int:
+    progress, bar = _progress_bar("compiling the planner's structures (first use only):")
+    compiled = planner.precompile(
+        _model.spec, task=request.task, seq_len=request.seq_len,
+        global_batch=request.global_batch, fixed=dict(request.fixed), base=request.base,
+        device=request.device, progress=progress,
+    )  # fmt: skip
+    bar.empty()  # type: ignore[attr-defined]
+    return compiled
 
-    bar = st.progress(0.0, text="compiling the planner's expressions (first use only)...")
 
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / max(total, 1), text=f"compiling structure {done} of {total}...")
-
-    plan_grid.precompile(_model.spec, task, progress=progress)
-    bar.empty()
-    return True
+def precompile(model: Model, request: Request) -> int:
+    """Compile every structure the plan needs, with a progress bar (a structure costs ~1.6 s
+    the first time; calc's persistent cache keeps it for later servers)."""
+    return _precompile(model, request)
 
 
 @st.cache_resource(max_entries=128, show_spinner="planning...")
 def _plan(_model: Model, request: Request) -> planner.Plan:
     return planner.plan(
-        _model.spec,
-        task=request.task,
-        seq_len=request.seq_len,
-        global_batch=request.global_batch,
-        gpu=request.gpu,
-        gpu_count=request.gpu_count,
-        rank_by=request.rank_by,
+        _model.spec, task=request.task, seq_len=request.seq_len,
+        global_batch=request.global_batch, gpu=request.gpu, gpu_count=request.gpu_count,
+        fixed=dict(request.fixed), base=request.base, rank_by=request.rank_by,
         device=request.device,
-    )
+    )  # fmt: skip
 
 
 def plan(model: Model, request: Request) -> planner.Plan:
@@ -88,13 +121,10 @@ def plan(model: Model, request: Request) -> planner.Plan:
 @st.cache_resource(max_entries=128, show_spinner="looking for the least hardware...")
 def _least(_model: Model, request: Request) -> planner.LeastHardware:
     return planner.least_hardware(
-        _model.spec,
-        task=request.task,
-        seq_len=request.seq_len,
-        global_batch=request.global_batch,
-        gpu=request.gpu,
-        device=request.device,
-    )
+        _model.spec, task=request.task, seq_len=request.seq_len,
+        global_batch=request.global_batch, gpu=request.gpu, fixed=dict(request.fixed),
+        base=request.base, device=request.device,
+    )  # fmt: skip
 
 
 def least_hardware(model: Model, request: Request) -> planner.LeastHardware:
@@ -102,35 +132,30 @@ def least_hardware(model: Model, request: Request) -> planner.LeastHardware:
     return _least(model, request)
 
 
-def least_hardware_text(least: planner.LeastHardware, gpu: object) -> str:
-    """Two bullet lines: the smallest count of the GPU, and the smallest single GPU."""
+def least_hardware_text(least: planner.LeastHardware) -> str:
+    """Markdown bullets: the smallest count of the GPU, and the smallest single GPU."""
     name = least.gpu.name
     if least.min_count is None:
         count = f"- No count of {name} up to the search limit runs it."
     else:
-        count = (
-            f"- **{least.min_count} x {name}** is the smallest count on which a configuration fits"
-        )
+        count = f"- Smallest count of {name}: **{least.min_count}**"
         if least.min_count_best is not None:
             count += f" ({least.min_count_best.verdict()})"
     if least.smallest_gpu is None:
         single = "- No single GPU of the catalog holds any configuration."
     else:
-        single = f"- The smallest single GPU that fits: **{least.smallest_gpu.name}**"
+        single = f"- Smallest single GPU that holds a configuration: **{least.smallest_gpu.name}**"
     if least.min_peak_bytes is not None:
-        single += f"; the least memory any configuration needs is {display.gib(least.min_peak_bytes):.2f} GiB"
-    return f"{count}\n{single}"
+        gib = display.gib(least.min_peak_bytes)
+        single += f"; the least memory any configuration needs: {gib:.2f} GiB"
+    note = f"\n- {least.note}" if least.note else ""
+    return f"{count}\n{single}{note}"
 
 
-@st.cache_resource(max_entries=128, show_spinner="looking for changes that fit...")
+@st.cache_resource(max_entries=128, show_spinner="looking for changes that make it fit...")
 def _changes(
     _model: Model, request: Request, job: calc.Training | calc.Inference
-) -> tuple[planner.Change, ...] | None:
-    est = estimate(_model, request.model_key, job, request.device)
-    usable = calc.gpus.get_gpu(request.gpu).usable_bytes
-    fits, _ = display.fit_verdict(est.peak_bytes, usable, request.gpu)
-    if fits:
-        return None
+) -> tuple[planner.Change, ...]:
     return planner.changes_to_fit(
         _model.spec, job, gpu=request.gpu, gpu_count=request.gpu_count, device=request.device
     )
@@ -138,7 +163,7 @@ def _changes(
 
 def changes_to_fit(
     model: Model, request: Request, job: calc.Training | calc.Inference
-) -> tuple[planner.Change, ...] | None:
-    """``calc.plan.changes_to_fit`` for the sidebar's job on the request's GPUs; None when the
-    job already fits."""
+) -> tuple[planner.Change, ...]:
+    """``calc.plan.changes_to_fit`` for the sidebar's job on the request's GPUs (``()`` when
+    it already fits)."""
     return _changes(model, request, job)
