@@ -7,7 +7,7 @@ Both evaluate through ``calc.plan_engine`` (the compiled, vectorised peaks of
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from calc.gpus import GPU, gpu_catalog
 from calc.jobs import DEVICES, Inference, Training, check_choice, check_size
@@ -120,6 +120,7 @@ def changes_to_fit(
     gpu: str | GPU,
     gpu_count: int = 1,
     max_results: int = 10,
+    knobs: Sequence[str] | None = None,
     device: str = "cuda",
     report: Mapping | None = None,
     error_bars: bool = True,
@@ -129,8 +130,11 @@ def changes_to_fit(
     peak. Per knob (or pair of knobs) the value with the best throughput proxy, then the most
     headroom, is kept; singles come before pairs, each group ranked by proxy then headroom.
 
-    The global batch is kept (``micro_batch x grad_accum x gpu_count``): a smaller micro-batch
-    means more accumulation steps. A job that already fits returns ``()``."""
+    ``knobs`` names the axes that may change (default: the axes a plan enumerates by default,
+    ``precision``, ``optimizer``, ``recompute``, ``micro_batch``, whose structures a plan of the
+    same job has already compiled; add e.g. ``attention`` or ``optimizer_impl``). The global
+    batch is kept (``micro_batch x grad_accum x gpu_count``): a smaller micro-batch means more
+    accumulation steps. A job that already fits returns ``()``."""
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
     check_choice("device", device, DEVICES)
@@ -142,8 +146,16 @@ def changes_to_fit(
     current = ev.run([(ev.choices(job), job)])[0]
     if current.fits:
         return ()
-    knobs = [a for a in axes_for(kind) if a.knob]
-    options = {a: [v for v in a.values(ctx) if v != a.current(job)] for a in knobs}
+    allowed = {a.name: a for a in axes_for(kind) if a.knob}
+    if knobs is None:
+        chosen = [a for a in allowed.values() if a.enumerated]
+    else:
+        for name in knobs:
+            if name not in allowed:
+                raise ValueError(f"knobs: {name!r} is not one of {', '.join(allowed)}")
+        chosen = [a for a in allowed.values() if a.name in knobs]
+    active = chosen
+    options = {a: [v for v in a.values(ctx) if v != a.current(job)] for a in active}
 
     def run(combos: list[dict]) -> list[tuple[dict, Evaluated]]:
         entries = []
@@ -152,14 +164,14 @@ def changes_to_fit(
             entries.append((ev.choices(new) if not isinstance(new, str) else {}, new))
         return list(zip(combos, ev.run(entries), strict=True)) if entries else []
 
-    single_rows = run([{a: v} for a in knobs for v in options[a]])
+    single_rows = run([{a: v} for a in active for v in options[a]])
     fitting_alone = {
         (a.name, v) for combo, row in single_rows if row.fits for a, v in combo.items()
     }
     pair_rows = run(
         [
             {a1: v1, a2: v2}
-            for a1, a2 in itertools.combinations(knobs, 2)
+            for a1, a2 in itertools.combinations(active, 2)
             for v1 in options[a1]
             for v2 in options[a2]
             if (a1.name, v1) not in fitting_alone and (a2.name, v2) not in fitting_alone

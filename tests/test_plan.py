@@ -160,7 +160,8 @@ def test_changes_to_fit_fit_when_re_estimated() -> None:
     usable = peaks[len(peaks) // 3]
     assert _peak(job) > usable
     gpu = _gpu(usable)
-    changes = P.changes_to_fit(TINY, job, gpu=gpu, report={})
+    knobs = ("precision", "recompute", "micro_batch")  # a small grid keeps the test short
+    changes = P.changes_to_fit(TINY, job, gpu=gpu, report={}, knobs=knobs)
     assert changes
     sizes = [len(c.changes) for c in changes]
     assert sizes == sorted(sizes)  # one knob before pairs
@@ -184,6 +185,8 @@ def test_changes_to_fit_fit_when_re_estimated() -> None:
                 assert not single.fits
     # already fitting: nothing to change
     assert P.changes_to_fit(TINY, job, gpu=_gpu(1 << 40), report={}) == ()
+    with pytest.raises(ValueError, match="knobs"):
+        P.changes_to_fit(TINY, job, gpu=gpu, report={}, knobs=("implementation",))
 
 
 def _with(job: calc.Training, axis: str, value: object) -> calc.Training:
