@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from calc import plan as P
 from calc.cli import DEFAULT_CARD, load_model
@@ -32,7 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     src = p.add_mutually_exclusive_group()
     src.add_argument("--card", metavar="ID", help=f"model card id (default {DEFAULT_CARD})")
-    src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json instead")
+    src.add_argument(
+        "--config", metavar="PATH", type=Path, help="a Hugging Face config.json instead"
+    )
     p.add_argument(
         "--task", default="full-finetune", help=f"{', '.join(TASKS)} (default full-finetune)"
     )

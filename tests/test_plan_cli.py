@@ -1,0 +1,77 @@
+"""`python -m calc plan`: arguments reach `calc.plan`, output is parseable, bad input exits 2.
+
+A tiny llama config (h=16, L=2, a=k=2, f=24, V=50) keeps the compiles short.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from calc import plan_grid
+from calc.cli import main
+
+TINY_CONFIG = {
+    "model_type": "llama", "hidden_size": 16, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 24,
+    "vocab_size": 50, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+@pytest.fixture
+def config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "cache"))
+    plan_grid.clear_memory_cache()
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_CONFIG))
+    return path
+
+
+def test_plan_json(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([
+        "plan", "--config", str(config), "--seq-len", "8", "--global-batch", "2",
+        "--gpu", "t4-16gb", "--fix", "precision=bf16,fp32", "--fix", "optimizer=sgd",
+        "--fix", "recompute=none", "--json", "--no-error-bars",
+    ])  # fmt: skip
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    # 2 precisions x 1 optimizer x 1 recompute x micro-batches {1, 2} = 4 configurations
+    assert out["n_configurations"] == 4
+    assert len(out["fitting"]) == 4  # a 2-layer toy fits in a T4
+    for row in out["fitting"]:
+        assert row["peak_bytes"] <= out["usable_bytes"]
+        assert row["choices"]["micro_batch"] * row["grad_accum"] == 2
+
+
+def test_plan_table_with_least_hardware_and_changes(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([
+        "plan", "--config", str(config), "--seq-len", "8", "--global-batch", "2",
+        "--fix", "precision=bf16", "--fix", "optimizer=sgd", "--fix", "recompute=none",
+        "--least-hardware", "--what-to-change", "micro_batch=2", "--no-error-bars",
+    ])  # fmt: skip
+    assert code == 0
+    assert capsys.readouterr().out  # a table was printed
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--fix", "zero_stage=3"], "zero_stage"),
+        (["--fix", "micro_batch=two"], "micro_batch"),
+        (["--gpu", "h300"], "gpu"),
+        (["--task", "pretraining"], "task"),
+        (["--global-batch", "3", "--gpus", "2"], "global_batch"),
+        (["--task", "lora"], "lora"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_field(
+    config: Path, capsys: pytest.CaptureFixture[str], args: list[str], match: str
+) -> None:
+    assert main(["plan", "--config", str(config), "--seq-len", "8", *args]) == 2
+    err = capsys.readouterr().err
+    assert match in err and len(err.strip().splitlines()) == 1
