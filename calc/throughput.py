@@ -23,6 +23,8 @@ precisions by recipe, not by this proxy.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec
 
@@ -30,6 +32,7 @@ TOKENS_HALF_EFFICIENCY = 1024
 """Tokens per micro-batch at which the proxy's efficiency term is 1/2 (an assumed scale)."""
 
 
+@lru_cache(maxsize=256)
 def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, int]:
     """``(matmul, attention_core)`` forward FLOPs per token of one decoder layer:
     ``2 x`` the layer's matmul parameters, and ``4 x s x a x d`` (Korthikanti et al. 2022, s5)."""
