@@ -121,9 +121,11 @@ def load(page: object, url: str, wait_for: str, timeout_s: float = 90.0) -> None
 
 
 def verdict_text(page: object) -> str:
-    """The text of the verdict box (the success or error alert that holds the verdict)."""
+    """The verdict sentence: the line of an alert box (success or error) that starts with
+    ``fits with`` or ``does not fit:`` (the box's other line is its icon's name)."""
     alerts = page.locator('[data-testid="stAlert"]').all_inner_texts()  # type: ignore[attr-defined]
-    hits = [a for a in alerts if any(v in a for v in VERDICT_TEXTS)]
+    lines = [line.strip() for alert in alerts for line in alert.splitlines()]
+    hits = [line for line in lines if re.match(VERDICT, line)]
     if not hits:
         raise AssertionError(f"no verdict among the alerts: {alerts}")
     return hits[0]
