@@ -71,7 +71,7 @@ def _progress(done: int, total: int) -> None:
 def throughput_step(card: str, n_points: int) -> dict:
     """Configurations per second of ``grid_peaks`` over every cached structure of the grid."""
     import calc
-    from calc import plan_grid
+    from calc import plan_eval, plan_grid
     from calc.plan_axes import TRAINING, Context, axes_for
 
     model = calc.load_card(card)
@@ -96,13 +96,13 @@ def throughput_step(card: str, n_points: int) -> dict:
     b = np.repeat(mb, len(seqs))
     s = np.tile(seqs, len(mb))
     for _job, table in tables:  # warm: reduce each table once for this model (memoised)
-        table.reduced(model)
+        plan_eval.reduced(table, model)
     runs = []
     for _ in range(3):
         memo: dict = {}
         t0 = time.perf_counter()
         for job, table in tables:
-            plan_grid.grid_peaks(model, job, b, s, table=table, memo=memo)
+            plan_eval.grid_peaks(model, job, b, s, table=table, memo=memo)
         runs.append(time.perf_counter() - t0)
     best = min(runs)
     n = len(tables) * len(b)

@@ -11,7 +11,7 @@ from dataclasses import asdict
 
 import numpy as np
 
-from calc import plan_grid
+from calc import plan_eval, plan_grid
 from calc.evidence import ErrorBar, VerifiedCase, error_bar, verified_cases
 from calc.gpus import GPU, get_gpu
 from calc.jobs import Inference, Training, check_choice, check_size
@@ -202,7 +202,7 @@ class Evaluator:
                 continue
             b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)  # type: ignore[arg-type]
             memo_here = points.setdefault((b, s, c), {})
-            peaks = plan_grid.grid_peaks(
+            peaks = plan_eval.grid_peaks(
                 self.model, exemplar, np.array(b), np.array(s), np.array(c),
                 device=self.device, table=table, memo=memo_here,
             )  # fmt: skip

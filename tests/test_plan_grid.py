@@ -1,5 +1,5 @@
-"""`calc.plan_grid`: exact integer programs of size expressions, bulk peaks equal to
-`calc.estimate`, and the persistent cache.
+"""`calc.plan_program`, `calc.plan_grid`, `calc.plan_eval`: exact integer programs of size
+expressions, bulk peaks equal to `calc.estimate`, and the persistent cache.
 
 Tiny model (llama, h=16, L=2, a=k=2, d=8, f=24, V=50), as in tests/test_estimate_terms.py.
 """
@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import calc
+from calc import plan_eval as E
 from calc import plan_grid as G
+from calc import plan_program as PP
 from calc import symbols as S
 
 
@@ -46,7 +48,7 @@ TINY = _llama()
 
 def _run(expr: sp.Expr, **values: int) -> int:
     env = {name: np.int64(v) for name, v in values.items()}
-    return int(G.run_program(G.to_program(expr), env))
+    return int(PP.run_program(PP.to_program(expr), env))
 
 
 def test_program_rounds_up_to_512_bytes_by_hand() -> None:
@@ -75,7 +77,7 @@ def test_program_floor_max_min_by_hand() -> None:
 
 def test_program_refuses_functions_it_does_not_know() -> None:
     with pytest.raises(NotImplementedError, match="cannot evaluate"):
-        G.to_program(sp.sin(S.b))
+        PP.to_program(sp.sin(S.b))
 
 
 def _est(job: calc.Training | calc.Inference, device: str) -> int:
@@ -100,7 +102,7 @@ def test_grid_peaks_equal_estimate(which: int, sizes: list, device: str) -> None
     job = STRUCTURES[which]
     b = np.array([x for x, _ in sizes])
     s = np.array([y for _, y in sizes])
-    got = G.grid_peaks(TINY, job, b, s, device=device)
+    got = E.grid_peaks(TINY, job, b, s, device=device)
     for i, (bi, si) in enumerate(sizes):
         if isinstance(job, calc.Training):
             one = replace(job, micro_batch=bi, seq_len=si)
@@ -135,7 +137,7 @@ def test_persistent_cache_round_trip(tmp_path: object, monkeypatch: pytest.Monke
     again, fresh_again = G.structure_table(TINY, job)
     assert not fresh_again
     b, s = np.array([1, 3]), np.array([8, 13])
-    assert G.grid_peaks(TINY, job, b, s, table=again).peak_bytes.tolist() == [
+    assert E.grid_peaks(TINY, job, b, s, table=again).peak_bytes.tolist() == [
         _est(replace(job, micro_batch=1, seq_len=8), "cuda"),
         _est(replace(job, micro_batch=3, seq_len=13), "cuda"),
     ]
@@ -151,4 +153,13 @@ def test_not_modelled_structure_carries_the_cost_model_message() -> None:
     with pytest.raises(NotImplementedError, match="selective"):
         calc.estimate(TINY, job)
     with pytest.raises(NotImplementedError, match="selective"):
-        G.grid_peaks(TINY, job, np.array([1]), np.array([8]))
+        E.grid_peaks(TINY, job, np.array([1]), np.array([8]))
+
+
+def test_int64_path_agrees_with_the_float_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peaks beyond 2**53 bytes take the int64 product; force it and compare."""
+    job = STRUCTURES[1]
+    b, s = np.array([1, 2, 7]), np.array([8, 30, 3])
+    fast = E.grid_peaks(TINY, job, b, s).peak_bytes.tolist()
+    monkeypatch.setattr(E, "EXACT_FLOAT_LIMIT", 0)
+    assert E.grid_peaks(TINY, job, b, s).peak_bytes.tolist() == fast

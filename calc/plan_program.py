@@ -1,0 +1,97 @@
+"""The planner's integer programs: a size expression of the cost model as plain data.
+
+``to_program`` turns a sympy expression of the symbols of ``calc.symbols`` (a storage size in
+bytes, e.g. ``512*ceiling(b*s*h/256)``) into nested tuples of integer operations; ``run_program``
+evaluates one over int64 numpy arrays. The arithmetic is exact (``ceil``/``floor`` as integer
+division over one common denominator), and a program is data that a cache can store as JSON:
+nothing is ever ``eval``-ed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import sympy as sp
+
+from calc import symbols as S
+
+_NAMES = {sym: sym.name for sym in S.ALL_SYMBOLS}
+
+
+def to_program(expr: sp.Expr) -> tuple:
+    """A nested-tuple program computing the integer ``expr`` exactly from integer symbols.
+
+    Operations: ``("int", n)``, ``("sym", name)``, ``("add", ...)``, ``("mul", ...)``,
+    ``("pow", base, n)`` (n >= 1), ``("div", num, den)`` (floor division: exact where the
+    expression is an integer), ``("ceil", num, den)``, ``("floor", num, den)``, ``("max", ...)``,
+    ``("min", ...)``. Rational parts are brought over one integer denominator
+    (``sympy.fraction(sympy.together(...))``) so no step divides before the end.
+    Raises ``NotImplementedError`` naming any other sympy function.
+    """
+    expr = sp.sympify(expr)  # a sympy object already (never user text): normalises Python ints
+    if expr.is_Integer:
+        return ("int", int(expr))
+    if expr.is_Symbol:
+        if expr not in _NAMES:
+            raise NotImplementedError(f"plan_grid: unknown symbol {expr}")
+        return ("sym", _NAMES[expr])
+    if isinstance(expr, sp.ceiling | sp.floor):
+        num, den = sp.fraction(sp.together(expr.args[0]))
+        op = "ceil" if isinstance(expr, sp.ceiling) else "floor"
+        return (op, to_program(num), to_program(den))
+    if isinstance(expr, sp.Max | sp.Min):
+        op = "max" if isinstance(expr, sp.Max) else "min"
+        return (op, *(to_program(a) for a in expr.args))
+    num, den = sp.fraction(sp.together(expr))
+    if den != 1:
+        return ("div", to_program(num), to_program(den))
+    if expr.is_Add:
+        return ("add", *(to_program(a) for a in expr.args))
+    if expr.is_Mul:
+        return ("mul", *(to_program(a) for a in expr.args))
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) >= 1:
+        return ("pow", to_program(expr.base), int(expr.exp))
+    raise NotImplementedError(f"plan_grid cannot evaluate {type(expr).__name__}: {expr}")
+
+
+def run_program(prog: Sequence, env: dict[str, object]) -> object:
+    """Evaluate a ``to_program`` program; ``env`` maps symbol names to ints or int64 arrays."""
+    op = prog[0]
+    if op == "int":
+        return np.int64(prog[1])
+    if op == "sym":
+        return env[prog[1]]
+    if op == "add":
+        out = run_program(prog[1], env)
+        for arg in prog[2:]:
+            out = out + run_program(arg, env)
+        return out
+    if op == "mul":
+        out = run_program(prog[1], env)
+        for arg in prog[2:]:
+            out = out * run_program(arg, env)
+        return out
+    if op == "pow":
+        return run_program(prog[1], env) ** int(prog[2])
+    if op in ("div", "floor"):
+        return run_program(prog[1], env) // run_program(prog[2], env)
+    if op == "ceil":
+        return -((-run_program(prog[1], env)) // run_program(prog[2], env))
+    if op in ("max", "min"):
+        fn = np.maximum if op == "max" else np.minimum
+        out = run_program(prog[1], env)
+        for arg in prog[2:]:
+            out = fn(out, run_program(arg, env))
+        return out
+    raise ValueError(f"plan_grid: unknown program operation {op!r}")
+
+
+def program_to_json(prog: Sequence) -> list:
+    """A program as nested JSON lists."""
+    return [program_to_json(p) if isinstance(p, tuple | list) else p for p in prog]
+
+
+def program_from_json(prog: Sequence) -> tuple:
+    """A program back from nested JSON lists (hashable nested tuples)."""
+    return tuple(program_from_json(p) if isinstance(p, list) else p for p in prog)
