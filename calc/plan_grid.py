@@ -29,13 +29,13 @@ CACHE_FORMAT = 1
 """Version of the cache entries' layout (part of the cache key)."""
 NOT_IN_TABLES = frozenset(
     {
-        "cards.py", "cli.py", "evidence.py", "gpus.py", "plan.py", "plan_axes.py",
-        "plan_cli.py", "plan_engine.py", "plan_eval.py", "plan_result.py", "plan_search.py",
-        "result.py", "throughput.py",
+        "cards.py", "cli.py", "display.py", "evidence.py", "gpus.py", "plan.py",
+        "plan_axes.py", "plan_cli.py", "plan_engine.py", "plan_eval.py", "plan_result.py",
+        "plan_search.py", "result.py", "sweep.py", "throughput.py", "user_config.py",
     }
 )  # fmt: skip
 """Modules of ``calc`` that do not change a compiled table (the planner's presentation, the
-catalog, the CLI, the bulk evaluation): left out of the cache key. Every other module, new
+catalog, the CLI, the bulk evaluation, the web app's display helpers): left out of the cache key. Every other module, new
 ones included, is in it."""
 
 
