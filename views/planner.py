@@ -73,10 +73,11 @@ except (ValueError, NotImplementedError) as exc:
 (st.success if result.best is not None else st.error)(result.verdict())
 st.subheader(f"{len(result.fitting)} of {result.n_configurations} configurations fit")
 if result.fitting:
+    table = pd.DataFrame(display.plan_rows(result.ranked(state["plan.rank_by"])))
+    # axes held at one value (pinned to the sidebar) are said in the caption above
+    same = [c for c in result.axes if c in table and table[c].nunique() == 1]
     st.dataframe(
-        pd.DataFrame(display.plan_rows(result.ranked(state["plan.rank_by"]))).drop(
-            columns="reason"
-        ),
+        table.drop(columns=["reason", *same]),
         hide_index=True,
         width="stretch",
         column_config=planning.COLUMNS,

@@ -23,8 +23,8 @@ def _gpu_rule(usable_gib: float, label: str, axis: str) -> list[Spec]:
         "encoding": pos,
     }
     text_mark = {"type": "text", "color": GPU_LINE_COLOR, "align": "left", "dx": 4}
-    if axis == "x":
-        text_mark.update({"baseline": "bottom", "y": -4})
+    if axis == "x":  # label left of the line, above the bars (the line may end the axis)
+        text_mark.update({"align": "right", "dx": -4, "baseline": "bottom", "y": -4})
     else:
         text_mark.update({"dy": -6, "x": 0})
     text = {"data": data, "mark": text_mark, "encoding": {**pos, "text": {"field": "label"}}}
