@@ -25,7 +25,7 @@ from calc.plan_program import program_from_json, program_to_json, to_program
 
 _estimate = import_module("calc.estimate")  # the module (``calc.estimate`` is the function)
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 """Version of the cache entries' layout (part of the cache key)."""
 NOT_IN_TABLES = frozenset(
     {
@@ -57,23 +57,30 @@ class StructureTable:
     """Memo of ``calc.plan_eval.reduced``: model dimensions -> its ``Reduced``."""
 
     def to_json(self) -> dict:
+        """The table as JSON data: programs as nested lists, the count matrices flattened."""
         return {
             "programs": [program_to_json(p) for p in self.programs],
-            "c0": self.c0.tolist(),
-            "c1": self.c1.tolist(),
+            "n_candidates": len(self.phases),
+            "c0": self.c0.ravel().tolist(),
+            "c1": self.c1.ravel().tolist(),
             "phases": list(self.phases),
             "not_modelled": self.not_modelled,
         }
 
     @classmethod
     def from_json(cls, data: dict) -> StructureTable:
-        n_sizes = len(data["programs"])
-        shape = (-1, n_sizes)
+        """The table back from ``to_json`` data (``ValueError``/``KeyError``/``TypeError`` if
+        it is damaged: the caller recompiles)."""
+        programs = tuple(program_from_json(p) for p in data["programs"])
+        phases = tuple(str(p) for p in data["phases"])
+        shape = (int(data["n_candidates"]), len(programs))
+        if len(phases) != shape[0]:
+            raise ValueError("plan cache entry: phases and candidates disagree")
         return cls(
-            programs=tuple(program_from_json(p) for p in data["programs"]),
+            programs=programs,
             c0=np.asarray(data["c0"], dtype=np.int64).reshape(shape),
             c1=np.asarray(data["c1"], dtype=np.int64).reshape(shape),
-            phases=tuple(data["phases"]),
+            phases=phases,
             not_modelled=str(data.get("not_modelled", "")),
         )
 

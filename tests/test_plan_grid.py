@@ -148,12 +148,20 @@ def test_persistent_cache_round_trip(tmp_path: object, monkeypatch: pytest.Monke
     assert fresh_damaged
 
 
-def test_not_modelled_structure_carries_the_cost_model_message() -> None:
+def test_not_modelled_structure_carries_the_cost_model_message(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
+    G.clear_memory_cache()
     job = calc.Training(micro_batch=1, seq_len=8, recompute="selective", implementation="hf")
     with pytest.raises(NotImplementedError, match="selective"):
         calc.estimate(TINY, job)
     with pytest.raises(NotImplementedError, match="selective"):
         E.grid_peaks(TINY, job, np.array([1]), np.array([8]))
+    # the verdict is cached too: read back, not recompiled
+    G.clear_memory_cache()
+    table, fresh = G.structure_table(TINY, job)
+    assert not fresh and "selective" in table.not_modelled
 
 
 def test_int64_path_agrees_with_the_float_path(monkeypatch: pytest.MonkeyPatch) -> None:
