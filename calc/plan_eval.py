@@ -30,13 +30,18 @@ CHUNK_POINTS = 2048
 """Points evaluated per matrix product (the product's block then fits in the CPU cache)."""
 
 
-def reduced(table: StructureTable, model: ModelSpec) -> Reduced:
-    """The candidates of ``table`` that can be the peak for ``model``'s dimensions (memoised
-    on the table)."""
-    dims = tuple((sym.name, int(v)) for sym, v in model.dims().items())
-    if dims not in table._rows:
-        table._rows[dims] = _reduce(table, model.n_layers, dict(dims))
-    return table._rows[dims]
+PRUNE_MIN_POINTS = 256
+"""Grids of at least this many points first drop dominated candidates (a few milliseconds per
+structure, repaid by a smaller product); smaller grids, such as a plan's micro-batches, skip it."""
+
+
+def reduced(table: StructureTable, model: ModelSpec, prune: bool = True) -> Reduced:
+    """``table`` for ``model``'s dimensions: constant sizes folded into one column and, with
+    ``prune``, only the candidates that can be the peak (memoised on the table)."""
+    key = (tuple((sym.name, int(v)) for sym, v in model.dims().items()), prune)
+    if key not in table._rows:
+        table._rows[key] = _reduce(table, model.n_layers, dict(key[0]), prune)
+    return table._rows[key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +70,7 @@ def _uses_job_symbols(prog: Sequence) -> bool:
     return any(_uses_job_symbols(a) for a in prog[1:] if isinstance(a, tuple))
 
 
-def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int]) -> Reduced:
+def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int], prune: bool) -> Reduced:
     from calc.timeline import _undominated
 
     rows = table.rows(n_layers)
@@ -80,7 +85,10 @@ def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int]) -> Reduc
     )
     const_bytes = rows[:, ~varying] @ const_sizes[~varying]
     full = np.concatenate([rows[:, varying], const_bytes[:, None]], axis=1)
-    keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
+    if prune:
+        keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
+    else:
+        keep = np.arange(len(full), dtype=np.int64)
     kept = full[keep]
     var_programs = tuple(p for p, v in zip(table.programs, varying, strict=True) if v)
     return Reduced(var_programs, kept.astype(np.float64), kept, keep)
@@ -135,7 +143,7 @@ def grid_peaks(
     b = np.ascontiguousarray(b, dtype=np.int64)
     s = np.ascontiguousarray(s, dtype=np.int64)
     c = s if c is None else np.ascontiguousarray(c, dtype=np.int64)
-    red = reduced(table, model)
+    red = reduced(table, model, prune=len(b) >= PRUNE_MIN_POINTS)
     env: dict[str, object] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
     env.update(b=b, s=s, c=c)
     memo = {} if memo is None else memo

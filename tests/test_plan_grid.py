@@ -171,3 +171,18 @@ def test_int64_path_agrees_with_the_float_path(monkeypatch: pytest.MonkeyPatch) 
     fast = E.grid_peaks(TINY, job, b, s).peak_bytes.tolist()
     monkeypatch.setattr(E, "EXACT_FLOAT_LIMIT", 0)
     assert E.grid_peaks(TINY, job, b, s).peak_bytes.tolist() == fast
+
+
+def test_large_grids_prune_dominated_candidates_without_changing_peaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = STRUCTURES[0]
+    b = np.repeat(np.arange(1, 17), 20)  # 16 x 20 = 320 points: above PRUNE_MIN_POINTS
+    s = np.tile(np.arange(1, 21), 16)
+    assert len(b) >= E.PRUNE_MIN_POINTS
+    pruned = E.grid_peaks(TINY, job, b, s).peak_bytes
+    monkeypatch.setattr(E, "PRUNE_MIN_POINTS", 10**9)
+    assert E.grid_peaks(TINY, job, b, s).peak_bytes.tolist() == pruned.tolist()
+    for i in (0, 57, 319):
+        one = replace(job, micro_batch=int(b[i]), seq_len=int(s[i]))
+        assert int(pruned[i]) == _est(one, "cuda")
