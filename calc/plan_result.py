@@ -29,8 +29,10 @@ def _gib(nbytes: int) -> str:
 class Config:
     """One point of the planner's grid: a complete job for ``calc.estimate`` on some GPUs."""
 
-    job: Training | Inference
-    """The per-GPU job; ``calc.estimate(model, job)`` gives the same peak as the planner."""
+    job: Training | Inference | None
+    """The per-GPU job; ``calc.estimate(model, job)`` gives the same peak as the planner. None
+    only for an invalid combination, which no job class accepts (``Evaluated.reason`` says
+    why)."""
     gpu_count: int
     """GPUs the job runs on."""
     choices: Mapping[str, object]
