@@ -57,7 +57,14 @@ request = planning.Request.make(
     job=inputs.job,
     explore=tuple(state["plan.explore"]),
 )
-pinned = ", ".join(f"{axis}={value}" for axis, value in request.fixed) or "nothing"
+pinned = (
+    ", ".join(
+        f"{axis}={getattr(request.base, axis)}"
+        for axis in planning.axis_names(state["plan.task"])
+        if request.base is not None and axis not in (*state["plan.explore"], "micro_batch")
+    )
+    or "nothing (the job classes' defaults)"
+)
 st.caption(
     f"{inputs.model.label}, {seq_len} tokens per sequence (sidebar), "
     f"{state['plan.gpu_count']} x {inputs.gpu.name}. Enumerates "
@@ -74,8 +81,8 @@ except (ValueError, NotImplementedError) as exc:
 st.subheader(f"{len(result.fitting)} of {result.n_configurations} configurations fit")
 if result.fitting:
     table = pd.DataFrame(display.plan_rows(result.ranked(state["plan.rank_by"])))
-    # axes held at one value (pinned to the sidebar) are said in the caption above
-    same = [c for c in result.axes if c in table and table[c].nunique() == 1]
+    # axes not explored hold the sidebar's value in every row: the caption says them
+    same = [c for c in result.axes if c not in (*state["plan.explore"], "micro_batch")]
     st.dataframe(
         table.drop(columns=["reason", *same]),
         hide_index=True,
