@@ -10,7 +10,7 @@ ensure_chromium() {
     if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null; then
         echo "==> apt-get install chromium (for the web app's end-to-end test)" >&2
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null
+        apt-get update -qq && apt-get install -y -qq chromium >/dev/null
         return $?
     fi
     echo "==> /usr/bin/chromium is missing: 'sudo apt-get install chromium' to run the end-to-end test" >&2
