@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from calc import plan_grid
 from calc.evidence import ErrorBar
 from calc.gpus import GPU
-from calc.jobs import DEVICES, Inference, Training, check_choice
+from calc.jobs import DEVICES, Inference, Training, check_choice, check_size
 from calc.model_spec import ModelSpec
 from calc.plan_axes import TRAINING
 from calc.plan_engine import (
@@ -122,10 +122,16 @@ def precompile(
     base: Training | Inference | None = None,
     device: str = "cuda",
     progress: Callable[[int, int], None] | None = None,
+    workers: int = 1,
 ) -> int:
     """Compile (into the persistent cache) every structure a plan of ``task`` on ``model``
-    needs; returns how many were compiled now. ``progress(done, total)`` after each."""
+    needs; returns how many were compiled now. ``progress(done, total)`` after each.
+
+    ``workers > 1`` compiles in that many processes (each structure is independent; the
+    results meet in the persistent cache, so this needs a writable cache folder)."""
     kind = kind_of(task)
+    check_choice("device", device, DEVICES)
+    check_size("workers", workers, 1, 1024)
     ctx = context(kind, seq_len, global_batch, 1)
     base_fields = base_fields_of(kind, base)
     entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields), base_fields)
@@ -136,13 +142,41 @@ def precompile(
         for job in list(keys.values()):
             other = replace(job, grad_accum=2 if job.grad_accum == 1 else 1)  # type: ignore[arg-type]
             keys.setdefault(plan_grid.structure_id(model, other), other)
+    jobs = list(keys.values())
+    if workers > 1 and len(jobs) > 1:
+        return _precompile_parallel(model, jobs, device, progress, workers)
     compiled = 0
-    for n, job in enumerate(keys.values()):
+    for n, job in enumerate(jobs):
         if progress is not None:
-            progress(n, len(keys))
+            progress(n, len(jobs))
         compiled += int(plan_grid.structure_table(model, job, device)[1])
     if progress is not None:
-        progress(len(keys), len(keys))
+        progress(len(jobs), len(jobs))
+    return compiled
+
+
+def _compile_one(model: ModelSpec, job: Training | Inference, device: str) -> bool:
+    """Worker of ``precompile``: compile one structure into the persistent cache."""
+    return plan_grid.structure_table(model, job, device)[1]
+
+
+def _precompile_parallel(
+    model: ModelSpec, jobs: list, device: str, progress: Callable[[int, int], None] | None,
+    workers: int,
+) -> int:  # fmt: skip
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    compiled = 0
+    ctx = multiprocessing.get_context("spawn")  # no forked BLAS or sympy state
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        futures = [pool.submit(_compile_one, model, job, device) for job in jobs]
+        for n, fut in enumerate(as_completed(futures)):
+            compiled += int(fut.result())
+            if progress is not None:
+                progress(n + 1, len(jobs))
+    for job in jobs:  # read the results back into this process (from the cache)
+        plan_grid.structure_table(model, job, device)
     return compiled
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -63,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="for this configuration (other axes at their defaults), the smallest changes that fit",
     )  # fmt: skip
     p.add_argument("--device", choices=DEVICES, default="cuda", help="cuda (default) or cpu")
+    p.add_argument(
+        "--workers", type=int, default=os.cpu_count() or 1,
+        help="processes compiling structures missing from the cache (default: CPU count)",
+    )  # fmt: skip
     p.add_argument("--no-error-bars", action="store_true", help="skip the verify report")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--list-gpus", action="store_true", help="print the GPU catalog and exit")
@@ -157,6 +162,13 @@ def run(args: argparse.Namespace) -> int:
         task=args.task, seq_len=args.seq_len, global_batch=args.global_batch, gpu=args.gpu,
         fixed=fixed, device=args.device, error_bars=not args.no_error_bars,
     )  # fmt: skip
+    if args.workers < 1:
+        raise ValueError(f"workers={args.workers} must be >= 1")
+    if args.workers > 1 and (kind != "training" or args.gpus == 1):
+        P.precompile(
+            model, task=args.task, seq_len=args.seq_len, global_batch=args.global_batch,
+            fixed=fixed, device=args.device, progress=_progress, workers=args.workers,
+        )  # fmt: skip
     result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)  # type: ignore[arg-type]
     least = P.least_hardware(model, **common) if args.least_hardware else None  # type: ignore[arg-type]
     changes: tuple = ()

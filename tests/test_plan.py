@@ -267,3 +267,13 @@ def test_bad_input_names_the_field(changes: dict, match: str) -> None:
 def test_lora_tasks_are_not_modelled_yet(task: str) -> None:
     with pytest.raises(NotImplementedError, match=task):
         _plan(1 << 40, task=task)
+
+
+def test_parallel_precompile_fills_the_cache_for_the_plan() -> None:
+    fixed = {"precision": ("bf16",), "optimizer": ("lion",), "recompute": ("none",)}
+    # one combination, grad_accum 1 and >= 2: two structures, compiled in two processes
+    done = P.precompile(TINY, task="full-finetune", seq_len=8, global_batch=2, fixed=fixed,
+                        base=BASE, workers=2)  # fmt: skip
+    assert done == 2
+    p = _plan(1 << 40, fixed=fixed, global_batch=2)
+    assert p.compiled_now == 0 and p.n_configurations == 2
