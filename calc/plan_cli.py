@@ -20,7 +20,7 @@ from calc.cli import DEFAULT_CARD, load_model
 from calc.gpus import gpu_catalog
 from calc.jobs import DEVICES
 from calc.plan_axes import axes_for
-from calc.plan_engine import KIND_OF_TASK, context
+from calc.plan_engine import KIND_OF_TASK, context, gpu_of, kind_of
 from calc.plan_result import RANK_BYS, TASKS, Evaluated
 from calc.result import GIB
 
@@ -164,6 +164,12 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.workers < 1:
         raise ValueError(f"workers={args.workers} must be >= 1")
+    # everything the plan checks, checked before any compile
+    kind_of(args.task)
+    gpu_of(args.gpu)
+    context(kind, args.seq_len, args.global_batch, args.gpus)
+    if args.rank_by not in RANK_BYS:
+        raise ValueError(f"rank_by={args.rank_by!r} is not one of {', '.join(map(repr, RANK_BYS))}")
     if args.workers > 1 and (kind != "training" or args.gpus == 1):
         P.precompile(
             model, task=args.task, seq_len=args.seq_len, global_batch=args.global_batch,
