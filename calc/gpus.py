@@ -36,7 +36,9 @@ class GPU:
     kernel images and the driver's reservations (measured where ``source`` says so, else the
     catalog's stated default)."""
     source: str
-    """Where ``marketed`` and ``total_bytes`` come from (datasheet URL, measurement)."""
+    """Where ``total_bytes`` comes from (a cited nvidia-smi/rocm-smi reading)."""
+    marketed_source: str = ""
+    """Where ``marketed`` comes from (the vendor's datasheet or product page)."""
 
     def __post_init__(self) -> None:
         if not self.id or self.id != self.id.lower():
@@ -62,6 +64,7 @@ class GPU:
 
 
 _FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "reserved_bytes", "source")
+_OPTIONAL = ("marketed_source",)
 
 
 @lru_cache(maxsize=1)
@@ -76,7 +79,9 @@ def gpu_catalog() -> dict[str, GPU]:
     for row in rows:
         if not isinstance(row, dict):
             raise ValueError(f"hardware/gpus.json: each GPU must be an object, got {row!r}")
-        gpus.append(GPU(**{name: row.get(name) for name in _FIELDS}))
+        fields = {name: row.get(name) for name in _FIELDS}
+        fields.update({name: str(row[name]) for name in _OPTIONAL if name in row})
+        gpus.append(GPU(**fields))
     gpus.sort(key=lambda g: (g.usable_bytes, g.id))
     return {g.id: g for g in gpus}
 

@@ -39,7 +39,7 @@ def test_catalog_holds_the_gpus_the_issue_names_with_published_totals() -> None:
         gpu = catalog[gpu_id]
         assert gpu.total_bytes == total, gpu_id
         assert gpu.marketed.startswith(MARKETED_GB[gpu_id] + " GB"), gpu_id
-        assert gpu.source  # every figure is cited
+        assert gpu.source and gpu.marketed_source  # every figure is cited
 
 
 def test_usable_is_total_less_reserved_and_catalog_is_sorted() -> None:
