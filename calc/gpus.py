@@ -41,6 +41,9 @@ class GPU:
     """Where ``marketed`` comes from (the vendor's datasheet or product page)."""
 
     def __post_init__(self) -> None:
+        for name in ("id", "name", "vendor", "marketed", "source", "marketed_source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a string")
         if not self.id or self.id != self.id.lower():
             raise ValueError(f"id={self.id!r} must be a non-empty lower-case string")
         for name in ("total_bytes", "reserved_bytes"):

@@ -63,6 +63,7 @@ def test_lookup_is_case_insensitive_and_names_known_ids() -> None:
     ("changes", "field"),
     [
         ({"id": "H100"}, "id"),
+        ({"name": None}, "name"),
         ({"total_bytes": -1}, "total_bytes"),
         ({"reserved_bytes": 1.5}, "reserved_bytes"),
         ({"reserved_bytes": 10 * GIB, "total_bytes": GIB}, "reserved_bytes"),
