@@ -35,13 +35,6 @@ def test_form_defaults_build_the_documented_default_jobs() -> None:
     assert form.build_job("infer", state) == calc.Inference(batch=1, context=4096)
 
 
-def test_plan_tasks_match_the_planner() -> None:
-    from calc import plan
-
-    assert form.PLAN_TASKS == plan.TASKS
-    assert form.RANK_BYS == plan.RANK_BYS
-
-
 def _value(field: form.FormField, draw: st.DrawFn) -> object:
     if field.kind == "choice":
         return draw(st.sampled_from(field.choices))

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 import calc
-from calc import jobs
+from calc import jobs, plan
+from calc.plan_axes import AXES
 
 Kind = Literal["choice", "int", "float", "optional_int", "optional_float"]
 TASKS: tuple[str, ...] = ("train", "infer")
@@ -164,13 +165,12 @@ PLAN_PARAMS: dict[str, str] = {
     "explore": "plan.explore",
 }
 """The planner page's URL query parameters -> state keys (validated by ``parse_plan``)."""
-PLAN_TASKS: tuple[str, ...] = ("pretrain", "full-finetune", "lora", "qlora", "inference")
-"""``calc.plan.TASKS`` (repeated here so the form needs no planner import; a test checks)."""
-RANK_BYS: tuple[str, ...] = ("throughput", "headroom")
-EXPLORE_AXES: tuple[str, ...] = ("precision", "optimizer", "recompute")
+PLAN_TASKS: tuple[str, ...] = plan.TASKS
+RANK_BYS: tuple[str, ...] = plan.RANK_BYS
+EXPLORE_AXES: tuple[str, ...] = tuple(a.name for a in AXES if a.enumerated and not a.size)
 """Axes the planner may enumerate besides the micro-batch (``calc.plan_axes``: enumerated by
-default, not a size); the others hold the sidebar job's value. Fewer axes, fewer structures
-to compile on first use (~1.6 s each)."""
+default, not a size; an axis another issue registers there appears here); the others hold the
+sidebar job's value. Fewer axes, fewer structures to compile on first use (~1.6 s each)."""
 MAX_GPU_COUNT = 4096
 
 
