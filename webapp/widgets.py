@@ -163,7 +163,7 @@ def sidebar() -> Inputs:
     state = page_state()
     catalog = gpu_catalog()
     with st.sidebar:
-        for warning in st.session_state.get("url_warnings", []):
+        for warning in st.session_state.pop("url_warnings", []):  # shown once
             st.warning(f"link: {warning}", icon=":material/warning:")
         model, errors = _model_inputs(state)
         for key in ("task", "gpu"):
