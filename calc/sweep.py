@@ -88,7 +88,7 @@ def sweep(
         try:
             point = _with_size(job, field, value)
             peaks.append(int(estimate(model, point, device=device).peak_bytes))
-        except (ValueError, NotImplementedError) as exc:
+        except (ValueError, NotImplementedError, OverflowError) as exc:
             peaks.append(None)
             errors.append(f"{field}={value}: {exc}")
     return Sweep(field=field, values=tuple(ordered), peak_bytes=tuple(peaks), errors=tuple(errors))

@@ -219,6 +219,18 @@ def test_good_upload_is_estimated() -> None:
                 "h100-80gb")  # fmt: skip
 
 
+def test_a_config_too_large_for_64_bit_bytes_is_an_error_not_an_exception() -> None:
+    # 2**40 hidden x 10**9 vocabulary x 2 bytes > 2**63: no int64 holds the embedding's bytes
+    config = calc.load_card_config("llama-2-7b")
+    config.update(hidden_size=2**40, intermediate_size=2**42, num_hidden_layers=10**6,
+                  num_attention_heads=2**33, num_key_value_heads=2**33, vocab_size=10**9)  # fmt: skip
+    at = _app()
+    at.radio(key="source").set_value("paste").run()
+    at.text_area(key="config").set_value(json.dumps(config)).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "64 bits" in "\n".join(str(e.value) for e in at.error)
+
+
 def test_bad_pastes_show_an_error_and_no_exception() -> None:
     at = _app()
     at.radio(key="source").set_value("paste").run()

@@ -29,6 +29,13 @@ try:
 except (ValueError, NotImplementedError) as exc:
     st.warning(f"not modelled yet: {exc}", icon=":material/construction:")
     st.stop()
+except OverflowError:
+    st.error(
+        "the model's sizes are too large: a tensor's bytes do not fit in 64 bits "
+        "(check hidden_size, num_hidden_layers, vocab_size, ... in the config)",
+        icon=":material/error:",
+    )
+    st.stop()
 
 verdict = cached.evaluate(model, key, job, gpu.id, inputs.device)
 left, mid, right = st.columns(3)
