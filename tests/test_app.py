@@ -151,6 +151,19 @@ def test_gpu_choice_moves_the_verdict_for_every_catalog_gpu() -> None:
         assert _query_value(at, "gpu") == gpu_id
 
 
+def test_card_picker_and_device_switch() -> None:
+    at = _app()
+    at.selectbox(key="card").set_value("gpt2").run()
+    job = calc.Training(micro_batch=1, seq_len=2048)
+    _check_page(at, calc.load_card("gpt2"), job, "h100-80gb")
+    assert _query_value(at, "card") == "gpt2"
+    at.radio(key="device").set_value("cpu").run()
+    assert not at.exception, [e.value for e in at.exception]
+    cpu = calc.estimate(calc.load_card("gpt2"), job, device="cpu")
+    assert _metric(at, "peak per GPU") == _expected_gib(cpu.peak_bytes)
+    assert _query_value(at, "device") == "cpu"
+
+
 def test_an_invalid_combination_is_an_error_message_not_an_exception() -> None:
     at = _app({"card": CARD, "optimizer": "lion"})
     at.selectbox(key="train.optimizer_impl").set_value("fused").run()
