@@ -21,6 +21,9 @@ is imported, so every number is for one core):
    the latest verify report), in a fresh Python process with a warm persistent cache: the
    seconds of the ``plan`` call (import of calc and loading of the card reported apart), and
    the same call again in that process (tables in memory). Target: under 1 second.
+
+Wall-clock times are the targets; process CPU times are printed beside them because a shared
+machine stretches wall time (the grid step reports the best of 5 runs).
 """
 
 from __future__ import annotations
@@ -97,22 +100,25 @@ def throughput_step(card: str, n_points: int) -> dict:
     s = np.tile(seqs, len(mb))
     for _job, table in tables:  # warm: reduce each table once for this model (memoised)
         plan_eval.reduced(table, model)
-    runs = []
-    for _ in range(3):
+    runs, cpu = [], []
+    for _ in range(5):
         memo: dict = {}
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for job, table in tables:
             plan_eval.grid_peaks(model, job, b, s, table=table, memo=memo)
         runs.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     best = min(runs)
     n = len(tables) * len(b)
     return {
         "structures": len(tables),
         "points_per_structure": len(b),
         "configurations": n,
-        "seconds_best_of_3": best,
+        "seconds_best_of_5": best,
         "seconds_all": runs,
+        "cpu_seconds_all": cpu,
         "configs_per_s": n / best,
+        "configs_per_cpu_s": n / min(cpu),
     }
 
 
@@ -122,17 +128,20 @@ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[v] = "1"
 sys.path.insert(0, {root!r})
 t0 = time.perf_counter()
+c0 = time.process_time()
 import calc
 from calc import plan as P
 t1 = time.perf_counter()
 model = calc.load_card({card!r})
 t2 = time.perf_counter()
+c2 = time.process_time()
 p = P.plan(model, task="full-finetune", seq_len={seq}, global_batch={batch}, gpu="h100-80gb")
 t3 = time.perf_counter()
+c3 = time.process_time()
 p2 = P.plan(model, task="full-finetune", seq_len={seq}, global_batch={batch}, gpu="h100-80gb")
 t4 = time.perf_counter()
 print(json.dumps({{"import_s": t1 - t0, "load_card_s": t2 - t1, "plan_s": t3 - t2,
-                  "plan_again_s": t4 - t3, "n_configurations": p.n_configurations,
+                  "plan_again_s": t4 - t3, "plan_cpu_s": c3 - c2, "n_configurations": p.n_configurations,
                   "fitting": len(p.fitting), "compiled_now": p.compiled_now,
                   "verdict": p.verdict()}}))
 """
@@ -178,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         print("compile: every structure already in the persistent cache")
     ok = "MEETS" if thr["configs_per_s"] >= TARGET_CONFIGS_PER_S else "MISSES"
     print(f"grid: {thr['configurations']:,} configurations ({thr['structures']} structures x "
-          f"{thr['points_per_structure']} sizes) in {thr['seconds_best_of_3'] * 1e3:.0f} ms = "
-          f"{thr['configs_per_s']:,.0f} per second ({ok} the 1,000,000/s target)")  # fmt: skip
+          f"{thr['points_per_structure']} sizes) in {thr['seconds_best_of_5'] * 1e3:.0f} ms "
+          f"(best of 5) = {thr['configs_per_s']:,.0f} per second of wall time ({ok} the "
+          f"1,000,000/s target); {thr['configs_per_cpu_s']:,.0f} per CPU-second")  # fmt: skip
     ok = "MEETS" if full["plan_s"] < TARGET_PLAN_S else "MISSES"
     print(f"full plan ({full['n_configurations']} configurations, {full['fitting']} fit, "
           f"{full['compiled_now']} compiled): {full['plan_s'] * 1e3:.0f} ms in a fresh process "
-          f"({ok} the 1 s target), {full['plan_again_s'] * 1e3:.0f} ms again; import calc "
+          f"({full['plan_cpu_s'] * 1e3:.0f} ms CPU; {ok} the 1 s target), {full['plan_again_s'] * 1e3:.0f} ms again; import calc "
           f"{full['import_s'] * 1e3:.0f} ms, load card {full['load_card_s'] * 1e3:.0f} ms")  # fmt: skip
     print(f"verdict: {full['verdict']}")
     return 0
