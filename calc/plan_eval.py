@@ -46,15 +46,16 @@ def reduced(table: StructureTable, model: ModelSpec, prune: bool = True) -> Redu
 
 @dataclass(frozen=True, slots=True)
 class Reduced:
-    """A structure's candidates for one model: constant sizes folded into one column and
-    candidates that another one dominates dropped (``calc.timeline._undominated``: counts
+    """A structure's candidates for one model, as rows over a few columns (``_reduce``);
+    optionally without the candidates another one dominates (``calc.timeline._undominated``:
     nowhere above another candidate's, so never strictly the peak)."""
 
-    var_programs: tuple
-    """Programs of the sizes that depend on the job's sizes (``b``, ``s``, ``c``)."""
+    columns: tuple
+    """What each column holds: ``("mono", (i, j, k))`` for the monomial ``b^i s^j c^k``, or
+    ``("prog", program)`` for a size that rounds (evaluated as its program)."""
     matrix: np.ndarray
-    """float64 [kept candidates, len(var_programs) + 1]: counts of each varying size, then the
-    candidate's constant bytes."""
+    """float64 [kept candidates, len(columns) + 1]: each candidate's bytes per unit of each
+    column, then its constant bytes."""
     exact_int: np.ndarray
     """The same matrix in int64 (used when float64 could round)."""
     rows: np.ndarray
@@ -62,6 +63,8 @@ class Reduced:
 
 
 _JOB_SYMBOLS = {sym.name for sym in S.JOB_SYMBOLS}
+_JOB_INDEX = {sym.name: i for i, sym in enumerate(S.JOB_SYMBOLS)}
+Poly = dict[tuple[int, ...], int]
 
 
 def _uses_job_symbols(prog: Sequence) -> bool:
@@ -70,7 +73,70 @@ def _uses_job_symbols(prog: Sequence) -> bool:
     return any(_uses_job_symbols(a) for a in prog[1:] if isinstance(a, tuple))
 
 
+def _poly_mul(p: Poly, q: Poly) -> Poly:
+    out: Poly = {}
+    for e1, c1 in p.items():
+        for e2, c2 in q.items():
+            e = tuple(a + b for a, b in zip(e1, e2, strict=True))
+            out[e] = out.get(e, 0) + c1 * c2
+    return {e: c for e, c in out.items() if c}
+
+
+def polynomial(prog: Sequence, dims: dict[str, int]) -> Poly | None:
+    """``prog`` as an exact polynomial in the job sizes ``(b, s, c)`` with integer
+    coefficients (monomial exponents -> coefficient), the model's dimensions substituted; None
+    when it is not one (a ``ceil``/``floor``/``div`` whose numerator's coefficients are not all
+    multiples of a constant denominator, or a ``max``/``min``). Where every coefficient is a
+    multiple of the denominator, the division is exact at every integer size, so rounding
+    does nothing and the size is that polynomial."""
+    zero = (0,) * len(_JOB_INDEX)
+    op = prog[0]
+    if op == "int":
+        return {zero: int(prog[1])} if prog[1] else {}
+    if op == "sym":
+        if prog[1] in _JOB_INDEX:
+            exps = [0] * len(_JOB_INDEX)
+            exps[_JOB_INDEX[prog[1]]] = 1
+            return {tuple(exps): 1}
+        value = int(dims[prog[1]])
+        return {zero: value} if value else {}
+    if op in ("add", "mul"):
+        parts = [polynomial(a, dims) for a in prog[1:]]
+        if any(p is None for p in parts):
+            return None
+        out: Poly = {} if op == "add" else {zero: 1}
+        for part in parts:
+            assert part is not None
+            if op == "add":
+                for e, c in part.items():
+                    out[e] = out.get(e, 0) + c
+            else:
+                out = _poly_mul(out, part)
+        return {e: c for e, c in out.items() if c}
+    if op == "pow":
+        base = polynomial(prog[1], dims)
+        if base is None:
+            return None
+        out = {zero: 1}
+        for _ in range(int(prog[2])):
+            out = _poly_mul(out, base)
+        return out
+    if op in ("div", "floor", "ceil"):
+        num, den = polynomial(prog[1], dims), polynomial(prog[2], dims)
+        if num is None or den is None or set(den) != {zero} or den[zero] <= 0:
+            return None
+        d = den[zero]
+        if any(c % d for c in num.values()):
+            return None
+        return {e: c // d for e, c in num.items()}
+    return None
+
+
 def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int], prune: bool) -> Reduced:
+    """Fold constant sizes into one column. For large grids (``prune``), also write the sizes
+    that are exact polynomials of the job sizes as their monomials (``polynomial``), so the
+    candidates become rows over a few monomials plus the sizes that round, and drop dominated
+    candidates; a plan's few points skip both (their setup would cost more than it saves)."""
     from calc.timeline import _undominated
 
     rows = table.rows(n_layers)
@@ -83,15 +149,46 @@ def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int], prune: b
         ],
         dtype=np.int64,
     )
-    const_bytes = rows[:, ~varying] @ const_sizes[~varying]
-    full = np.concatenate([rows[:, varying], const_bytes[:, None]], axis=1)
-    if prune:
-        keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
-    else:
+    const = rows[:, ~varying] @ const_sizes[~varying]
+    var_programs = [p for p, v in zip(table.programs, varying, strict=True) if v]
+    var_counts = rows[:, varying]
+    if not prune:
+        columns = tuple(("prog", p) for p in var_programs)
+        full = np.concatenate([var_counts, const[:, None]], axis=1)
         keep = np.arange(len(full), dtype=np.int64)
+        return Reduced(columns, full.astype(np.float64), full, keep)
+    zero = (0,) * len(_JOB_INDEX)
+    index: dict[tuple, int] = {}
+    transform: list[dict[int, int]] = []  # per varying size: column -> coefficient
+    const_coef = np.zeros(len(var_programs), dtype=np.float64)
+    for k, prog in enumerate(var_programs):
+        poly = polynomial(prog, dims)
+        terms = (
+            {("mono", e): c for e, c in poly.items()} if poly is not None else {("prog", prog): 1}
+        )
+        mapped: dict[int, int] = {}
+        for col, coef in terms.items():
+            if col == ("mono", zero):
+                const_coef[k] = coef
+            else:
+                mapped[index.setdefault(col, len(index))] = coef
+        transform.append(mapped)
+    t = np.zeros((len(var_programs), len(index)), dtype=np.float64)
+    for k, mapped in enumerate(transform):
+        for col, coef in mapped.items():
+            t[k, col] = coef
+    full_f = np.concatenate(
+        [var_counts.astype(np.float64) @ t, (const + var_counts @ const_coef)[:, None]], axis=1
+    )
+    if not np.abs(full_f).max(initial=0.0) < 2.0**52:
+        return _reduce(table, n_layers, dims, prune=False)  # coefficients too large: plain sizes
+    t_int = t.astype(np.int64)
+    full = np.concatenate(
+        [var_counts @ t_int, (const + var_counts @ const_coef.astype(np.int64))[:, None]], axis=1
+    )
+    keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
     kept = full[keep]
-    var_programs = tuple(p for p, v in zip(table.programs, varying, strict=True) if v)
-    return Reduced(var_programs, kept.astype(np.float64), kept, keep)
+    return Reduced(tuple(index), kept.astype(np.float64), kept, keep)
 
 
 def device_extra_bytes(job: Training | Inference, device: str) -> int:
@@ -99,10 +196,37 @@ def device_extra_bytes(job: Training | Inference, device: str) -> int:
     return int(_estimate._device_terms(job, device)[0])
 
 
-def _size_values(prog: tuple, env: dict[str, object], n: int, memo: dict) -> np.ndarray:
-    if prog not in memo:
-        memo[prog] = np.broadcast_to(np.asarray(run_program(prog, env), dtype=np.int64), (n,))
-    return memo[prog]
+def _check_magnitude(
+    columns: tuple, env: dict[str, object], b: np.ndarray, s: np.ndarray, c: np.ndarray
+) -> None:
+    """Refuse sizes whose int64 evaluation could wrap around: every column grows with the job
+    sizes, so it is evaluated in float64 at the largest ones first."""
+    if not len(b):
+        return
+    top = {k: np.float64(v) for k, v in env.items() if k not in _JOB_SYMBOLS}
+    top.update(b=np.float64(b.max()), s=np.float64(s.max()), c=np.float64(c.max()))
+    for col in columns:
+        if col[0] == "mono":
+            value = np.prod(
+                [top[sym.name] ** e for sym, e in zip(S.JOB_SYMBOLS, col[1], strict=True)]
+            )
+        else:
+            value = run_program(col[1], top)  # type: ignore[arg-type]
+        if not abs(float(value)) < 2.0**61:  # type: ignore[arg-type]
+            raise OverflowError(f"plan_eval: a size near {float(value):.3g} is beyond exact int64")  # type: ignore[arg-type]
+
+
+def _column_values(col: tuple, env: dict[str, object], n: int, memo: dict) -> np.ndarray:
+    if col not in memo:
+        if col[0] == "mono":
+            value: object = np.int64(1)
+            for sym, exp in zip(S.JOB_SYMBOLS, col[1], strict=True):
+                if exp:
+                    value = value * env[sym.name] ** exp  # type: ignore[operator]
+        else:
+            value = run_program(col[1], env)
+        memo[col] = np.broadcast_to(np.asarray(value, dtype=np.int64), (n,))
+    return memo[col]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,15 +272,19 @@ def grid_peaks(
     env.update(b=b, s=s, c=c)
     memo = {} if memo is None else memo
     n = len(b)
-    sizes = np.empty((n, len(red.var_programs) + 1), dtype=np.int64)
-    for j, prog in enumerate(red.var_programs):
-        sizes[:, j] = _size_values(prog, env, n, memo)
+    _check_magnitude(red.columns, env, b, s, c)
+    sizes = np.empty((n, len(red.columns) + 1), dtype=np.int64)
+    for j, col in enumerate(red.columns):
+        sizes[:, j] = _column_values(col, env, n, memo)
     sizes[:, -1] = 1
-    # every partial sum of a row is at most sum_j |count_j| x max |size_j|: exact in float64
-    # while that stays below 2**53 (bytes of a few PiB)
-    col_max = np.abs(sizes).max(axis=0).astype(object) if n else np.zeros(sizes.shape[1], object)
-    bound = max((np.abs(red.exact_int).astype(object) @ col_max).tolist(), default=0)
-    exact_float = bound < EXACT_FLOAT_LIMIT
+    # Every partial sum of a row is at most sum_j |count_j| x max |column_j|: exact in float64
+    # while below 2**53 (checked with a factor-2 margin for the check's own rounding), exact
+    # in int64 below 2**62; beyond, refuse rather than wrap around.
+    col_max = np.abs(sizes).max(axis=0).astype(np.float64) if n else np.ones(sizes.shape[1])
+    bound = float((np.abs(red.matrix) @ col_max).max(initial=0.0))
+    if bound >= 2.0**62:
+        raise OverflowError(f"plan_eval: peaks near {bound:.3g} B are beyond exact int64")
+    exact_float = bound < EXACT_FLOAT_LIMIT / 2
     sizes_f = sizes.astype(np.float64) if exact_float else sizes
     counts_t = (red.matrix if exact_float else red.exact_int).T
     peak = np.empty(n, dtype=np.int64)

@@ -186,3 +186,20 @@ def test_large_grids_prune_dominated_candidates_without_changing_peaks(
     for i in (0, 57, 319):
         one = replace(job, micro_batch=int(b[i]), seq_len=int(s[i]))
         assert int(pruned[i]) == _est(one, "cuda")
+
+
+def test_polynomial_only_where_rounding_does_nothing() -> None:
+    # 512*ceil(b*s*h/128) at h=256: b*s*256/128 = 2*b*s is an integer for every b, s, so the
+    # size is exactly 1024*b*s (exponents of b, s, c -> coefficient)
+    exact = PP.to_program(512 * sp.ceiling(S.b * S.s * S.h / 128))
+    assert E.polynomial(exact, {"h": 256}) == {(1, 1, 0): 1024}
+    # 512*ceil(b*s/64) rounds (b*s = 1 gives 512, not 8): not a polynomial
+    rounding = PP.to_program(512 * sp.ceiling(S.b * S.s / 64))
+    assert E.polynomial(rounding, {}) is None
+    assert E.polynomial(PP.to_program(sp.Max(S.b, S.s)), {}) is None
+
+
+def test_sizes_beyond_int64_are_refused() -> None:
+    env = {"b": np.array([2**21]), "s": np.array([1]), "c": np.array([1])}
+    with pytest.raises(OverflowError):
+        E._check_magnitude((("mono", (3, 0, 0)),), env, env["b"], env["s"], env["c"])  # 2**63
