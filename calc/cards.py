@@ -77,10 +77,23 @@ def load_gpu_catalog_data() -> dict:
     return _read_json(GPU_CATALOG_PATH)
 
 
+_REPORTS: dict[tuple, dict] = {}
+
+
 def load_verify_report(path: Path | None = None) -> dict | None:
-    """The latest verify report (``verify/reports/latest/report.json``), or None if absent."""
+    """The latest verify report (``verify/reports/latest/report.json``), or None if absent.
+    Parsed once per version of the file (its size and modification time); treat it as
+    read-only."""
     path = VERIFY_REPORT_PATH if path is None else Path(path)
-    return _read_json(path) if path.is_file() else None
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _REPORTS:
+        _REPORTS.clear()
+        _REPORTS[key] = _read_json(path)
+    return _REPORTS[key]
 
 
 def plan_cache_dir() -> Path:
