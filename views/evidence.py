@@ -17,7 +17,8 @@ if report is None:
 meta, summary = report.get("meta", {}), report.get("summary", {})
 st.caption(
     "Each case builds a scaled-down real model, runs it in PyTorch under verify's CPU storage "
-    "tracker, and compares the measured peak with `calc.estimate(..., device=meta['device'])`. "
+    "tracker, and compares the measured peak with "
+    f"`calc.estimate(..., device={meta.get('device', 'cpu')!r})`. "
     + ", ".join(f"{k} {v}" for k, v in meta.items())
 )
 cols = st.columns(5)
