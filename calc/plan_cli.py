@@ -178,16 +178,20 @@ def run(args: argparse.Namespace) -> int:
     result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)  # type: ignore[arg-type]
     least = P.least_hardware(model, **common) if args.least_hardware else None  # type: ignore[arg-type]
     changes: tuple = ()
+    current: Evaluated | None = None
     if args.what_to_change:
-        changes = _changes(model, args, kind, fixed)
+        changes, current = _changes(model, args, kind, fixed)
     if args.json:
-        print(json.dumps(_json(label, result, least, changes), indent=2))
+        print(json.dumps(_json(label, result, least, changes, current), indent=2))
         return 0
-    _print(label, result, least, changes, args)
+    _print(label, result, least, changes, current, args)
     return 0
 
 
-def _changes(model: object, args: argparse.Namespace, kind: str, fixed: Mapping) -> tuple:
+def _changes(
+    model: object, args: argparse.Namespace, kind: str, fixed: Mapping
+) -> tuple[tuple, Evaluated]:
+    """The changes that make the ``--what-to-change`` configuration fit, and its own verdict."""
     from calc.plan_engine import base_fields_of, make_job
 
     ctx = context(kind, args.seq_len, args.global_batch, args.gpus)
@@ -202,13 +206,16 @@ def _changes(model: object, args: argparse.Namespace, kind: str, fixed: Mapping)
                 )
             axis.apply(fields, value, ctx)
     job = make_job(kind, fields, ctx)
-    return P.changes_to_fit(
-        model, job, gpu=args.gpu, gpu_count=args.gpus, device=args.device,  # type: ignore[arg-type]
-        error_bars=not args.no_error_bars,
-    )  # fmt: skip
+    common = dict(gpu=args.gpu, gpu_count=args.gpus, device=args.device,
+                  error_bars=not args.no_error_bars)  # fmt: skip
+    current = P.evaluate(model, job, **common)  # type: ignore[arg-type]
+    return P.changes_to_fit(model, job, **common), current  # type: ignore[arg-type]
 
 
-def _json(label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple) -> dict:
+def _json(
+    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple,
+    current: Evaluated | None,
+) -> dict:  # fmt: skip
     out: dict = {
         "model": label, "task": result.task, "seq_len": result.seq_len,
         "global_batch": result.global_batch, "gpu": result.gpu.id, "gpu_count": result.gpu_count,
@@ -223,6 +230,8 @@ def _json(label: str, result: P.Plan, least: P.LeastHardware | None, changes: tu
             "min_peak_bytes": least.min_peak_bytes,
             "note": least.note,
         }
+    if current is not None:
+        out["what_to_change"] = {"config": _row_json(current), "verdict": current.verdict()}
     if changes:
         out["changes_to_fit"] = [
             {"changes": {k: list(v) for k, v in c.changes.items()}, **_row_json(c.evaluated)}
@@ -233,7 +242,7 @@ def _json(label: str, result: P.Plan, least: P.LeastHardware | None, changes: tu
 
 def _print(
     label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple,
-    args: argparse.Namespace,
+    current: Evaluated | None, args: argparse.Namespace,
 ) -> None:  # fmt: skip
     g = result.gpu
     print(
@@ -265,12 +274,15 @@ def _print(
             )
         if least.note:
             print(f"  note: {least.note}")
-    if args.what_to_change:
-        print(
-            "\nwhat to change to fit:"
-            if changes
-            else "\nwhat to change: it already fits, or no change of one or two knobs fits"
-        )
+    if current is not None:
+        picked = ", ".join(f"{k}={v}" for k, v in current.config.choices.items())
+        print(f"\nthe configuration {picked}: {current.verdict()}")
+        if changes:
+            print("what to change to fit:")
+        elif current.fits:
+            print("what to change: nothing, it fits")
+        else:
+            print("what to change: no change of one knob, or of two, makes it fit")
         for c in changes:
             print(f"  {c.text()}")
 
