@@ -6,8 +6,10 @@ It is a ranking aid, not a prediction of step time, built from three documented 
   FLOPs (the backward computes two matmuls per forward one); activation recomputation adds
   what it reruns. Per token and layer, the forward costs ``2 x (layer parameters)`` FLOPs in
   matmuls plus ``4 x s x a x d`` in the attention core (``Q K^T`` and ``softmax(.) V``, causal
-  masking not discounted): Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-  Transformer Models", section 5 (forward ``24 b s h^2 + 4 b s^2 h`` per layer for ``f = 4h``).
+  masking not discounted): the FLOPs count of Narayanan et al. 2021, "Efficient Large-Scale
+  Language Model Training on GPU Clusters Using Megatron-LM" (forward ``24 b s h^2 + 4 b s^2 h``
+  per layer for ``f = 4h`` and multi-head attention), which Korthikanti et al. 2022, "Reducing
+  Activation Recomputation in Large Transformer Models", use for recomputation overheads.
   ``full`` reruns every layer's forward; ``selective`` reruns the attention core only (their
   selective recomputation). The head's ``2 h V`` per token is never recomputed.
 * **communication**: a factor ``>= 1`` per configuration from the parallelism axes
@@ -35,7 +37,8 @@ TOKENS_HALF_EFFICIENCY = 1024
 @lru_cache(maxsize=256)
 def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, int]:
     """``(matmul, attention_core)`` forward FLOPs per token of one decoder layer:
-    ``2 x`` the layer's matmul parameters, and ``4 x s x a x d`` (Korthikanti et al. 2022, s5)."""
+    ``2 x`` the layer's matmul parameters, and ``4 x s x a x d`` (module docstring: Narayanan
+    et al. 2021's count, written per parameter so GQA and SwiGLU layers count what they hold)."""
     matmul_params = sum(
         p.numel for p in model.param_tensors() if p.group == "layer" and len(p.shape) == 2
     )
