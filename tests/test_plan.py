@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import calc
 from calc import plan as P
@@ -277,3 +279,28 @@ def test_parallel_precompile_fills_the_cache_for_the_plan() -> None:
     assert done == 2
     p = _plan(1 << 40, fixed=fixed, global_batch=2)
     assert p.compiled_now == 0 and p.n_configurations == 2
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    # the grid's peaks lie between 64 MiB + 47 KiB and 64 MiB + 220 KiB (64 MiB: the two
+    # cuBLAS workspaces); sizes around them split the grid
+    usable_kib=st.integers(64 * 1024, 64 * 1024 + 240),
+    global_batch=st.sampled_from([1, 2, 4, 6]),
+    rank_by=st.sampled_from(["throughput", "headroom"]),
+)
+def test_property_fit_and_exclusion_agree_with_estimate(
+    usable_kib: int, global_batch: int, rank_by: str
+) -> None:
+    """Any GPU size, any batch: what fits re-estimates under the usable bytes, what is
+    excluded over them, and the split is complete."""
+    usable = usable_kib * 1024
+    p = _plan(usable, global_batch=global_batch, rank_by=rank_by)
+    assert len(p.fitting) + len(p.excluded) == p.n_configurations
+    for e in p.fitting:
+        assert _peak(e.config.job) == e.peak_bytes <= usable
+        assert e.config.job.micro_batch * e.config.grad_accum == global_batch
+    for e in p.excluded:
+        assert _peak(e.config.job) == e.peak_bytes > usable
+    if p.fitting:
+        assert p.best is p.fitting[0]
