@@ -54,7 +54,7 @@ class StructureTable:
     not_modelled: str = ""
     """The cost model's ``NotImplementedError`` message when it does not cover the structure."""
     _rows: dict = field(default_factory=dict, compare=False)
-    """Memo of ``calc.plan_eval.reduced``: model dimensions -> its ``Reduced``."""
+    """Memo of ``calc.plan_eval.reduced``: (model dimensions, prune) -> its ``Reduced``."""
 
     def to_json(self) -> dict:
         """The table as JSON data: programs as nested lists, the count matrices flattened."""
