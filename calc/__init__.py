@@ -8,6 +8,7 @@
 
 from calc.attention import attention_kernel
 from calc.cards import list_cards, load_card, load_card_config, published_params
+from calc.compression import LoRA, Quant
 from calc.estimate import estimate, values_for
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec, ParamTensor
@@ -17,8 +18,10 @@ __all__ = [
     "GIB",
     "Estimate",
     "Inference",
+    "LoRA",
     "ModelSpec",
     "ParamTensor",
+    "Quant",
     "Training",
     "attention_kernel",
     "estimate",

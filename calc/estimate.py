@@ -136,6 +136,9 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    from calc.compression import check_modelled
+
+    check_modelled(job)
     comp, key = _compiled_for(model, job, device)
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]
