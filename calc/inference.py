@@ -27,6 +27,7 @@ from dataclasses import replace
 from calc import ops
 from calc import symbols as S
 from calc.attention import attention_kernel, cpu_backend
+from calc.compression import Quant
 from calc.graphs import reference
 from calc.jobs import Inference
 from calc.model_spec import ModelSpec
@@ -118,6 +119,8 @@ def replay_inference(
 ) -> list[Event]:
     """Replay the prefill of ``job`` (and with ``decode=True`` one decode step after it) with
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
+    if job.implementation == "hf" and job.quant is not None:
+        raise NotImplementedError("quantized weights with implementation='hf' are not modelled")
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.graphs.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
@@ -126,7 +129,7 @@ def replay_inference(
         return replay_hf_prefill(model, job, device, n_layers)
     sh = shape_for_inference(model, job, device, n_layers)
     _check(model, job, sh)
-    return replay(sh, S.c, decode=decode)
+    return replay(sh, S.c, decode=decode, quant=job.quant, compute=job.precision)
 
 
 def numeric_shape(
@@ -140,11 +143,19 @@ def numeric_shape(
     return replace(sh, b=job.batch, s=job.prompt_len, **sizes), job.context
 
 
-def replay(sh: reference.Shape, context: Size, decode: bool = False) -> list[Event]:
-    """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache)."""
+def replay(
+    sh: reference.Shape, context: Size, decode: bool = False, quant: Quant | None = None,
+    compute: str = "bf16",
+) -> list[Event]:  # fmt: skip
+    """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
+    ``quant``: the decoder linears stored quantized (`calc.quant`), computing in ``compute``."""
     tape = Tape(inplace_accumulate=sh.device == "cuda")
     tape.grad_enabled = False
     w = reference.Weights(tape, sh)
+    if quant is not None:
+        from calc.lora import compress_weights
+
+        compress_weights(tape, w, sh, None, quant, compute)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     rope = sh.model_type != "gpt2"
     cos = tape.existing(context * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None

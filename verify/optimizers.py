@@ -319,7 +319,7 @@ def build(model: torch.nn.Module, job: Training) -> OptimizerBundle:
 
     The model must already be in the job's dtype: bf16 params for ``bf16``/``bf16-master``,
     fp32 otherwise (autocast keeps fp32 weights)."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: adapters only
     want = torch.bfloat16 if job.precision in ("bf16", "bf16-master") else torch.float32
     bad = sorted({str(p.dtype) for p in params if p.dtype != want})
     if bad:

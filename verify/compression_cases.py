@@ -1,0 +1,82 @@
+"""Verification cases for weight quantization, KV-cache quantization, LoRA and QLoRA.
+
+Plain data like `verify.cases` (whose ``_train``/``_infer`` build them); every case runs the
+``reference`` model with verify's own quantized linears and adapters (`verify.compress`), at
+the reference tolerance (1 %). Group sizes are chosen to divide the scaled widths (hidden 64;
+ffn 176 for llama-2, 224 for llama-3/mistral, 344 for qwen2, 320 for qwen3).
+"""
+
+from __future__ import annotations
+
+from calc.compression import LoRA, Quant
+from verify.cases import LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, _infer, _train
+
+Q = ("quick",)
+
+
+def _quant_inference() -> list[Case]:
+    t = ("quant",)
+    return [
+        _infer("quant-int8-row-infer-llama", LLAMA, batch=2, context=64, precision="bf16",
+               quant=Quant(method="int8"), tags=(*Q, *t),
+               note="per-row symmetric int8, fp32 scales (bitsandbytes' SCB layout)"),
+        _infer("quant-int8-g32-zp-infer-llama3", LLAMA3, batch=2, context=64, precision="fp32",
+               quant=Quant(method="int8", group_size=32, zero_point=True, scale_dtype="bf16"),
+               tags=t),
+        _infer("quant-int4-g128-infer-llama3-h256", LLAMA3, batch=1, context=64,
+               precision="bf16", quant=Quant(method="int4"), scale={"hidden": 256}, tags=t,
+               note="GPTQ/AWQ-style default: groups of 128, fp16 scale and zero point"),
+        _infer("quant-int4-sym-g8-infer-qwen2", QWEN2, batch=2, context=64, precision="fp16",
+               quant=Quant(method="int4", group_size=8, zero_point=False), tags=t),
+        _infer("quant-nf4-infer-qwen3", QWEN3, batch=2, context=64, precision="bf16",
+               quant=Quant(method="nf4"), tags=(*Q, *t)),
+        _infer("quant-nf4-nodq-infer-mistral", MISTRAL, batch=2, context=64, precision="fp32",
+               quant=Quant(method="nf4", double_quant=False), tags=t),
+        _infer("quant-fp8-tensor-infer-llama", LLAMA, batch=2, context=64, precision="bf16",
+               quant=Quant(method="fp8"), tags=t),
+        _infer("quant-fp8-row-infer-qwen2", QWEN2, batch=2, context=64, precision="fp16",
+               quant=Quant(method="fp8", fp8_scaling="row"), tags=t),
+    ]  # fmt: skip
+
+
+def _lora_training() -> list[Case]:
+    t = ("lora",)
+    return [
+        _train("lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8), tags=(*Q, *t),
+               note="adapters on all seven linears; frozen base keeps no linear inputs"),
+        _train("lora-r4-qv-bf16-llama3", LLAMA3, precision="bf16",
+               lora=LoRA(rank=4, modules=("q", "v")), tags=t),
+        _train("lora-r16-alpha32-recompute-mistral", MISTRAL, recompute="full",
+               lora=LoRA(rank=16, alpha=32), tags=t),
+        _train("lora-r8-sgd-momentum-qwen2", QWEN2, optimizer="sgd-momentum",
+               lora=LoRA(rank=8, modules=("gate", "up", "down")), tags=t),
+        _train("lora-r8-bf16-master-qwen3", QWEN3, precision="bf16-master", lora=LoRA(rank=8),
+               tags=t),
+    ]  # fmt: skip
+
+
+def _qlora_training() -> list[Case]:
+    t = ("qlora",)
+    return [
+        _train("qlora-nf4-bf16-llama", LLAMA, precision="bf16", lora=LoRA(rank=8),
+               quant=Quant(method="nf4"), tags=(*Q, *t),
+               note="QLoRA: NF4 base with double quantization, bf16 adapters"),
+        _train("qlora-nf4-nodq-fp32-qwen3", QWEN3, lora=LoRA(rank=8),
+               quant=Quant(method="nf4", double_quant=False), tags=t),
+        _train("qlora-int4-g32-bf16-llama3", LLAMA3, precision="bf16", lora=LoRA(rank=8),
+               quant=Quant(method="int4", group_size=32), tags=t),
+        _train("qlora-int8-bf16-mistral", MISTRAL, precision="bf16", lora=LoRA(rank=8),
+               quant=Quant(method="int8"), tags=t),
+        _train("qlora-fp8-row-bf16-qwen2", QWEN2, precision="bf16", lora=LoRA(rank=4),
+               quant=Quant(method="fp8", fp8_scaling="row"), tags=t),
+        _train("qlora-nf4-recompute-llama3", LLAMA3, precision="bf16", recompute="full",
+               lora=LoRA(rank=8), quant=Quant(method="nf4"), tags=t),
+        _train("qlora-nf4-attn-only-mistral", MISTRAL, precision="bf16",
+               lora=LoRA(rank=8, modules=("q", "k", "v", "o")), quant=Quant(method="nf4"),
+               tags=t),
+    ]  # fmt: skip
+
+
+def compression_cases() -> list[Case]:
+    """Every quantization / LoRA / QLoRA case, in report order."""
+    return [*_quant_inference(), *_lora_training(), *_qlora_training()]
