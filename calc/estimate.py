@@ -139,6 +139,10 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
     from calc.compression import check_modelled
 
     check_modelled(job)
+    if isinstance(job, Training) and job.pruning is not None:
+        job.pruning.modules_for(model)  # ValueError for a module the model lacks
+    if isinstance(job, Training) and job.distill is not None:
+        job.distill.check_student(model)
     comp, key = _compiled_for(model, job, device)
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]
@@ -208,6 +212,8 @@ def _breakdown(
             "saved": f"activations/{group}/{name}",
             "kv_cache": f"kv_cache/{group}",
             "act": f"temporaries/{name}",
+            "pruning": f"pruning/{name}",
+            "teacher": f"teacher/{name}",
         }.get(kind, f"other/{name}")
         leaf[key] += nbytes
     if extra:

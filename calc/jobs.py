@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from calc.compression import KVQuant, LoRA, Quant, check_kv_quant, check_lora_quant
+from calc.distill import Distill
+from calc.pruning import Pruning
 
 Precision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-master"]
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafactor", "lion"]
@@ -94,6 +96,11 @@ class Training:
     """Low-rank adapters on a frozen base (``calc.LoRA``); ``None`` trains every weight."""
     quant: Quant | None = None
     """Weight-only quantization of the frozen base (``calc.Quant``); needs ``lora`` (QLoRA)."""
+    pruning: Pruning | None = None
+    """``torch.nn.utils.prune`` reparameterisation of the layers' linears (``calc.Pruning``);
+    for structured pruning use ``calc.pruned_spec`` on the model instead."""
+    distill: Distill | None = None
+    """Knowledge distillation from a frozen teacher (``calc.Distill``); ``None``: plain CE."""
 
     def __post_init__(self) -> None:
         check_size("micro_batch", self.micro_batch, 1, 1 << 20)
@@ -123,6 +130,10 @@ class Training:
                 "PyTorch fuses adam, adamw, sgd and sgd-momentum"
             )
         check_lora_quant(self.lora, self.quant)
+        if self.pruning is not None and not isinstance(self.pruning, Pruning):
+            raise ValueError(f"pruning={self.pruning!r} must be a calc.Pruning or None")
+        if self.distill is not None and not isinstance(self.distill, Distill):
+            raise ValueError(f"distill={self.distill!r} must be a calc.Distill or None")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -80,6 +80,12 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         raise NotImplementedError("eager attention under autocast is not modelled yet")
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
+    if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
+        from calc import prune_replay
+
+        prune_replay.install(tape, sh, w, job.pruning, model)
+    if job.distill is not None:
+        raise NotImplementedError("distill= is not modelled yet")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if hf and not hf_gpt2:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]

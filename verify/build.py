@@ -89,6 +89,10 @@ def build_model(
     dtype = WEIGHT_DTYPE[job.precision]
     if dtype != torch.float32:
         model.to(dtype)
+    if getattr(job, "pruning", None) is not None:  # torch.nn.utils.prune, final dtype
+        from verify import pruning
+
+        pruning.apply(model, job.pruning, spec)
     return model, loss_fn
 
 

@@ -8,7 +8,7 @@ The ``quick`` tag marks the subset CI runs (under 3 minutes on 2 CPU cores).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from calc.jobs import Inference, Training
@@ -41,6 +41,9 @@ class Case:
     """Why the case exists, or which side is wrong when it misses."""
     seed: int = 0
     """Seed for weights and token ids."""
+    structured: tuple[tuple[str, int], ...] = ()
+    """Keyword arguments of `calc.pruned_spec` applied to the scaled model (structured
+    pruning: kept heads, KV heads, FFN channels, layers), as pairs."""
 
     def __post_init__(self) -> None:
         if self.impl != self.job.implementation:
@@ -64,7 +67,12 @@ class Case:
         """The scaled model (before the job's dropout is applied)."""
         kw = dict(self.scale)
         kw.setdefault("max_positions", max(DEFAULT_MAX_POSITIONS, self.seq))
-        return scaled_spec(self.card, **kw)
+        spec = scaled_spec(self.card, **kw)
+        if self.structured:
+            from calc.pruning import pruned_spec
+
+            spec = pruned_spec(spec, **dict(self.structured))
+        return spec
 
     def label(self) -> str:
         """The option that colours this case in the plot: its precision."""
@@ -314,6 +322,68 @@ def _inference_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def _pruning_cases() -> list[Case]:
+    from calc.pruning import Pruning
+
+    l1, p = Pruning(), ("pruning",)
+    structured = [
+        (
+            "prune-heads-gqa-llama3",
+            LLAMA3,
+            {"layers": 2, "kv_heads": 2},
+            {"n_heads": 4, "n_kv_heads": 1},
+            "8 query / 2 KV heads pruned to 4 / 1",
+        ),
+        (
+            "prune-ffn-layers-qwen2",
+            QWEN2,
+            {"layers": 4},
+            {"ffn": 96, "n_layers": 2},
+            "FFN 608 -> 96 channels and 4 -> 2 layers",
+        ),
+        (
+            "prune-heads-mha-llama",
+            LLAMA,
+            {"layers": 2},
+            {"n_heads": 2, "ffn": 64},
+            "multi-head attention stays multi-head: KV heads follow the query heads",
+        ),
+    ]
+    out = [
+        _train("prune-l1-llama", LLAMA, pruning=l1, tags=(*Q, *p),
+               note="weight_orig + weight_mask + the pre-hook's product: memory goes up"),
+        _train("prune-removed-llama", LLAMA, pruning=Pruning(removed=True), tags=(*Q, *p),
+               note="after prune.remove: dense with zeros, the same bytes as unpruned"),
+        _train("prune-l1-gpt2", GPT2, pruning=l1, dropout=0.0, tags=p),
+        _train("prune-l1-qwen2-for-loop", QWEN2, pruning=l1, optimizer_impl="for-loop",
+               tags=p, note="weight_orig follows the q/k/v bias in parameters()"),
+        _train("prune-l1-amp-bf16-llama3", LLAMA3, pruning=l1, precision="amp-bf16", tags=p,
+               note="the product is not a leaf: autocast casts it at every call"),
+        _train("prune-24-bf16-mistral", MISTRAL, pruning=Pruning(kind="2:4"),
+               precision="bf16", tags=p,
+               note="2:4 mask through prune.custom_from_mask: the hook keeps the mask too; "
+               "CPU cannot run to_sparse_semi_structured, so this is the masked training step"),
+        _train("prune-qv-sgd-llama", LLAMA, pruning=Pruning(modules=("q", "v"), amount=0.3),
+               optimizer="sgd", tags=p),
+        _train("prune-accum2-before-qwen2", QWEN2, pruning=l1, grad_accum=2,
+               zero_grad="before_backward", tags=p),
+        _train("prune-bf16-master-qwen3", QWEN3, pruning=l1, precision="bf16-master", tags=p),
+        _train("prune-hf-llama", LLAMA, impl="hf", pruning=l1, tags=(*p, "hf")),
+        _train("prune-hf-gpt2", GPT2, impl="hf", pruning=l1, dropout=0.0, tags=(*p, "hf"),
+               note="HF GPT-2's Conv1D weights pruned the same way"),
+    ]  # fmt: skip
+    for name, card, scale, keep, note in structured:
+        case = _train(name, card, scale=scale, tags=(*p, "structured"), note=note)
+        out.append(replace(case, structured=tuple(sorted(keep.items()))))
+    return out
+
+
+def _compression_cases() -> list[Case]:
+    from verify.compression_cases import compression_cases  # quantization, LoRA, QLoRA
+
+    return compression_cases()
+
+
 def _all() -> tuple[Case, ...]:
     cases = [
         *_precision_cases(),
@@ -325,6 +395,8 @@ def _all() -> tuple[Case, ...]:
         *_size_cases(),
         *_hf_cases(),
         *_inference_cases(),
+        *_compression_cases(),
+        *_pruning_cases(),
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}
