@@ -218,11 +218,3 @@ def check_lora_quant(lora: object, quant: object) -> None:
             f"quant={quant!r} needs lora=calc.LoRA(...): a quantized base is frozen, so only "
             "adapters can train (QLoRA); full fine-tuning of quantized weights is not modelled"
         )
-
-
-def check_modelled(job: object) -> None:
-    """Raise ``NotImplementedError`` naming a compression field set on ``job`` that the cost
-    model does not cover yet (never silently ignore a choice)."""
-    for field, modelled in (("lora", False), ("quant", True), ("kv_quant", False)):
-        if getattr(job, field, None) is not None and not modelled:
-            raise NotImplementedError(f"{field}={getattr(job, field)!r} is not modelled yet")

@@ -136,9 +136,6 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
-    from calc.compression import check_modelled
-
-    check_modelled(job)
     if isinstance(job, Training) and job.pruning is not None:
         job.pruning.modules_for(model)  # ValueError for a module the model lacks
     if isinstance(job, Training) and job.distill is not None:
@@ -205,6 +202,8 @@ def _breakdown(
         group = _group(tag)
         key = {
             "weight": f"weights/{group}",
+            "qscale": f"weights/quant_scales/{group}",
+            "adapter": f"weights/lora_adapters/{group}",
             "grad": f"gradients/{group}",
             "state": f"optimizer/{name.split(':')[0]}",
             "input": "inputs",

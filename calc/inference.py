@@ -119,8 +119,10 @@ def replay_inference(
 ) -> list[Event]:
     """Replay the prefill of ``job`` (and with ``decode=True`` one decode step after it) with
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
-    if job.implementation == "hf" and job.quant is not None:
-        raise NotImplementedError("quantized weights with implementation='hf' are not modelled")
+    if job.implementation == "hf" and (job.quant is not None or job.kv_quant is not None):
+        raise NotImplementedError(
+            "quantized weights or KV cache with implementation='hf' are not modelled"
+        )
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.graphs.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
@@ -129,7 +131,9 @@ def replay_inference(
         return replay_hf_prefill(model, job, device, n_layers)
     sh = shape_for_inference(model, job, device, n_layers)
     _check(model, job, sh)
-    return replay(sh, S.c, decode=decode, quant=job.quant, compute=job.precision)
+    return replay(
+        sh, S.c, decode=decode, quant=job.quant, compute=job.precision, kv_quant=job.kv_quant
+    )
 
 
 def numeric_shape(
@@ -145,10 +149,11 @@ def numeric_shape(
 
 def replay(
     sh: reference.Shape, context: Size, decode: bool = False, quant: Quant | None = None,
-    compute: str = "bf16",
+    compute: str = "bf16", kv_quant: str | None = None,
 ) -> list[Event]:  # fmt: skip
     """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
-    ``quant``: the decoder linears stored quantized (`calc.quant`), computing in ``compute``."""
+    ``quant``: the decoder linears stored quantized (`calc.quant`), computing in ``compute``;
+    ``kv_quant``: the KV cache stored in int8/fp8 (`calc.kv_quant`)."""
     tape = Tape(inplace_accumulate=sh.device == "cuda")
     tape.grad_enabled = False
     w = reference.Weights(tape, sh)
@@ -161,12 +166,22 @@ def replay(
     cos = tape.existing(context * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(context * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
     tape.phase = "prefill"
-    kv_cache(tape, sh, context)
+    if kv_quant is not None and sh.model_type == "gpt2":
+        raise NotImplementedError("a quantized KV cache for GPT-2 is not modelled")
+    if kv_quant is None:
+        kv_cache(tape, sh, context)
+    else:
+        from calc import kv_quant as kvq
+
+        kvq.cache(tape, kv_quant, sh.b, sh.k, sh.d, context, sh.weight_itemsize, sh.n_layers)
+        tape.kv_hook = kvq.attend_hook(kv_quant, sh.s, sh.b * sh.k * sh.d, sh.d)
     logits = forward(tape, sh, w, cos, sin)
     tape.drop(logits)
     if decode:
         tape.phase = "decode"
         tape.existing(sh.b, INDEX_ITEMSIZE, "next_id", "input")
+        if kv_quant is not None:
+            tape.kv_hook = kvq.attend_hook(kv_quant, sh.s + 1, sh.b * sh.k * sh.d, sh.d)
         logits = forward(tape, replace(sh, s=1), w, cos, sin)
         tape.drop(logits)
     return tape.events

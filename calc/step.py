@@ -86,6 +86,7 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         prune_replay.install(tape, sh, w, job.pruning, model)
     if job.distill is not None:
         raise NotImplementedError("distill= is not modelled yet")
+    trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.lora
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if hf and not hf_gpt2:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
@@ -95,8 +96,7 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     rope = rope and not hf  # HF computes cos/sin inside each forward
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
-    params = w.parameters()
-    shapes = w.shapes(sh)
+    params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
     states = None
     scaler: list = []
     for step in (1, 2):
@@ -145,3 +145,21 @@ def _scale_loss(tape: Tape, loss: Tensor, scaler: list) -> tuple[Tensor, list]:
     scaled = ops.mul(tape, loss, scaler[0], "scaled_loss")
     tape.drop(loss)
     return scaled, scaler
+
+
+def _compress(
+    tape: Tape, sh: reference.Shape, w: reference.Weights, model: ModelSpec, job: Training
+) -> tuple | None:
+    """LoRA/QLoRA (`calc.lora.compress_weights`): the trainable adapters and their shapes."""
+    if job.lora is None:
+        return None
+    if job.implementation != "reference":
+        raise NotImplementedError("LoRA/QLoRA with implementation='hf' is not modelled yet")
+    if job.precision not in ("fp32", "bf16", "bf16-master"):
+        raise NotImplementedError(f"LoRA with precision={job.precision!r} is not modelled yet")
+    if job.pruning is not None or job.distill is not None:
+        raise NotImplementedError("LoRA together with pruning or distillation")
+    from calc.lora import compress_weights
+
+    compute = "fp32" if job.precision == "fp32" else "bf16"
+    return compress_weights(tape, w, sh, job.lora, job.quant, compute)

@@ -167,6 +167,7 @@ class Tape:
         # storage id -> hook(tape, x, bias, rows, out_features, name), and quantized weights.
         self.linear_hooks: dict[int, Callable] = {}
         self.quantized: dict[int, object] = {}
+        self.kv_hook: Callable | None = None  # quantized KV cache write/read (calc.kv_quant)
 
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:

@@ -39,6 +39,22 @@ def _quant_inference() -> list[Case]:
     ]  # fmt: skip
 
 
+def _kv_quant_inference() -> list[Case]:
+    t = ("kv_quant",)
+    return [
+        _infer("kv-int8-infer-llama", LLAMA, batch=2, context=64, precision="bf16",
+               kv_quant="int8", tags=(*Q, *t),
+               note="int8 K/V with a bf16 absmax scale per token and head"),
+        _infer("kv-fp8-infer-mistral", MISTRAL, batch=2, context=64, precision="bf16",
+               kv_quant="fp8", tags=t),
+        _infer("kv-int8-prompt-infer-qwen3-fp32", QWEN3, batch=1, context=128, prompt=32,
+               precision="fp32", kv_quant="int8", tags=t),
+        _infer("kv-fp8-int4-weights-infer-llama3", LLAMA3, batch=4, context=128,
+               precision="bf16", kv_quant="fp8", quant=Quant(method="int4", group_size=32),
+               tags=t),
+    ]  # fmt: skip
+
+
 def _lora_training() -> list[Case]:
     t = ("lora",)
     return [
@@ -79,4 +95,4 @@ def _qlora_training() -> list[Case]:
 
 def compression_cases() -> list[Case]:
     """Every quantization / LoRA / QLoRA case, in report order."""
-    return [*_quant_inference(), *_lora_training(), *_qlora_training()]
+    return [*_quant_inference(), *_kv_quant_inference(), *_lora_training(), *_qlora_training()]
