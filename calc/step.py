@@ -84,8 +84,12 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         from calc import prune_replay
 
         prune_replay.install(tape, sh, w, job.pruning, model)
-    if job.distill is not None:
-        raise NotImplementedError("distill= is not modelled yet")
+    teacher = None
+    if job.distill is not None:  # a frozen teacher beside the student: calc.distill_replay
+        from calc import distill_replay
+
+        distill_replay.check(job)
+        teacher = distill_replay.setup(tape, sh, job, device)
     trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.lora
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
@@ -112,7 +116,10 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
             else:
                 if sh.autocast_itemsize:
                     tape.autocast_enter(sh.autocast_itemsize)
-                loss = reference.forward(tape, sh, w, cos, sin)
+                if teacher is None:
+                    loss = reference.forward(tape, sh, w, cos, sin)
+                else:
+                    loss = distill_replay.forward(tape, sh, w, cos, sin, teacher)
                 tape.autocast_exit()
             if job.precision == "amp-fp16":
                 loss, scaler = _scale_loss(tape, loss, scaler)

@@ -384,6 +384,45 @@ def _compression_cases() -> list[Case]:
     return compression_cases()
 
 
+def _distill_cases() -> list[Case]:
+    from calc.distill import Distill
+
+    def teacher(card: str, **kw: Any) -> Any:
+        kw.setdefault("layers", 3)
+        return scaled_spec(card, **kw)
+
+    k = ("distill",)
+    big_vocab = {"vocab": 4096}
+    return [
+        _train("distill-fp32-teacher-llama", LLAMA, tags=(*Q, *k),
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=96),
+                               teacher_precision="fp32"),
+               note="teacher 3 layers, hidden 96 (student 2, 64); logits held for the KL"),
+        _train("distill-bf16-teacher-4layers-llama", LLAMA, tags=k,
+               distill=Distill(teacher=teacher("llama-2-13b", layers=4, hidden=96)),
+               note="bf16 teacher over an fp32 student: the KL's product promotes to fp32"),
+        _train("distill-T2-hard-llama3", LLAMA3, tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b"), temperature=2.0, hard_weight=0.5),
+               note="T != 1: both logits divided; hard cross entropy added"),
+        _train("distill-bf16-student-fp32-teacher-qwen2", QWEN2, precision="bf16", tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b"), teacher_precision="fp32")),
+        _train("distill-gpt2-xl-teacher-T4", GPT2, dropout=0.0, tags=k,
+               distill=Distill(teacher=teacher("gpt2-xl"), temperature=4.0)),
+        _train("distill-fp16-teacher-bf16-mistral", MISTRAL, precision="bf16", tags=k,
+               distill=Distill(teacher=teacher(LLAMA3), teacher_precision="fp16"),
+               note="fp16 teacher with a bf16 student: mixed 16-bit dtypes promote to fp32"),
+        _train("distill-recompute-accum2-llama", LLAMA, recompute="full", grad_accum=2,
+               tags=k, distill=Distill(teacher=teacher("llama-2-13b"), hard_weight=1.0)),
+        _train("distill-eager-gqa-qwen3", QWEN3, attention="eager", tags=k,
+               distill=Distill(teacher=teacher(QWEN3, kv_heads=2))),
+        _train("distill-logits-dominate-llama", LLAMA, micro_batch=4, seq_len=64,
+               scale=big_vocab, tags=(*Q, *k, "logits"),
+               distill=Distill(teacher=teacher("llama-2-13b", **big_vocab),
+                               teacher_precision="fp32"),
+               note="vocab 4096: teacher logits, probabilities and the KL temporaries dominate"),
+    ]  # fmt: skip
+
+
 def _all() -> tuple[Case, ...]:
     cases = [
         *_precision_cases(),
@@ -397,6 +436,7 @@ def _all() -> tuple[Case, ...]:
         *_inference_cases(),
         *_compression_cases(),
         *_pruning_cases(),
+        *_distill_cases(),
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}
