@@ -312,7 +312,13 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m calc``: 0 on success, 2 on bad input or a job the cost model
-    does not cover (one line on stderr, no traceback)."""
+    does not cover (one line on stderr, no traceback). ``report`` as the first argument runs
+    `calc.cli_report` (least memory per task and weight width)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["report"]:
+        from calc import cli_report
+
+        return cli_report.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_cards:
         print("\n".join(list_cards()))
