@@ -140,6 +140,10 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         job.pruning.modules_for(model)  # ValueError for a module the model lacks
     if isinstance(job, Training) and job.distill is not None:
         job.distill.check_student(model)
+    if job.quant is not None:  # the group size must divide every quantized linear
+        from calc.quant import check_fits
+
+        check_fits(model, job.quant)
     comp, key = _compiled_for(model, job, device)
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]

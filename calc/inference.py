@@ -119,10 +119,6 @@ def replay_inference(
 ) -> list[Event]:
     """Replay the prefill of ``job`` (and with ``decode=True`` one decode step after it) with
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
-    if job.implementation == "hf" and (job.quant is not None or job.kv_quant is not None):
-        raise NotImplementedError(
-            "quantized weights or KV cache with implementation='hf' are not modelled"
-        )
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.graphs.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")

@@ -114,6 +114,16 @@ def check_divides(quant: Quant, out_features: int, in_features: int, where: str)
         raise ValueError(f"group_size={g} must divide in_features={in_features} of {where}")
 
 
+def check_fits(model: object, quant: Quant) -> None:
+    """Raise ``ValueError`` unless ``quant``'s group size divides every quantized linear of
+    ``model`` (a ``calc.ModelSpec``; the llama family's q, k, v, o, gate, up, down)."""
+    h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
+    shapes = {"q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
+              "gate": (f, h), "up": (f, h), "down": (h, f)}  # fmt: skip
+    for name, (out_f, in_f) in shapes.items():
+        check_divides(quant, out_f, in_f, f"the {name} projection of {model.name}")
+
+
 def stored_tensors(quant: Quant, out_f: Size, in_f: Size) -> list[Stored]:
     """The tensors verify's ``QuantLinear`` registers for a ``[out_f, in_f]`` weight, each a
     separate allocation (so each is rounded on its own)."""

@@ -26,6 +26,7 @@ from calc.compression import LoRA, Quant
 from calc.estimate import estimate
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec
+from calc.quant import check_fits
 
 TASKS: tuple[str, ...] = ("serve", "lora", "qlora", "full")
 """The report's rows: serve, LoRA fine-tune, QLoRA fine-tune, full fine-tune."""
@@ -108,7 +109,14 @@ def best(
     lora_rank: int = 16, device: str = "cuda",
 ) -> Recipe | None:  # fmt: skip
     """The least-peak recipe of one cell, or ``None`` where the width does not apply."""
-    jobs = candidates(task, width, batch=batch, seq_len=seq_len, lora_rank=lora_rank)
+    jobs = []
+    for job in candidates(task, width, batch=batch, seq_len=seq_len, lora_rank=lora_rank):
+        try:  # a format whose group size does not divide this model's linears is skipped
+            if job.quant is not None:
+                check_fits(model, job.quant)
+        except ValueError:
+            continue
+        jobs.append(job)
     found: Recipe | None = None
     for job in jobs:
         est = estimate(model, job, device=device)

@@ -160,13 +160,15 @@ def _compress(
     """LoRA/QLoRA (`calc.lora.compress_weights`): the trainable adapters and their shapes."""
     if job.lora is None:
         return None
-    if job.implementation != "reference":
-        raise NotImplementedError("LoRA/QLoRA with implementation='hf' is not modelled yet")
-    if job.precision not in ("fp32", "bf16", "bf16-master"):
-        raise NotImplementedError(f"LoRA with precision={job.precision!r} is not modelled yet")
+    amp = job.precision.startswith("amp-")
+    if amp and (job.implementation == "hf" or job.quant is not None):
+        raise NotImplementedError(
+            f"precision={job.precision!r} with LoRA on implementation='hf' or with a quantized "
+            "base is not modelled yet (use bf16 or fp32)"
+        )
     if job.pruning is not None or job.distill is not None:
         raise NotImplementedError("LoRA together with pruning or distillation")
     from calc.lora import compress_weights
 
-    compute = "fp32" if job.precision == "fp32" else "bf16"
+    compute = "fp32" if job.precision == "fp32" or amp else "bf16"
     return compress_weights(tape, w, sh, job.lora, job.quant, compute)

@@ -175,3 +175,11 @@ def test_qwen25_32b_nf4_weights_by_hand():
     assert est.breakdown["weights/embedding"] == _r512(152064 * h * 2)
     # ~4.13 bits for every quantized weight: 31.2e9 of them in about 15 GiB.
     assert 14.9 < 64 * (values + scales) / 2**30 < 15.2
+
+
+def test_estimate_refuses_a_group_that_does_not_divide():
+    # llama-2 scaled: ffn 176 is not a multiple of 128 (int4's default group): down_proj's rows
+    job = calc.Inference(batch=1, context=8, implementation="reference",
+                         quant=calc.Quant(method="int4"))  # fmt: skip
+    with pytest.raises(ValueError, match="group_size=128"):
+        calc.estimate(LLAMA, job)

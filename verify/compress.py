@@ -242,19 +242,22 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base(x)
-        if self.lora_A.dtype != x.dtype:
+        if self.lora_A.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
             raise NotImplementedError("adapters in another dtype than the activations")
         result = result + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
         return result
 
 
 def _targets(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
-    """(parent module, attribute, LoRA/Quant name) of every decoder-layer linear."""
-    spec = model.spec
-    if spec.model_type == "gpt2":
+    """(parent module, attribute, LoRA/Quant name) of every decoder-layer linear, in the
+    reference model or a Hugging Face llama-family model (same attribute names)."""
+    spec = getattr(model, "spec", None)
+    model_type = spec.model_type if spec is not None else model.config.model_type
+    if model_type == "gpt2":
         raise NotImplementedError("LoRA/quantization of GPT-2's Conv1D-style layers")
+    blocks = model.blocks if spec is not None else model.model.layers
     out = []
-    for block in model.blocks:
+    for block in blocks:
         for name, (sub, attr) in LLAMA_LINEARS.items():
             out.append((getattr(block, sub), attr, name))
     return out

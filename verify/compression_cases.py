@@ -36,6 +36,10 @@ def _quant_inference() -> list[Case]:
                quant=Quant(method="fp8"), tags=t),
         _infer("quant-fp8-row-infer-qwen2", QWEN2, batch=2, context=64, precision="fp16",
                quant=Quant(method="fp8", fp8_scaling="row"), tags=t),
+        _infer("hf-quant-nf4-infer-llama3", LLAMA3, impl="hf", batch=2, context=64,
+               precision="bf16", quant=Quant(method="nf4"), tags=t),
+        _infer("hf-quant-int4-g16-infer-qwen3-prompt", QWEN3, impl="hf", batch=1, context=128,
+               prompt=32, precision="bf16", quant=Quant(method="int4", group_size=16), tags=t),
     ]  # fmt: skip
 
 
@@ -68,6 +72,17 @@ def _lora_training() -> list[Case]:
                lora=LoRA(rank=8, modules=("gate", "up", "down")), tags=t),
         _train("lora-r8-bf16-master-qwen3", QWEN3, precision="bf16-master", lora=LoRA(rank=8),
                tags=t),
+        _train("lora-r8-amp-bf16-llama", LLAMA, precision="amp-bf16", lora=LoRA(rank=8),
+               tags=t, note="autocast re-casts frozen fp32 weights at every call (no cache: "
+               "not leaves needing grad); mm saves the bf16 copy for the input's gradient"),
+        _train("hf-lora-r8-fp32-llama", LLAMA, impl="hf", lora=LoRA(rank=8), tags=t),
+        _train("hf-lora-r8-bf16-qwen2", QWEN2, impl="hf", precision="bf16", lora=LoRA(rank=8),
+               tags=t),
+        _train("hf-qlora-nf4-bf16-llama3", LLAMA3, impl="hf", precision="bf16",
+               lora=LoRA(rank=8), quant=Quant(method="nf4"), tags=("qlora",)),
+        _train("hf-qlora-int8-recompute-mistral", MISTRAL, impl="hf", precision="bf16",
+               recompute="full", lora=LoRA(rank=8), quant=Quant(method="int8"),
+               tags=("qlora",)),
     ]  # fmt: skip
 
 
