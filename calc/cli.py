@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.add_argument("--prompt", type=int, help="tokens in the prefill (default: --context)")
 
+    from calc import cli_prune_distill
+
+    cli_prune_distill.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument(
         "--device",
@@ -269,6 +272,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_args(args)
     model, label = load_model(args)
     job = build_job(args)
+    from calc import cli_prune_distill
+
+    model, job = cli_prune_distill.apply(args, model, job)
+    stored = cli_prune_distill.storage(args, model, job)
     est = calc.estimate(model, job, device=args.device)
     peak = int(est.peak_bytes)
     fits, headroom, sentence = verdict(peak, args.gpu_gib)
@@ -292,7 +299,9 @@ def run(args: argparse.Namespace) -> int:
         }
         if args.latex:
             out["latex"] = est.latex()
-        print(json.dumps(out, indent=2))
+        if stored is not None:
+            out["pruned_storage"] = cli_prune_distill.storage_json(stored)
+        print(json.dumps(out, indent=2, default=str))
         return 0
 
     job_desc = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(job).items())
@@ -304,6 +313,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"peak phase: {est.peak_phase} (at {est.peak_event})")
     print(f"peak:       {format_gib(peak)} ({peak:,} bytes)")
     print(f"verdict:    {sentence}")
+    if stored is not None:
+        print()
+        print("\n".join(cli_prune_distill.storage_lines(stored, GIB)))
     if args.latex:
         print()
         print(f"peak = {est.latex()}")

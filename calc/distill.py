@@ -59,9 +59,11 @@ class Distill:
                 raise ValueError(f"{field}={value!r} must be a number in {bound}, 1000]")
 
     def check_student(self, student: ModelSpec) -> None:
-        """Raise ``ValueError`` unless the teacher can teach ``student`` (same vocabulary)."""
-        if self.teacher.vocab != student.vocab:
+        """Raise ``ValueError`` unless the teacher can teach ``student``: its vocabulary must
+        cover the student's (a larger, padded one is sliced: ``t_logits[..., :V_student]``,
+        as for Qwen2.5-7B's 152,064 rows over Qwen2.5-0.5B's 151,936)."""
+        if self.teacher.vocab < student.vocab:
             raise ValueError(
-                f"teacher vocab={self.teacher.vocab} differs from the student's "
-                f"vocab={student.vocab}: distillation compares logits over one vocabulary"
+                f"teacher vocab={self.teacher.vocab} is smaller than the student's "
+                f"vocab={student.vocab}: the teacher must score every student token"
             )

@@ -5,7 +5,8 @@ states) and its RoPE tables ``[s, d_t]``. Each micro-batch:
 
 1. the teacher's forward under ``torch.no_grad()`` (`teacher_logits`): every layer's tensors
    die as soon as their Python reference does (nothing is saved), so a layer costs its
-   largest transient once and the teacher's logits ``[b*s, V]`` are what is left;
+   largest transient once and the teacher's logits ``[b*s, V_teacher]`` are what is left
+   (a teacher with a larger, padded vocabulary is sliced to the student's, a view);
 2. the student's forward up to its logits (`calc.graphs.reference.logits`);
 3. the loss (`kd_loss`): ``log_softmax`` of the student (saved), ``softmax`` of the teacher
    (saved by the KL's product), ``at::kl_div`` = ``xlogy(t, t) - t * logp`` summed
@@ -28,6 +29,7 @@ from calc.attention import attention_kernel
 from calc.distill import TEACHER_ITEMSIZE, Distill
 from calc.graphs import reference
 from calc.jobs import Training
+from calc.model_spec import ModelSpec
 from calc.tape import Node, Size, Tape, Tensor
 
 TEACHER = "teacher"
@@ -60,14 +62,17 @@ def check(job: Training) -> None:
         raise NotImplementedError("distill together with lora/quant is not modelled yet")
 
 
-def setup(tape: Tape, student: reference.Shape, job: Training, device: str) -> Teacher:
+def setup(
+    tape: Tape, student: reference.Shape, model: ModelSpec, job: Training, device: str
+) -> Teacher:
     """The teacher's weights and RoPE tables, alive before the step (built at setup)."""
     d = job.distill
     t = d.teacher
+    vocab = S.V if t.vocab == model.vocab else t.vocab  # a larger vocabulary is sliced
     itemsize = TEACHER_ITEMSIZE[d.teacher_precision]
     kernel = student.attention if device == "cpu" else attention_kernel(t, job)
     sh = reference.Shape(
-        b=S.b, s=S.s, h=t.hidden, a=t.n_heads, k=t.n_kv_heads, d=t.head_dim, f=t.ffn, V=S.V,
+        b=S.b, s=S.s, h=t.hidden, a=t.n_heads, k=t.n_kv_heads, d=t.head_dim, f=t.ffn, V=vocab,
         P=t.max_positions if t.learned_positions else 0,
         n_layers=min(t.n_layers, TEACHER_LAYERS_REPLAYED),
         model_type=t.model_type, mlp=t.mlp, norm=t.norm, qkv_bias=t.qkv_bias,
@@ -168,7 +173,7 @@ def kd_loss(
     n = sh.b * sh.s
     same = s_logits.itemsize == t_logits.itemsize and d.teacher_precision != "fp16"
     s = ops.view(tape, s_logits)  # flatten(0, 1)
-    t = tape.alias(t_logits)
+    t = tape.alias(t_logits, numel=s_logits.numel)  # flatten(0, 1)[:, :V]: a view
     if d.temperature != 1:
         s2 = _scalar_op(tape, s, "student_logits/T")
         t2 = tape.new(t.numel, t.itemsize, "teacher_logits/T")

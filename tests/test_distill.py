@@ -113,10 +113,19 @@ def test_distill_validation(kwargs: dict, field: str) -> None:
         calc.Distill(**kwargs)
 
 
-def test_vocab_mismatch_is_refused() -> None:
-    job = _train(distill=calc.Distill(teacher=_llama(vocab=64)))
+def test_smaller_teacher_vocab_is_refused() -> None:
+    job = _train(distill=calc.Distill(teacher=_llama(vocab=40)))
     with pytest.raises(ValueError, match="vocab"):
         calc.estimate(TINY, job, device="cpu")
+
+
+def test_larger_teacher_vocab_costs_its_embedding_and_head() -> None:
+    # Teacher vocab 64 instead of 50 (bf16): embed and lm_head [64, 16] = 2048 B each, the
+    # same rounded bytes as [50, 16] (1600 -> 2048): the teacher's weights do not change;
+    # only its logits (sliced to the student's 50 for the loss) are wider.
+    wide = _llama(n_layers=3, vocab=64)
+    est = calc.estimate(TINY, _train(distill=calc.Distill(teacher=wide)), device="cpu")
+    assert est.breakdown["teacher/weights"] == TEACHER_WEIGHTS
 
 
 @pytest.mark.parametrize(

@@ -415,6 +415,10 @@ def _distill_cases() -> list[Case]:
                tags=k, distill=Distill(teacher=teacher("llama-2-13b"), hard_weight=1.0)),
         _train("distill-eager-gqa-qwen3", QWEN3, attention="eager", tags=k,
                distill=Distill(teacher=teacher(QWEN3, kv_heads=2))),
+        _train("distill-padded-vocab-qwen2", QWEN2, tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b", vocab=640)),
+               note="teacher vocab 640 over the student's 512 (Qwen2.5-7B vs 0.5B pad "
+               "differently): the teacher's logits are sliced, a view"),
         _train("distill-logits-dominate-llama", LLAMA, micro_batch=4, seq_len=64,
                scale=big_vocab, tags=(*Q, *k, "logits"),
                distill=Distill(teacher=teacher("llama-2-13b", **big_vocab),

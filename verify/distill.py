@@ -38,7 +38,7 @@ def kd_loss(
     """``T^2 * KL(p_teacher || p_student)`` over the flattened positions (+ hard CE)."""
     temp = d.temperature
     s = s_logits.flatten(0, 1)
-    t = t_logits.flatten(0, 1)
+    t = t_logits.flatten(0, 1)[:, : s_logits.shape[-1]]  # a larger (padded) vocab: sliced
     if temp != 1:
         s, t = s / temp, t / temp
     logp = F.log_softmax(s, dim=-1)
