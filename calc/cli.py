@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import calc
-from calc import jobs
+from calc import cli_compression, jobs
 from calc.cards import list_cards
 from calc.result import GIB
 
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dropout", type=float, help="dropout probability everywhere (default: the config's)"
     )
     train.add_argument("--zero-grad", help=f"{_choices(jobs.ZERO_GRADS)} (default after_step)")
+    cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 
     infer = p.add_argument_group("inference (--task infer)")
     infer.add_argument(
@@ -180,8 +181,8 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
         raise ValueError(f"task={args.task!r} does not take {names}")
     kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
     if args.task == "train":
-        return calc.Training(**{**DEFAULT_TRAINING, **kwargs})
-    return calc.Inference(**{**DEFAULT_INFERENCE, **kwargs})
+        return cli_compression.apply(args, calc.Training(**{**DEFAULT_TRAINING, **kwargs}))
+    return cli_compression.apply(args, calc.Inference(**{**DEFAULT_INFERENCE, **kwargs}))
 
 
 def check_output_args(args: argparse.Namespace) -> None:

@@ -102,7 +102,7 @@ def compress_weights(
             if q is not None:
                 dense = dict.__getitem__(lw, key)  # no pre-hook (calc.prune_replay's dicts)
                 tape.forget_existing(dense)
-                qw = quant.existing(tape, q, out_f, in_f, compute, j)
+                qw = quant.existing(tape, q, out_f, in_f, compute, j, sh.device)
                 values = next(t for t in qw.stored if t.storage.kind == "weight")
                 tape.quantized[id(values.storage)] = qw
                 tape.linear_hooks[id(values.storage)] = _quant_hook(qw)

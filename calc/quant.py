@@ -165,17 +165,20 @@ class QWeight:
     compute: str
     """The compute dtype (``fp32``/``bf16``/``fp16``): activations and the dense weight."""
     stored: list[Tensor]
+    device: str = "cpu"
+    """``cpu``: verify's dequantization, op by op; ``cuda``: bitsandbytes' kernel for nf4."""
 
 
 def existing(
-    tape: Tape, quant: Quant, out_f: Size, in_f: Size, compute: str, tag: object
-) -> QWeight:
+    tape: Tape, quant: Quant, out_f: Size, in_f: Size, compute: str, tag: object,
+    device: str = "cpu",
+) -> QWeight:  # fmt: skip
     """Declare the stored tensors of one quantized linear (alive before the replay)."""
     tensors = [
         tape.existing(s.numel, s.itemsize, s.name, s.kind, tag=tag)
         for s in stored_tensors(quant, out_f, in_f)
     ]
-    return QWeight(quant, out_f, in_f, compute, tensors)
+    return QWeight(quant, out_f, in_f, compute, tensors, device)
 
 
 def dequantize(tape: Tape, qw: QWeight) -> Tensor:
@@ -215,6 +218,14 @@ def dequantize(tape: Tape, qw: QWeight) -> Tensor:
 def _dequantize_nf4(tape: Tape, qw: QWeight, n: Size, it: int) -> Tensor:
     q, cd = qw.quant, qw.compute
     nb = _div(n, q.group)
+    if qw.device == "cuda":
+        # bitsandbytes ``functional.dequantize_4bit``: with nested statistics the absmax is
+        # dequantized first (``dequantize_blockwise`` -> fp32 [nb], ``+= offset`` in place),
+        # then one ``empty(shape, dtype)`` the kernel fills. Not measured on a GPU here.
+        absmax = tape.new(nb, 4, "dq.absmax") if q.double_quant else None
+        w = tape.new(n, it, "dq.w")
+        tape.drop(absmax)
+        return w
     absmax = None
     if q.double_quant:
         qa = tape.new(nb, 4, "dq.absmax")  # qabsmax.to(float32)
