@@ -6,7 +6,7 @@
   and which saves memory (``--sparse-index int64|int32``);
 * ``--keep-heads``, ``--keep-kv-heads``, ``--keep-ffn``, ``--keep-layers``: structured pruning,
   the model itself shrinks (``calc.pruned_spec``);
-* ``--teacher ID`` (``--teacher-precision``, ``--distill-temperature``,
+* ``--teacher ID`` (``--teacher-precision``, ``--teacher-quant``, ``--distill-temperature``,
   ``--distill-hard-weight``): knowledge distillation from a card's model (``calc.Distill``).
 """
 
@@ -48,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     d = p.add_argument_group("distillation (--task train)")
     d.add_argument("--teacher", metavar="ID", help="teacher model card id")
     d.add_argument("--teacher-precision", help=f"{', '.join(TEACHER_PRECISIONS)} (default bf16)")
+    d.add_argument("--teacher-quant", help="nf4, int8, int4, fp8: quantize the teacher")
     d.add_argument("--distill-temperature", type=float, help="softmax temperature (default 1)")
     d.add_argument("--distill-hard-weight", type=float, help="weight of the hard CE (default 0)")
 
@@ -77,7 +78,12 @@ def apply(
         ffn=args.keep_ffn,
         n_layers=args.keep_layers,
     )
-    distill_opts = (args.teacher_precision, args.distill_temperature, args.distill_hard_weight)
+    distill_opts = (
+        args.teacher_precision,
+        args.distill_temperature,
+        args.distill_hard_weight,
+        None if args.teacher_quant is None else calc.Quant(method=args.teacher_quant),
+    )
     if args.teacher is None and any(v is not None for v in distill_opts):
         raise ValueError("--teacher-precision/--distill-* need --teacher")
     if not isinstance(job, calc.Training):
@@ -93,7 +99,9 @@ def apply(
     if args.teacher is not None:
         kw: dict[str, object] = {"teacher": calc.load_card(args.teacher)}
         for field, value in zip(
-            ("teacher_precision", "temperature", "hard_weight"), distill_opts, strict=True
+            ("teacher_precision", "temperature", "hard_weight", "teacher_quant"),
+            distill_opts,
+            strict=True,
         ):
             if value is not None:
                 kw[field] = value

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from calc.compression import Quant
 from calc.model_spec import ModelSpec
 
 TeacherPrecision = Literal["fp32", "bf16", "fp16"]
@@ -39,6 +40,9 @@ class Distill:
     hard_weight: float = 0.0
     """Weight of the ordinary cross entropy on the targets added to the distillation loss;
     0 (default) trains on the soft targets only."""
+    teacher_quant: Quant | None = None
+    """Weight-only quantization of the teacher's decoder linears (``calc.Quant``: int8, int4,
+    nf4, fp8), computing in ``teacher_precision``; ``None`` keeps them dense."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.teacher, ModelSpec):
@@ -49,6 +53,8 @@ class Distill:
             raise ValueError(
                 f"teacher_precision={self.teacher_precision!r} is not one of {TEACHER_PRECISIONS}"
             )
+        if self.teacher_quant is not None and not isinstance(self.teacher_quant, Quant):
+            raise ValueError(f"teacher_quant={self.teacher_quant!r} must be a calc.Quant or None")
         for field, value, low_open in (
             ("temperature", self.temperature, True),
             ("hard_weight", self.hard_weight, False),

@@ -80,13 +80,20 @@ def setup(
         tied=t.tied_embeddings, weight_itemsize=itemsize, act_itemsize=itemsize,
         attention=kernel, device=device, gqa=t.n_kv_heads != t.n_heads,
     )  # fmt: skip
+    before = set(tape.live)
     w = reference.Weights(tape, sh)
     for p in w.parameters():  # frozen: requires_grad_(False), not the student's leaves
         p.leaf = False
         tape.leaves.pop(id(p.storage), None)
-        p.storage.kind, p.storage.tag, p.storage.name = TEACHER, TEACHER, "weights"
+    if d.teacher_quant is not None:  # packed linears + scales (calc.quant), as verify.compress
+        from calc.lora import compress_weights
+
+        compress_weights(tape, w, sh, None, d.teacher_quant, d.teacher_precision)
+    own = [st for key, st in tape.live.items() if key not in before]
+    per_layer = sum(int(st.size) for st in own if st.tag == 0)
+    for st in own:
+        st.kind, st.tag, st.name = TEACHER, TEACHER, "weights"
     if t.n_layers > sh.n_layers:
-        per_layer = sum(int(p.size) for p in w.layers[0].values() if p is not None)
         rest = (t.n_layers - sh.n_layers) * per_layer
         tape.existing(rest, 1, "weights", TEACHER, tag=TEACHER)
     rope = not t.learned_positions

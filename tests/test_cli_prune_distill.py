@@ -79,6 +79,7 @@ def test_teacher_reaches_the_job(capsys: pytest.CaptureFixture[str]) -> None:
         (["--keep-heads", "7"], "n_heads=7"),
         (["--task", "infer", "--teacher", "gpt2"], "--teacher"),
         (["--distill-temperature", "2"], "need --teacher"),
+        (["--teacher", "qwen2.5-32b", "--teacher-quant", "int3"], "method="),
         (["--teacher", "gpt2", "--implementation", "reference"], "vocab"),
         (["--prune", "unstructured", "--sparse-index", "int16"], "sparse_index"),
     ],

@@ -136,3 +136,13 @@ def test_not_modelled_combinations(changes: dict) -> None:
     job = _train(distill=calc.Distill(teacher=TEACHER), **changes)
     with pytest.raises(NotImplementedError):
         calc.estimate(TINY, job, device="cpu")
+
+
+def test_int8_teacher_weights_by_hand() -> None:
+    # int8 weight-only, per-row symmetric with fp32 scales (calc.Quant's int8 default), bf16
+    # compute. Each linear: int8 values + one fp32 scale per output row, each rounded to 512:
+    # q/k/v/o [16, 16]: 256 B -> 512, 16*4 = 64 B -> 512; gate/up [24, 16]: 384 -> 512,
+    # 96 -> 512; down [16, 24]: 384 -> 512, 64 -> 512: 1024 per linear, 7168 per layer,
+    # + 2 norms 1024 = 8192; 3 layers 24576 + embed 2048 + final norm 512 + head 2048 = 29184.
+    job = _train(distill=calc.Distill(teacher=TEACHER, teacher_quant=calc.Quant(method="int8")))
+    assert calc.estimate(TINY, job, device="cpu").breakdown["teacher/weights"] == 29184

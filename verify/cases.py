@@ -385,7 +385,9 @@ def _compression_cases() -> list[Case]:
 
 
 def _distill_cases() -> list[Case]:
+    from calc.compression import Quant
     from calc.distill import Distill
+    from calc.pruning import Pruning
 
     def teacher(card: str, **kw: Any) -> Any:
         kw.setdefault("layers", 3)
@@ -419,6 +421,19 @@ def _distill_cases() -> list[Case]:
                distill=Distill(teacher=teacher("qwen2.5-7b", vocab=640)),
                note="teacher vocab 640 over the student's 512 (Qwen2.5-7B vs 0.5B pad "
                "differently): the teacher's logits are sliced, a view"),
+        _train("distill-nf4-teacher-llama", LLAMA, precision="bf16", tags=(*k, "quant"),
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=128),
+                               teacher_quant=Quant(method="nf4")),
+               note="4-bit NF4 teacher (double-quantized absmax), bf16 compute"),
+        _train("distill-int8-teacher-4layers-llama3", LLAMA3, tags=(*k, "quant"),
+               distill=Distill(teacher=teacher(LLAMA3, layers=4, hidden=128),
+                               teacher_quant=Quant(method="int8"))),
+        _train("distill-int4-fp16-teacher-qwen2", QWEN2, precision="bf16", tags=(*k, "quant"),
+               distill=Distill(teacher=teacher("qwen2.5-7b"), teacher_precision="fp16",
+                               teacher_quant=Quant(method="int4", group_size=16))),
+        _train("distill-and-prune-llama", LLAMA, pruning=Pruning(), tags=(*k, "pruning"),
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=96)),
+               note="a pruned student (torch.nn.utils.prune) distilled from a dense teacher"),
         _train("distill-logits-dominate-llama", LLAMA, micro_batch=4, seq_len=64,
                scale=big_vocab, tags=(*Q, *k, "logits"),
                distill=Distill(teacher=teacher("llama-2-13b", **big_vocab),

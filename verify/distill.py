@@ -67,6 +67,10 @@ def wrap(
     dtype = TEACHER_DTYPE[d.teacher_precision]
     if dtype != torch.float32:
         teacher.to(dtype)
+    if d.teacher_quant is not None:  # packed weight-only linears, as for QLoRA's base
+        from verify import compress
+
+        compress.apply(teacher, d.teacher_quant, None, dtype)
     if not d.teacher.learned_positions:
         teacher.set_rope(job.seq_len)
     teacher.eval()
