@@ -50,13 +50,18 @@ def lora_linear(
     and allocates its output; the sum allocates the result. The intermediates die as the
     expression finishes: ``A(x)`` after ``lora_B`` ran, ``B(.)`` after the product."""
     y = _base_linear(tape, x, base, bias, rows, out_features, name)
-    ax = ops.linear(tape, x, a, None, rows, rank, f"{name}.lora_A")
+    xa = x if tape.autocast_itemsize else ops.to_dtype(tape, x, a.itemsize, f"{name}.lora_in")
+    ax = ops.linear(tape, xa, a, None, rows, rank, f"{name}.lora_A")
     bx = ops.linear(tape, ax, b, None, rows, out_features, f"{name}.lora_B")
     tape.drop(ax)
     scaled = ops.unary(tape, bx, f"{name}.lora_scale", saves="none")
     tape.drop(bx)
-    out = ops.add(tape, y, scaled, f"{name}.lora_sum")
-    tape.drop(y, scaled)
+    total = ops.add(tape, y, scaled, f"{name}.lora_sum")
+    tape.drop(scaled)
+    out = ops.to_dtype(tape, total, y.itemsize, f"{name}.lora_out")  # result.to(result dtype)
+    tape.drop(total, y)
+    if xa is not x:
+        tape.drop(xa)
     return out
 
 
@@ -86,16 +91,15 @@ def compress_weights(
         raise NotImplementedError("LoRA/quantization of GPT-2 (fused c_attn Conv1D layers)")
     if q is not None and set(q.keep_16bit) != {"embed", "norm", "lm_head"}:
         raise NotImplementedError("quantized embeddings or LM head are not modelled")
-    if lora is not None and lora.adapter_dtype not in (None, compute):
-        raise NotImplementedError(
-            f"adapter_dtype={lora.adapter_dtype!r} differing from the compute dtype {compute!r}"
-        )
+    adapter = compute if lora is None or lora.adapter_dtype is None else lora.adapter_dtype
+    if quant.ITEMSIZE[adapter] == quant.ITEMSIZE[compute] and adapter != compute:
+        raise NotImplementedError(f"adapter_dtype={adapter!r} with {compute!r} activations")
     for t in w.parameters():  # frozen base: leaves no more
         t.leaf = False
         tape.leaves.pop(id(t.storage), None)
     params: list[Tensor] = []
     shapes: list[tuple] = []
-    itemsize = quant.ITEMSIZE[compute]
+    itemsize = quant.ITEMSIZE[adapter]
     for j, lw in enumerate(w.layers):
         for key in LINEAR_KEYS:
             out_f, in_f = linear_shape(sh, key)

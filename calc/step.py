@@ -168,6 +168,10 @@ def _compress(
         )
     if job.pruning is not None or job.distill is not None:
         raise NotImplementedError("LoRA together with pruning or distillation")
+    if job.lora.adapter_dtype is not None and (amp or job.precision == "bf16-master"):
+        raise NotImplementedError(
+            f"adapter_dtype with precision={job.precision!r} is not modelled (use bf16 or fp32)"
+        )
     from calc.lora import compress_weights
 
     compute = "fp32" if job.precision == "fp32" or amp else "bf16"

@@ -14,7 +14,8 @@ What ``calc.quant`` and ``calc.lora`` replay, line by line:
   weight is a transient of one matmul, as bitsandbytes' ``MatMul4Bit`` does).
 * `LoRALinear` wraps a frozen linear: ``base(x) + B(A(x)) * (alpha / r)`` with ``A`` ``[r, in]``
   and ``B`` ``[out, r]`` trainable (Hu et al. 2021), written like peft's ``lora.Linear.forward``
-  (result first, then ``result = result + lora_B(lora_A(x)) * scaling``).
+  (result first; ``x`` cast to the adapters' dtype; ``result = result + lora_B(lora_A(x)) *
+  scaling``; the sum cast back to the result's dtype: casts that are no-ops for one dtype).
 
 `apply(model, job)` swaps the chosen linears of every decoder layer in place and freezes the
 rest. The NF4 table (QLoRA, Dettmers et al. 2023, Appendix E) and a 256-entry signed map for
@@ -230,6 +231,8 @@ class LoRALinear(nn.Module):
 
     def __init__(self, base: nn.Module, lora: LoRA, dtype: torch.dtype) -> None:
         super().__init__()
+        if lora.adapter_dtype is not None:  # peft's autocast_adapter_dtype keeps fp32 adapters
+            dtype = DTYPES[lora.adapter_dtype]
         self.base = base
         out_f = base.out_features
         in_f = base.in_features
@@ -242,10 +245,11 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base(x)
-        if self.lora_A.dtype != x.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise NotImplementedError("adapters in another dtype than the activations")
+        result_dtype = result.dtype
+        if not torch.is_autocast_enabled(x.device.type):  # peft's _cast_input_dtype
+            x = x.to(self.lora_A.dtype)
         result = result + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
-        return result
+        return result.to(result_dtype)
 
 
 def _targets(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
