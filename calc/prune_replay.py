@@ -61,6 +61,10 @@ class _PreHook:
 
         node = tape.node("Mul", rule, [mask, orig], saved=[mask])
         new = tape.output(tape.new(orig.numel, orig.itemsize, "masked_weight", PRUNING_KIND), node)
+        if tape.recomputing is not None:
+            # The recomputation re-runs the pre-hook too: its product goes to the module
+            # attribute (kept), not to the recomputation's locals (dropped when it ends).
+            tape.keep_after_recompute(new)
         old, self.weight = self.weight, new
         tape.drop(old)
         return new
@@ -87,11 +91,6 @@ class PrunedLayer(dict):
 
 def install(tape: Tape, sh: Shape, w: Weights, pruning: Pruning, model: ModelSpec) -> None:
     """Reparameterise the pruned linears of every layer of ``w`` (``pruning.removed`` False)."""
-    if sh.recompute != "none":
-        raise NotImplementedError(
-            "torch.nn.utils.prune with recompute is not modelled yet (the pre-hook re-runs in "
-            "the recomputation)"
-        )
     keys = pruning.modules_for(model)
     for j, lw in enumerate(w.layers):
         hooks = {key: _PreHook(tape, lw[key], j, pruning.kind == "2:4") for key in keys}

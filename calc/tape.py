@@ -320,6 +320,11 @@ class Tape:
             self.drop(*reg.inputs)
         return out
 
+    def keep_after_recompute(self, t: Tensor) -> None:
+        """``t``, made during a recomputation, is held beyond it (a module attribute a forward
+        pre-hook set): not one of the recomputation's locals."""
+        self._made = [m for m in self._made if m is not t]
+
     def _recompute(self, reg: Region) -> None:
         reg.done = True
         self.recomputing = reg
