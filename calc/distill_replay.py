@@ -29,7 +29,6 @@ from calc.attention import attention_kernel
 from calc.distill import TEACHER_ITEMSIZE, Distill
 from calc.graphs import reference
 from calc.jobs import Training
-from calc.model_spec import ModelSpec
 from calc.tape import Node, Size, Tape, Tensor
 
 TEACHER = "teacher"
@@ -62,13 +61,14 @@ def check(job: Training) -> None:
         raise NotImplementedError("distill together with lora/quant is not modelled yet")
 
 
-def setup(
-    tape: Tape, student: reference.Shape, model: ModelSpec, job: Training, device: str
-) -> Teacher:
+def setup(tape: Tape, student: reference.Shape, job: Training, device: str) -> Teacher:
     """The teacher's weights and RoPE tables, alive before the step (built at setup)."""
     d = job.distill
     t = d.teacher
-    vocab = S.V if t.vocab == model.vocab else t.vocab  # a larger vocabulary is sliced
+    # The teacher's vocabulary is a number of its own (the student's, V, may be smaller: the
+    # loss slices the teacher's logits); never the student's symbol, which the compiled replay
+    # shares with students of other vocabularies.
+    vocab = t.vocab
     itemsize = TEACHER_ITEMSIZE[d.teacher_precision]
     kernel = student.attention if device == "cpu" else attention_kernel(t, job)
     sh = reference.Shape(

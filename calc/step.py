@@ -89,7 +89,7 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         from calc import distill_replay
 
         distill_replay.check(job)
-        teacher = distill_replay.setup(tape, sh, model, job, device)
+        teacher = distill_replay.setup(tape, sh, job, device)
     trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.lora
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels

@@ -146,3 +146,16 @@ def test_int8_teacher_weights_by_hand() -> None:
     # + 2 norms 1024 = 8192; 3 layers 24576 + embed 2048 + final norm 512 + head 2048 = 29184.
     job = _train(distill=calc.Distill(teacher=TEACHER, teacher_quant=calc.Quant(method="int8")))
     assert calc.estimate(TINY, job, device="cpu").breakdown["teacher/weights"] == 29184
+
+
+def test_compiled_replay_is_not_shared_across_student_vocabularies() -> None:
+    # One teacher of vocab 128 over students of vocab 128 (first) and 50 (same structure, so
+    # one compiled replay): the teacher's embedding and head stay [128, 16] bf16 = 4096 B each
+    # for both; were the teacher's vocabulary the student's symbol, the second would get
+    # [50, 16] = 1600 -> 2048 B each.
+    teacher = _llama(n_layers=3, vocab=128)
+    job = _train(distill=calc.Distill(teacher=teacher))
+    wide = calc.estimate(_llama(vocab=128), job, device="cpu")
+    narrow = calc.estimate(TINY, job, device="cpu")
+    expected = TEACHER_WEIGHTS + 2 * (4096 - 2048)
+    assert wide.breakdown["teacher/weights"] == narrow.breakdown["teacher/weights"] == expected
