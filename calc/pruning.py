@@ -153,7 +153,11 @@ def semi_structured_bytes(rows: int, cols: int, value_itemsize: int) -> dict[str
       2, same bytes as 2:4): int16 ``rows x cols/8``; int8: int32 ``rows x cols/32``.
 
     So 56.25 % of dense for fp16/bf16/fp32 and 62.5 % for int8 (memory-facts.md §2.10).
-    Raises ``ValueError`` for a shape the CUTLASS backend rejects.
+    Raises ``ValueError`` for a shape the CUTLASS backend rejects. Checked on CPU against the
+    conversion function above; ``to_sparse_semi_structured`` itself runs on CUDA only (torch
+    2.13 raises "Only CUDA tensors are currently supported" on CPU), and a 2:4 matmul's
+    transients are not modelled. Training with the transposed copies (``packed_t``,
+    ``meta_t``) doubles these bytes.
     """
     _check_matrix(rows, cols)
     if value_itemsize not in SEMI_STRUCTURED_MIN_SHAPE:

@@ -313,3 +313,16 @@ def test_structured_slicing_matches_pruned_spec() -> None:
     ids = torch.zeros(1, 4, dtype=torch.long)
     model.set_rope(4)
     assert model(ids, ids).ndim == 0  # the sliced model runs
+
+
+def test_semi_structured_tensor_needs_cuda() -> None:
+    """Where the CPU backend stops (torch 2.13): ``to_sparse_semi_structured`` accepts CUDA
+    tensors only, so verify measures the 2:4 *masked* training step and the compressed sizes
+    (`test_semi_structured_measured_with_torch_cpu`), never a 2:4 matmul."""
+    torch = pytest.importorskip("torch")
+    from torch.sparse import to_sparse_semi_structured
+
+    w = torch.ones(64, 64, dtype=torch.bfloat16)
+    w.view(64, 16, 4)[:, :, 2:] = 0
+    with pytest.raises(RuntimeError, match="Only CUDA"):
+        to_sparse_semi_structured(w)
