@@ -12,6 +12,8 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import calc
 from calc.pruning import (
@@ -326,3 +328,33 @@ def test_semi_structured_tensor_needs_cuda() -> None:
     w.view(64, 16, 4)[:, :, 2:] = 0
     with pytest.raises(RuntimeError, match="Only CUDA"):
         to_sparse_semi_structured(w)
+
+
+def _r(nbytes: int) -> int:
+    return max(512, -(-nbytes // 512) * 512)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    kv=st.integers(1, 3),
+    group=st.integers(1, 3),
+    d=st.sampled_from([4, 8, 12]),
+    f=st.integers(4, 40),
+    layers=st.sampled_from([2, 6, 9]),
+    precision=st.sampled_from(["fp32", "bf16"]),
+)
+def test_prune_terms_property(
+    kv: int, group: int, d: int, f: int, layers: int, precision: str
+) -> None:
+    # For any llama shape: at the optimizer step, pruning every linear adds exactly one mask
+    # and one product per pruned weight, each r(numel * itemsize) bytes.
+    a = kv * group
+    model = _llama(hidden=a * d, n_heads=a, n_kv_heads=kv, head_dim=d, ffn=f, n_layers=layers)
+    item = 4 if precision == "fp32" else 2
+    h = a * d
+    shapes = [(a * d, h), (kv * d, h), (kv * d, h), (h, a * d), (f, h), (f, h), (h, f)]
+    extra = 2 * layers * sum(_r(o * i * item) for o, i in shapes)
+    base = calc.estimate(model, _train(precision=precision), device="cpu").phases
+    pruned = calc.estimate(model, _train(precision=precision, pruning=Pruning()), device="cpu")
+    assert pruned.phases["step2/optimizer"] - base["step2/optimizer"] == extra
+    assert pruned.peak_bytes >= max(base.values())
