@@ -136,6 +136,11 @@ def run(args: argparse.Namespace) -> int:
         )
     print()
     print("n/a: a quantized model is not fully fine-tuned; a bf16 base is LoRA, not QLoRA.")
+    print(
+        "Quantized linears run dequantize-then-matmul (one dense weight alive per matmul; NF4 as "
+        "bitsandbytes' dequantize_4bit allocates it); fused int4/fp8 GEMM kernels hold less."
+    )
+    print("Recipes are single-GPU: no tensor/pipeline/data parallelism or ZeRO sharding.")
     return 0
 
 
