@@ -161,10 +161,10 @@ def _compress(
     if job.lora is None:
         return None
     amp = job.precision.startswith("amp-")
-    if amp and (job.implementation == "hf" or job.quant is not None):
+    if amp and job.quant is not None:
         raise NotImplementedError(
-            f"precision={job.precision!r} with LoRA on implementation='hf' or with a quantized "
-            "base is not modelled yet (use bf16 or fp32)"
+            f"precision={job.precision!r} with a quantized base is not modelled yet "
+            "(use bf16 or fp32)"
         )
     if job.pruning is not None or job.distill is not None:
         raise NotImplementedError("LoRA together with pruning or distillation")

@@ -80,6 +80,12 @@ def _lora_training() -> list[Case]:
                tags=t, note="autocast re-casts frozen fp32 weights at every call (no cache: "
                "not leaves needing grad); mm saves the bf16 copy for the input's gradient"),
         _train("hf-lora-r8-fp32-llama", LLAMA, impl="hf", lora=LoRA(rank=8), tags=t),
+        _train("hf-lora-r8-amp-bf16-llama3", LLAMA3, impl="hf", precision="amp-bf16",
+               lora=LoRA(rank=8), tags=t,
+               note="the defaults of calc.Training (hf, amp-bf16) with LoRA"),
+        _train("hf-lora-qv-amp-bf16-mistral", MISTRAL, impl="hf", precision="amp-bf16",
+               lora=LoRA(rank=8, modules=("q", "v")), tags=t,
+               note="frozen k/o/MLP linears under autocast: their casts are not cached"),
         _train("hf-lora-r8-bf16-qwen2", QWEN2, impl="hf", precision="bf16", lora=LoRA(rank=8),
                tags=t),
         _train("hf-qlora-nf4-bf16-llama3", LLAMA3, impl="hf", precision="bf16",
