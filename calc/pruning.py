@@ -81,17 +81,25 @@ class Pruning:
             raise ValueError(f"removed={self.removed!r} must be a bool")
 
     def modules_for(self, model: ModelSpec) -> tuple[str, ...]:
-        """The pruned linears of ``model``'s layers; ``ValueError`` for a name it lacks."""
+        """The pruned linears of ``model``'s layers; ``ValueError`` for a name it lacks, or
+        (2:4) for a weight whose input width is not a multiple of 4."""
         own = GPT2_MODULES if model.model_type == "gpt2" else LLAMA_MODULES
-        if self.modules is None:
-            return own
-        for m in self.modules:
-            if m not in own:
-                raise ValueError(
-                    f"modules entry {m!r} does not exist in a {model.model_type} layer: "
-                    f"allowed {own}"
-                )
-        return tuple(m for m in own if m in self.modules)
+        if self.modules is not None:
+            for m in self.modules:
+                if m not in own:
+                    raise ValueError(
+                        f"modules entry {m!r} does not exist in a {model.model_type} layer: "
+                        f"allowed {own}"
+                    )
+        keys = own if self.modules is None else tuple(m for m in own if m in self.modules)
+        if self.kind == "2:4":
+            for key, (_, cols) in zip(keys, _shapes(model, keys), strict=True):
+                if cols % 4:
+                    raise ValueError(
+                        f"kind='2:4' needs the input width of {key!r} ({cols}) to be a "
+                        "multiple of 4 (two of every four weights of a row are kept)"
+                    )
+        return keys
 
 
 def pruned_nnz(numel: int, amount: float) -> int:
@@ -266,13 +274,17 @@ def storage_verdict(
 
 def pruned_shapes(model: ModelSpec, pruning: Pruning) -> list[tuple[int, int]]:
     """``(out, in)`` of each pruned weight of one layer, in the layer's order."""
+    return _shapes(model, pruning.modules_for(model))
+
+
+def _shapes(model: ModelSpec, keys: tuple[str, ...]) -> list[tuple[int, int]]:
     h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
     shape = {
         "q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
         "gate": (f, h), "up": (f, h), "down": (h, f),
         "qkv": (3 * h, h), "fc": (f, h), "proj": (h, f),
     }  # fmt: skip
-    return [shape[m] for m in pruning.modules_for(model)]
+    return [shape[m] for m in keys]
 
 
 def _check_matrix(rows: object, cols: object) -> None:

@@ -248,6 +248,15 @@ def test_pruning_modules_must_exist_in_the_model() -> None:
         calc.estimate(TINY, _train(pruning=Pruning(modules=("qkv",))), device="cpu")
 
 
+def test_two_four_needs_input_width_multiple_of_4() -> None:
+    # down_proj's input is ffn = 26: not a multiple of 4; q..up take h = 16.
+    model = _llama(ffn=26)
+    with pytest.raises(ValueError, match="'down'"):
+        calc.estimate(model, _train(pruning=Pruning(kind="2:4")), device="cpu")
+    job = _train(pruning=Pruning(kind="2:4", modules=("q", "k", "v", "o", "gate", "up")))
+    assert calc.estimate(model, job, device="cpu").peak_bytes > 0
+
+
 # ------------------------------------------------------------------ structured pruning
 
 
