@@ -45,10 +45,13 @@ def lora_linear(
 ) -> Tensor:  # fmt: skip
     """``result = base(x); result = result + lora_B(lora_A(x)) * scaling`` (peft order).
 
-    ``lora_A(x)`` saves ``x`` (A needs a gradient) and ``A`` when ``x`` needs one; ``lora_B``
-    saves ``A``'s output and ``B``; ``* scaling`` (a Python float, also when 1.0) saves nothing
-    and allocates its output; the sum allocates the result. The intermediates die as the
-    expression finishes: ``A(x)`` after ``lora_B`` ran, ``B(.)`` after the product."""
+    ``x`` is first cast to the adapters' dtype (peft's ``_cast_input_dtype``; a no-op for one
+    dtype, skipped under autocast); ``lora_A(x)`` saves ``x`` (A needs a gradient) and ``A``
+    when ``x`` needs one; ``lora_B`` saves ``A``'s output and ``B``; ``* scaling`` (a Python
+    float, also when 1.0) saves nothing and allocates its output; the sum allocates the result
+    (fp32 when the adapters are), cast back to the base's dtype (``result.to(...)``). The
+    intermediates die as the expression finishes: ``A(x)`` after ``lora_B`` ran, ``B(.)``
+    after the product."""
     y = _base_linear(tape, x, base, bias, rows, out_features, name)
     xa = x if tape.autocast_itemsize else ops.to_dtype(tape, x, a.itemsize, f"{name}.lora_in")
     ax = ops.linear(tape, xa, a, None, rows, rank, f"{name}.lora_A")

@@ -8,10 +8,31 @@ ffn 176 for llama-2, 224 for llama-3/mistral, 344 for qwen2, 320 for qwen3).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from calc.compression import LoRA, Quant
-from verify.cases import LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, _infer, _train
+
+if TYPE_CHECKING:
+    from verify.cases import Case
 
 Q = ("quick",)
+LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3 = (
+    "llama-2-7b", "llama-3.1-8b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen3-32b",
+)  # fmt: skip
+"""The cards of `verify.cases` (LLAMA, LLAMA3, ...), repeated: verify.cases imports this module
+while it is being built, so this module imports its helpers only when called."""
+
+
+def _train(name: str, card: str, **kw) -> Case:
+    from verify.cases import _train as train
+
+    return train(name, card, **kw)
+
+
+def _infer(name: str, card: str, **kw) -> Case:
+    from verify.cases import _infer as infer
+
+    return infer(name, card, **kw)
 
 
 def _quant_inference() -> list[Case]:
