@@ -102,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
                     "recipe": None if r is None else report.describe(r.job),
                     "peak_phase": None if r is None else r.peak_phase,
                     "searched": None if r is None else r.searched,
+                    "breakdown": None if r is None else dict(r.parts),
                 }
                 for (t, w), r in cells.items()
             ],
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
             f"  {TASK_LABELS[t]}, {w}: {r.peak_bytes / GIB:.2f} GiB at {r.peak_phase}; "
             f"{report.describe(r.job)} (best of {r.searched}); fits {smallest_gpu(r.peak_bytes)}"
         )
+        shares = ", ".join(f"{k} {n / GIB:.2f}" for k, n in r.parts if n >= GIB // 100)
+        print(f"      at the peak (GiB): {shares}")
     print()
     print("n/a: a quantized model is not fully fine-tuned; a bf16 base is LoRA, not QLoRA.")
     print(

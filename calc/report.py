@@ -20,7 +20,7 @@ SDPA kernel CUDA picks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from calc.compression import LoRA, Quant
 from calc.estimate import estimate
@@ -64,6 +64,9 @@ class Recipe:
     """Bytes of weights at the peak (quantized values, scales, adapters included)."""
     searched: int
     """How many candidate recipes were estimated for this cell."""
+    parts: tuple[tuple[str, int], ...] = ()
+    """The top level of the breakdown at the peak (``weights``, ``kv_cache``, ``activations``,
+    ``optimizer``, ...), bytes, largest first."""
 
 
 def candidates(
@@ -121,14 +124,13 @@ def best(
     for job in jobs:
         est = estimate(model, job, device=device)
         if found is None or est.peak_bytes < found.peak_bytes:
-            weights = int(est.breakdown.get("weights", 0))
-            found = Recipe(task, width, job, int(est.peak_bytes), est.peak_phase, weights, 0)
+            top = {k: int(v) for k, v in est.breakdown.items() if "/" not in k and k != "total"}
+            parts = tuple(sorted(top.items(), key=lambda kv: -kv[1]))
+            weights = top.get("weights", 0)
+            found = Recipe(task, width, job, int(est.peak_bytes), est.peak_phase, weights, 0, parts)
     if found is None:
         return None
-    return Recipe(
-        found.task, found.width, found.job, found.peak_bytes, found.peak_phase,
-        found.weights_bytes, len(jobs),
-    )  # fmt: skip
+    return replace(found, searched=len(jobs))
 
 
 def report(
