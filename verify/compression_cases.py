@@ -39,7 +39,7 @@ def _quant_inference() -> list[Case]:
     t = ("quant",)
     return [
         _infer("quant-int8-row-infer-llama", LLAMA, batch=2, context=64, precision="bf16",
-               quant=Quant(method="int8"), tags=(*Q, *t),
+               quant=Quant(method="int8"), tags=t,
                note="per-row symmetric int8, fp32 scales (bitsandbytes' SCB layout)"),
         _infer("quant-int8-g32-zp-infer-llama3", LLAMA3, batch=2, context=64, precision="fp32",
                quant=Quant(method="int8", group_size=32, zero_point=True, scale_dtype="bf16"),
@@ -50,7 +50,7 @@ def _quant_inference() -> list[Case]:
         _infer("quant-int4-sym-g8-infer-qwen2", QWEN2, batch=2, context=64, precision="fp16",
                quant=Quant(method="int4", group_size=8, zero_point=False), tags=t),
         _infer("quant-nf4-infer-qwen3", QWEN3, batch=2, context=64, precision="bf16",
-               quant=Quant(method="nf4"), tags=(*Q, *t)),
+               quant=Quant(method="nf4"), tags=t),
         _infer("quant-nf4-nodq-infer-mistral", MISTRAL, batch=2, context=64, precision="fp32",
                quant=Quant(method="nf4", double_quant=False), tags=t),
         _infer("quant-fp8-tensor-infer-llama", LLAMA, batch=2, context=64, precision="bf16",
@@ -83,7 +83,7 @@ def _kv_quant_inference() -> list[Case]:
 def _lora_training() -> list[Case]:
     t = ("lora",)
     return [
-        _train("lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8), tags=(*Q, *t),
+        _train("lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8), tags=t,
                note="adapters on all seven linears; frozen base keeps no linear inputs"),
         _train("lora-r4-qv-bf16-llama3", LLAMA3, precision="bf16",
                lora=LoRA(rank=4, modules=("q", "v")), tags=t),
