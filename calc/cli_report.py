@@ -75,6 +75,25 @@ def smallest_gpu(peak_bytes: int) -> str:
     return "none of one GPU (shard it)"
 
 
+def _cell_json(task: str, width: str, r: object) -> dict:
+    """One cell as JSON: the recipe, or ``applies: false``, or the reasons nothing ran."""
+    if r is None:
+        return {"task": task, "width": width, "applies": False}
+    if isinstance(r, report.Unavailable):
+        return {"task": task, "width": width, "applies": True, "not_modelled": list(r.reasons)}
+    return {
+        "task": task,
+        "width": width,
+        "applies": True,
+        "peak_bytes": r.peak_bytes,
+        "peak_gib": r.peak_bytes / GIB,
+        "recipe": report.describe(r.job),
+        "peak_phase": r.peak_phase,
+        "searched": r.searched,
+        "breakdown": dict(r.parts),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from calc.cli import load_model
 
@@ -93,19 +112,7 @@ def run(args: argparse.Namespace) -> int:
             "batch": args.batch,
             "seq_len": args.seq_len,
             "device": args.device,
-            "cells": [
-                {
-                    "task": t,
-                    "width": w,
-                    "peak_bytes": None if r is None else r.peak_bytes,
-                    "peak_gib": None if r is None else r.peak_bytes / GIB,
-                    "recipe": None if r is None else report.describe(r.job),
-                    "peak_phase": None if r is None else r.peak_phase,
-                    "searched": None if r is None else r.searched,
-                    "breakdown": None if r is None else dict(r.parts),
-                }
-                for (t, w), r in cells.items()
-            ],
+            "cells": [_cell_json(t, w, r) for (t, w), r in cells.items()],
         }
         print(json.dumps(out, indent=2))
         return 0
@@ -123,13 +130,21 @@ def run(args: argparse.Namespace) -> int:
         row = f"{TASK_LABELS[t]:18}"
         for w in report.WIDTHS:
             r = cells[(t, w)]
-            row += f"{'n/a':>12}" if r is None else f"{r.peak_bytes / GIB:>8.2f} GiB"
+            if r is None:
+                row += f"{'n/a':>12}"
+            elif isinstance(r, report.Unavailable):
+                row += f"{'not modelled':>12}"
+            else:
+                row += f"{r.peak_bytes / GIB:>8.2f} GiB"
         print(row)
     print()
     print("recipes (the least of the candidates searched; every estimate is calc's replay of")
     print("verify's plain-PyTorch model, whose quantized linears and adapters verify measures):")
     for (t, w), r in cells.items():
         if r is None:
+            continue
+        if isinstance(r, report.Unavailable):
+            print(f"  {TASK_LABELS[t]}, {w}: not modelled: {'; '.join(r.reasons)}")
             continue
         print(
             f"  {TASK_LABELS[t]}, {w}: {r.peak_bytes / GIB:.2f} GiB at {r.peak_phase}; "

@@ -69,6 +69,17 @@ class Recipe:
     ``optimizer``, ...), bytes, largest first."""
 
 
+@dataclass(frozen=True, slots=True)
+class Unavailable:
+    """A cell that applies but where no candidate could be estimated, and why."""
+
+    task: str
+    width: str
+    reasons: tuple[str, ...]
+    """One line per skipped candidate kind: a group size that does not divide the model's
+    linears (``ValueError``), or what the cost model does not cover (``NotImplementedError``)."""
+
+
 def candidates(
     task: str, width: str, *, batch: int, seq_len: int, lora_rank: int
 ) -> list[Training | Inference]:
@@ -110,39 +121,47 @@ def candidates(
 def best(
     model: ModelSpec, task: str, width: str, *, batch: int = 1, seq_len: int = 4096,
     lora_rank: int = 16, device: str = "cuda",
-) -> Recipe | None:  # fmt: skip
-    """The least-peak recipe of one cell, or ``None`` where the width does not apply."""
-    jobs = []
-    for job in candidates(task, width, batch=batch, seq_len=seq_len, lora_rank=lora_rank):
-        try:  # a format whose group size does not divide this model's linears is skipped
+) -> Recipe | Unavailable | None:  # fmt: skip
+    """The least-peak recipe of one cell; ``None`` where the width does not apply;
+    `Unavailable` where it applies but no candidate can be estimated for this model.
+    Candidates that cannot be (a group size that does not divide the model's linears, a
+    combination the cost model does not cover) are skipped and named."""
+    jobs = candidates(task, width, batch=batch, seq_len=seq_len, lora_rank=lora_rank)
+    if not jobs:
+        return None
+    found: Recipe | None = None
+    reasons: dict[str, None] = {}
+    searched = 0
+    for job in jobs:
+        try:
             if job.quant is not None:
                 check_fits(model, job.quant)
-        except ValueError:
+            est = estimate(model, job, device=device)
+        except (ValueError, NotImplementedError) as exc:
+            reasons[str(exc)] = None
             continue
-        jobs.append(job)
-    found: Recipe | None = None
-    for job in jobs:
-        est = estimate(model, job, device=device)
+        searched += 1
         if found is None or est.peak_bytes < found.peak_bytes:
             top = {k: int(v) for k, v in est.breakdown.items() if "/" not in k and k != "total"}
             parts = tuple(sorted(top.items(), key=lambda kv: -kv[1]))
             weights = top.get("weights", 0)
             found = Recipe(task, width, job, int(est.peak_bytes), est.peak_phase, weights, 0, parts)
     if found is None:
-        return None
-    return replace(found, searched=len(jobs))
+        return Unavailable(task, width, tuple(reasons))
+    return replace(found, searched=searched)
 
 
 def report(
     model: ModelSpec, *, batch: int = 1, seq_len: int = 4096, lora_rank: int = 16,
     device: str = "cuda", tasks: tuple[str, ...] = TASKS,
-) -> dict[tuple[str, str], Recipe | None]:  # fmt: skip
-    """Every cell of the report: ``(task, width) -> Recipe`` (``None``: does not apply)."""
+) -> dict[tuple[str, str], Recipe | Unavailable | None]:  # fmt: skip
+    """Every cell of the report: ``(task, width) -> Recipe`` (``None``: does not apply;
+    `Unavailable`: applies, but nothing could be estimated for this model)."""
     for name, value, high in (("batch", batch, 1 << 20), ("seq_len", seq_len, 1 << 24),
                               ("lora_rank", lora_rank, 1 << 16)):  # fmt: skip
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
             raise ValueError(f"{name}={value!r} must be an integer in [1, {high}]")
-    out: dict[tuple[str, str], Recipe | None] = {}
+    out: dict[tuple[str, str], Recipe | Unavailable | None] = {}
     for task in tasks:
         for width in WIDTHS:
             out[(task, width)] = best(
