@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         f"batch {args.batch}, {args.seq_len} tokens; GiB = 2^30 bytes"
     )
     print()
-    head = f"{'':18}" + "".join(f"{w:>12}" for w in report.WIDTHS)
+    head = f"{'':18}" + "".join(f"{w:>14}" for w in report.WIDTHS)
     print(head)
     print("-" * len(head))
     for t in tasks:
@@ -131,11 +131,11 @@ def run(args: argparse.Namespace) -> int:
         for w in report.WIDTHS:
             r = cells[(t, w)]
             if r is None:
-                row += f"{'n/a':>12}"
+                row += f"{'n/a':>14}"
             elif isinstance(r, report.Unavailable):
-                row += f"{'not modelled':>12}"
+                row += f"{'not modelled':>14}"
             else:
-                row += f"{r.peak_bytes / GIB:>8.2f} GiB"
+                row += f"{r.peak_bytes / GIB:>10.2f} GiB"
         print(row)
     print()
     print("recipes (the least of the candidates searched; every estimate is calc's replay of")
