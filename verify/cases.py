@@ -352,7 +352,7 @@ def _pruning_cases() -> list[Case]:
     out = [
         _train("prune-l1-llama", LLAMA, pruning=l1, tags=(*Q, *p),
                note="weight_orig + weight_mask + the pre-hook's product: memory goes up"),
-        _train("prune-removed-llama", LLAMA, pruning=Pruning(removed=True), tags=(*Q, *p),
+        _train("prune-removed-llama", LLAMA, pruning=Pruning(removed=True), tags=p,
                note="after prune.remove: dense with zeros, the same bytes as unpruned"),
         _train("prune-l1-gpt2", GPT2, pruning=l1, dropout=0.0, tags=p),
         _train("prune-l1-qwen2-for-loop", QWEN2, pruning=l1, optimizer_impl="for-loop",
@@ -442,7 +442,7 @@ def _distill_cases() -> list[Case]:
                distill=Distill(teacher=teacher("llama-2-13b", hidden=96)),
                note="a pruned student (torch.nn.utils.prune) distilled from a dense teacher"),
         _train("distill-logits-dominate-llama", LLAMA, micro_batch=4, seq_len=64,
-               scale=big_vocab, tags=(*Q, *k, "logits"),
+               scale=big_vocab, tags=(*k, "logits"),
                distill=Distill(teacher=teacher("llama-2-13b", **big_vocab),
                                teacher_precision="fp32"),
                note="vocab 4096: teacher logits, probabilities and the KL temporaries dominate"),
