@@ -3,7 +3,8 @@
 Before the step: the teacher's weights (``teacher_precision``, no gradients, no optimizer
 states) and its RoPE tables ``[s, d_t]``. Each micro-batch:
 
-1. the teacher's forward under ``torch.no_grad()`` (`teacher_logits`): every layer's tensors
+1. the teacher's forward under ``torch.inference_mode()`` (or ``no_grad``: the same storages,
+   measured) (`teacher_logits`): every layer's tensors
    die as soon as their Python reference does (nothing is saved), so a layer costs its
    largest transient once and the teacher's logits ``[b*s, V_teacher]`` are what is left
    (a teacher with a larger, padded vocabulary is sliced to the student's, a view);
