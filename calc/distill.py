@@ -1,7 +1,7 @@
 """Knowledge distillation: a frozen teacher beside the trained student (the config).
 
 ``calc.Training(..., distill=calc.Distill(teacher=calc.load_card("qwen2.5-7b")))``: each
-micro-batch first runs the teacher's forward under ``torch.no_grad()`` (weights in
+micro-batch first runs the teacher's forward under ``torch.inference_mode()`` (weights in
 ``teacher_precision``, no gradients, no optimizer states, no saved activations), holds its
 logits, then runs the student and the loss of Hinton et al. 2015 ("Distilling the Knowledge in
 a Neural Network", arXiv 1503.02531, §2):

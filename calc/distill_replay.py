@@ -104,7 +104,7 @@ def setup(tape: Tape, student: reference.Shape, job: Training, device: str) -> T
 
 
 def teacher_logits(tape: Tape, teacher: Teacher) -> Tensor:
-    """``F.linear(teacher.hidden_states(ids), teacher.head_weight())`` under ``no_grad``."""
+    """``F.linear(teacher.hidden_states(ids), teacher.head_weight())`` under inference mode (grad off)."""
     sh, w = teacher.sh, teacher.w
     n = sh.b * sh.s
     segment, grad = tape.segment, tape.grad_enabled
