@@ -98,10 +98,17 @@ def test_temperature_and_hard_loss_never_cost_less() -> None:
     assert plain.peak_bytes <= hot.peak_bytes <= both.peak_bytes
 
 
+def test_teacher_by_card_id() -> None:
+    d = calc.Distill(teacher="qwen2.5-32b")
+    assert d.teacher.n_params == 32_763_876_352  # the card's published count
+    with pytest.raises(ValueError, match="not a known model card"):
+        calc.Distill(teacher="qwen-9000")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
-        ({"teacher": "gpt2"}, "teacher"),
+        ({"teacher": 7}, "teacher"),
         ({"teacher": TEACHER, "teacher_precision": "int8"}, "teacher_precision"),
         ({"teacher": TEACHER, "temperature": 0}, "temperature"),
         ({"teacher": TEACHER, "temperature": True}, "temperature"),
