@@ -72,6 +72,10 @@ def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
         if isinstance(job, Training) and job.optimizer == "adam8bit"
         else ()
     )
+    if small_params and job.lora is not None:  # LoRA trains the adapters: decide for them
+        from calc.lora import adapter_numels
+
+        small_params = tuple(n < 4096 for n in adapter_numels(model, job.lora))
     return (
         heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
         prompt_one, window_in_context, small_params,

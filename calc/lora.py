@@ -39,6 +39,20 @@ def linear_shape(sh: Shape, key: str) -> tuple[Size, Size]:
     }[key]  # fmt: skip
 
 
+def adapter_numels(model: object, lora: LoRA) -> tuple[int, ...]:
+    """Elements of one layer's adapters, ``A`` then ``B`` per module, for a ``calc.ModelSpec``
+    (what 8-bit Adam's ``min_8bit_size`` decides on)."""
+    h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
+    shapes = {"q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
+              "gate": (f, h), "up": (f, h), "down": (h, f)}  # fmt: skip
+    out: list[int] = []
+    for key in LINEAR_KEYS:
+        if key in lora.modules:
+            out_f, in_f = shapes[key]
+            out += [lora.rank * in_f, out_f * lora.rank]
+    return tuple(out)
+
+
 def lora_linear(
     tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, rank: Size,
     rows: Size, out_features: Size, name: str,

@@ -225,3 +225,20 @@ def test_tiny_kv_cache_quantized_costs_more():
     b16 = calc.estimate(LLAMA, _infer_ctx(2, None), device="cpu").breakdown["kv_cache"]
     i8 = calc.estimate(LLAMA, _infer_ctx(2, "int8"), device="cpu").breakdown["kv_cache"]
     assert (b16, i8) == (2 * 2 * 512, 2 * 2 * 1024)
+
+
+def test_8bit_adam_decides_per_adapter_size_for_each_model():
+    # bitsandbytes keeps fp32 states for tensors under 4096 elements (min_8bit_size). Rank 8 on
+    # q only: A [8, h], B [h, 8]. h = 64: 512 elements each -> fp32 state1/state2, 2 x 512 x 4 B
+    # = 4096 B per tensor. h = 1024: 8192 elements -> uint8 states 8192 B each + fp32 absmax per
+    # 256-element block (32 x 4 = 128 B -> 512). The same structure, two models: no stale compile.
+    lora = calc.LoRA(rank=8, modules=("q",))
+    kw = {"micro_batch": 1, "seq_len": 8, "precision": "bf16", "optimizer": "adam8bit",
+          "implementation": "reference", "lora": lora}  # fmt: skip
+    small = scaled_spec("llama-2-7b", layers=1)
+    large = scaled_spec("llama-2-7b", layers=1, hidden=1024)
+    for spec, per_tensor in ((small, 2 * 512 * 4), (large, 2 * 8192 + 2 * 512)):
+        est = calc.estimate(spec, calc.Training(**kw), device="cpu")
+        states = sum(v for k, v in est.breakdown.items() if k.count("/") == 1 and
+                     k.startswith("optimizer/"))  # fmt: skip
+        assert states == 2 * per_tensor, spec.hidden
