@@ -15,6 +15,11 @@ states) and its RoPE tables ``[s, d_t]``. Each micro-batch:
    the difference are three more logits-sized temporaries), ``/ rows`` (``batchmean``), and
    ``T != 1`` divisions, ``T^2`` and the hard cross entropy when asked.
 
+Under ``amp-bf16`` the teacher's forward runs inside the student's autocast too (its frozen
+weights, not leaves that need grad, are cast at every call) and ``kl_div``, on autocast's fp32
+list, casts its input and target to fp32 (`kl_div_batchmean`). ``amp-fp16`` is refused: its
+GradScaler skips steps whose gradients overflow, which the fp16 KD loss did when measured.
+
 The teacher's layers are identical and hold nothing across layers under ``no_grad``, so two of
 them are replayed and the weights of the others are one storage of their summed bytes (each
 tensor rounded as allocated). Teacher tensors are tagged ``teacher`` (never a student layer).
@@ -53,10 +58,16 @@ def check(job: Training) -> None:
     """Raise ``NotImplementedError`` for a distillation job the replay does not cover."""
     if job.implementation != "reference":
         raise NotImplementedError("distill with implementation='hf' is not modelled yet")
-    if job.precision.startswith("amp-"):
+    if job.precision == "amp-fp16":
         raise NotImplementedError(
-            f"distill with precision={job.precision!r} is not modelled yet (autocast would "
-            "also cast the teacher's forward and the loss)"
+            "distill with precision='amp-fp16' is not modelled: GradScaler skips optimizer "
+            "steps whose gradients overflow (measured: the fp16 KD loss at the initial scale "
+            "65536 skipped a step, so no optimizer states), a data-dependent path"
+        )
+    if job.precision.startswith("amp-") and job.distill.teacher_quant is not None:
+        raise NotImplementedError(
+            f"distill with a quantized teacher under precision={job.precision!r} is not "
+            "modelled yet"
         )
     if job.lora is not None or job.quant is not None:
         raise NotImplementedError("distill together with lora/quant is not modelled yet")
@@ -150,7 +161,17 @@ def _promoted(a: int, b: int, same_dtype: bool) -> int:
 
 def kl_div_batchmean(tape: Tape, logp: Tensor, p_t: Tensor, rows: Size, same: bool) -> Tensor:
     """``F.kl_div(logp, p_t, reduction="batchmean")``: ``torch.kl_div(..., sum)`` then
-    ``/ rows``; ``at::kl_div`` is ``xlogy(t, t) - t * input`` (product first, as traced)."""
+    ``/ rows``; ``at::kl_div`` is ``xlogy(t, t) - t * input`` (product first, as traced).
+
+    Under autocast ``kl_div`` is on the fp32 list (CPU and CUDA): its input, then its target,
+    are cast to fp32 first (the input's cast casts the gradient back in backward; the target's
+    copy is what the product saves); both casts die when the op returns. Traced on torch 2.13
+    CPU: ``log_softmax`` and ``softmax`` themselves stay in bf16 there."""
+    casts: list[Tensor] = []
+    if tape.autocast_itemsize:
+        logp = ops.to_dtype(tape, logp, 4, "kl.input.float")
+        p_t = ops.to_dtype(tape, p_t, 4, "kl.target.float")
+        casts, same = [logp, p_t], True
     out_itemsize = _promoted(logp.itemsize, p_t.itemsize, same)
     prod = ops.mul(tape, p_t, logp, "kl.t_logp", out_itemsize=out_itemsize)  # saves p_t
     xlogy = tape.new(p_t.numel, p_t.itemsize, "kl.xlogy")  # target needs no grad: no node
@@ -168,7 +189,7 @@ def kl_div_batchmean(tape: Tape, logp: Tensor, p_t: Tensor, rows: Size, same: bo
 
     n = tape.node("Sum", sum_rule, [diff], numel=diff.numel)
     total = tape.output(tape.new(1, out_itemsize, "kl.sum"), n)
-    tape.drop(diff)
+    tape.drop(diff, *casts)
     loss = _scalar_op(tape, total, "kl.batchmean")
     tape.drop(total)
     return loss

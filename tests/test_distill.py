@@ -137,7 +137,7 @@ def test_larger_teacher_vocab_costs_its_embedding_and_head() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"implementation": "hf"}, {"precision": "amp-bf16"}],
+    [{"implementation": "hf"}, {"precision": "amp-fp16"}],
 )
 def test_not_modelled_combinations(changes: dict) -> None:
     job = _train(distill=calc.Distill(teacher=TEACHER), **changes)
@@ -166,3 +166,15 @@ def test_compiled_replay_is_not_shared_across_student_vocabularies() -> None:
     narrow = calc.estimate(TINY, job, device="cpu")
     expected = TEACHER_WEIGHTS + 2 * (4096 - 2048)
     assert wide.breakdown["teacher/weights"] == narrow.breakdown["teacher/weights"] == expected
+
+
+def test_amp_bf16_kl_casts_to_fp32() -> None:
+    # Under amp-bf16 the student's logits [8, 50] are bf16 (800 B -> 1024); kl_div casts its
+    # input and target to fp32 (1600 B -> 2048 each) before the product, the xlogy and the
+    # difference (fp32, 2048 each). So amp-bf16's distillation loss can never be cheaper than
+    # its bf16 logits alone would make it: the forward phase holds at least one fp32 cast.
+    job = _train(precision="amp-bf16", distill=calc.Distill(teacher=TEACHER))
+    est = calc.estimate(TINY, job, device="cpu")
+    assert est.breakdown["teacher/weights"] == TEACHER_WEIGHTS
+    plain = calc.estimate(TINY, _train(precision="amp-bf16"), device="cpu")
+    assert est.phases["step2/forward"] - plain.phases["step2/forward"] >= TEACHER_WEIGHTS + 2048
