@@ -37,7 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prune-removed", action="store_true", help="prune.remove ran: dense with zeros"
     )
-    g.add_argument("--sparse-index", default="int64", help=f"{', '.join(INDEX_DTYPES)}")
+    g.add_argument(
+        "--sparse-index", default="int64", help=f"{', '.join(INDEX_DTYPES)} (CSR; COO is int64)"
+    )
     for name, what in (
         ("heads", "query heads"),
         ("kv-heads", "key/value heads"),

@@ -123,8 +123,10 @@ def sparse_bytes(
       ``crow_indices`` (rows+1)*idx.
     * ``coo`` (``Tensor.to_sparse``): ``values`` nnz*itemsize, ``indices`` [2, nnz]*idx.
 
-    Index dtype: torch builds int64 indices; int32 is what ``to_sparse_csr`` keeps when the
-    indices are int32 (``torch.sparse_csr_tensor(..., crow.int(), col.int())``).
+    Index dtype: torch builds int64 indices; a CSR tensor keeps int32 ones when built from
+    them (``torch.sparse_csr_tensor(crow.int(), col.int(), ...)``); COO indices are always
+    int64 (``torch.sparse_coo_tensor`` converts int32 indices, checked on torch 2.13), so
+    ``index_dtype`` applies to CSR only.
     Source: the layouts in ``aten/src/ATen/SparseCsrTensorImpl.h`` / ``SparseTensorImpl.h``.
     """
     _check_matrix(rows, cols)
@@ -143,7 +145,7 @@ def sparse_bytes(
             "col_indices": nnz * idx,
             "crow_indices": (rows + 1) * idx,
         }
-    return {"values": nnz * value_itemsize, "indices": 2 * nnz * idx}
+    return {"values": nnz * value_itemsize, "indices": 2 * nnz * INDEX_ITEMSIZE["int64"]}
 
 
 SEMI_STRUCTURED_MIN_SHAPE = {1: (16, 128), 2: (32, 64), 4: (32, 32)}
@@ -202,7 +204,7 @@ def break_even_nnz(
     if idx is None:
         raise ValueError(f"index_dtype={index_dtype!r} is not one of {INDEX_DTYPES}")
     fixed = (rows + 1) * idx if fmt == "csr" else 0
-    per_nnz = value_itemsize + (idx if fmt == "csr" else 2 * idx)
+    per_nnz = value_itemsize + (idx if fmt == "csr" else 2 * INDEX_ITEMSIZE["int64"])
     # largest nnz with fixed + nnz * per_nnz < dense
     room = dense - fixed
     return min(rows * cols, (room - 1) // per_nnz) if room > 0 else -1

@@ -65,6 +65,8 @@ def test_csr_and_coo_bytes_by_hand() -> None:
     assert sparse_bytes(4, 8, 10, "dense", 4) == {"values": 128}
     # int32 CSR: col 10*4 = 40, crow 5*4 = 20.
     assert sum(sparse_bytes(4, 8, 10, "csr", 4, "int32").values()) == 40 + 40 + 20
+    # COO indices are int64 whatever is asked (torch converts them): still 160.
+    assert sparse_bytes(4, 8, 10, "coo", 4, "int32") == {"values": 40, "indices": 160}
 
 
 def test_break_even_by_hand() -> None:
@@ -74,8 +76,9 @@ def test_break_even_by_hand() -> None:
     assert break_even_nnz(4, 8, "coo", 4) == 6
     # CSR int32: 8*nnz + 20 < 128 -> nnz <= 13 (124; 14 -> 132).
     assert break_even_nnz(4, 8, "csr", 4, "int32") == 13
-    # bf16 COO int64: 18*nnz < 64 -> nnz <= 3 (54; 4 -> 72).
+    # bf16 COO int64: 18*nnz < 64 -> nnz <= 3 (54; 4 -> 72); the same with int32 asked.
     assert break_even_nnz(4, 8, "coo", 2) == 3
+    assert break_even_nnz(4, 8, "coo", 2, "int32") == 3
     # 1 x 1 bf16 CSR int64: 2 B dense; crow alone is 16 B: never saves.
     assert break_even_nnz(1, 1, "csr", 2) == -1
 
@@ -145,6 +148,18 @@ def test_storage_measured_with_torch() -> None:
         coo = dense.to_sparse().coalesce()
         got = {"values": coo.values().nbytes, "indices": coo.indices().nbytes}
         assert got == sparse_bytes(rows, cols, nnz, "coo", item)
+        csr32 = torch.sparse_csr_tensor(
+            csr.crow_indices().int(), csr.col_indices().int(), csr.values(), (rows, cols)
+        )
+        got = {
+            "values": csr32.values().nbytes,
+            "col_indices": csr32.col_indices().nbytes,
+            "crow_indices": csr32.crow_indices().nbytes,
+        }
+        assert got == sparse_bytes(rows, cols, nnz, "csr", item, "int32")
+        coo32 = torch.sparse_coo_tensor(coo.indices().int(), coo.values(), (rows, cols))
+        got = {"values": coo32._values().nbytes, "indices": coo32._indices().nbytes}
+        assert got == sparse_bytes(rows, cols, nnz, "coo", item, "int32")
 
 
 def test_semi_structured_measured_with_torch_cpu() -> None:
