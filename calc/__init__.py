@@ -8,23 +8,32 @@
 
 from calc.attention import attention_kernel
 from calc.cards import list_cards, load_card, load_card_config, published_params
+from calc.compression import LoRA, Quant
+from calc.distill import Distill
 from calc.estimate import estimate, values_for
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec, ParamTensor
+from calc.pruning import Pruning, pruned_spec, storage_verdict
 from calc.result import GIB, Estimate
 
 __all__ = [
     "GIB",
+    "Distill",
     "Estimate",
     "Inference",
+    "LoRA",
     "ModelSpec",
     "ParamTensor",
+    "Pruning",
+    "Quant",
     "Training",
     "attention_kernel",
     "estimate",
     "list_cards",
     "load_card",
     "load_card_config",
+    "pruned_spec",
     "published_params",
+    "storage_verdict",
     "values_for",
 ]

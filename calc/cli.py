@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import calc
-from calc import jobs
+from calc import cli_compression, jobs
 from calc.cards import list_cards
 from calc.result import GIB
 
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dropout", type=float, help="dropout probability everywhere (default: the config's)"
     )
     train.add_argument("--zero-grad", help=f"{_choices(jobs.ZERO_GRADS)} (default after_step)")
+    cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 
     infer = p.add_argument_group("inference (--task infer)")
     infer.add_argument(
@@ -127,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.add_argument("--prompt", type=int, help="tokens in the prefill (default: --context)")
 
+    from calc import cli_prune_distill
+
+    cli_prune_distill.add_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument(
         "--device",
@@ -177,8 +181,8 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
         raise ValueError(f"task={args.task!r} does not take {names}")
     kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
     if args.task == "train":
-        return calc.Training(**{**DEFAULT_TRAINING, **kwargs})
-    return calc.Inference(**{**DEFAULT_INFERENCE, **kwargs})
+        return cli_compression.apply(args, calc.Training(**{**DEFAULT_TRAINING, **kwargs}))
+    return cli_compression.apply(args, calc.Inference(**{**DEFAULT_INFERENCE, **kwargs}))
 
 
 def check_output_args(args: argparse.Namespace) -> None:
@@ -269,6 +273,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_args(args)
     model, label = load_model(args)
     job = build_job(args)
+    from calc import cli_prune_distill
+
+    model, job = cli_prune_distill.apply(args, model, job)
+    stored = cli_prune_distill.storage(args, model, job)
     est = calc.estimate(model, job, device=args.device)
     peak = int(est.peak_bytes)
     fits, headroom, sentence = verdict(peak, args.gpu_gib)
@@ -292,7 +300,9 @@ def run(args: argparse.Namespace) -> int:
         }
         if args.latex:
             out["latex"] = est.latex()
-        print(json.dumps(out, indent=2))
+        if stored is not None:
+            out["pruned_storage"] = cli_prune_distill.storage_json(stored)
+        print(json.dumps(out, indent=2, default=str))
         return 0
 
     job_desc = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(job).items())
@@ -304,6 +314,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"peak phase: {est.peak_phase} (at {est.peak_event})")
     print(f"peak:       {format_gib(peak)} ({peak:,} bytes)")
     print(f"verdict:    {sentence}")
+    if stored is not None:
+        print()
+        print("\n".join(cli_prune_distill.storage_lines(stored, GIB)))
     if args.latex:
         print()
         print(f"peak = {est.latex()}")
@@ -313,12 +326,17 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m calc``: 0 on success, 2 on bad input or a job the cost model
     does not cover (one line on stderr, no traceback). ``python -m calc plan ...`` runs the
-    capacity planner (``calc.plan_cli``)."""
+    capacity planner (``calc.plan_cli``); ``report`` runs `calc.cli_report` (least memory per
+    task and weight width)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plan"]:
         from calc.plan_cli import main as plan_main
 
         return plan_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from calc import cli_report
+
+        return cli_report.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_cards:
         print("\n".join(list_cards()))

@@ -72,6 +72,10 @@ def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
         if isinstance(job, Training) and job.optimizer == "adam8bit"
         else ()
     )
+    if small_params and job.lora is not None:  # LoRA trains the adapters: decide for them
+        from calc.lora import adapter_numels
+
+        small_params = tuple(n < 4096 for n in adapter_numels(model, job.lora))
     return (
         heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
         prompt_one, window_in_context, small_params,
@@ -136,6 +140,14 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    if isinstance(job, Training) and job.pruning is not None:
+        job.pruning.modules_for(model)  # ValueError for a module the model lacks
+    if isinstance(job, Training) and job.distill is not None:
+        job.distill.check_student(model)
+    if job.quant is not None:  # the group size must divide every quantized linear
+        from calc.quant import check_fits
+
+        check_fits(model, job.quant)
     comp, key = _compiled_for(model, job, device)
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]
@@ -198,6 +210,8 @@ def _breakdown(
         group = _group(tag)
         key = {
             "weight": f"weights/{group}",
+            "qscale": f"weights/quant_scales/{group}",
+            "adapter": f"weights/lora_adapters/{group}",
             "grad": f"gradients/{group}",
             "state": f"optimizer/{name.split(':')[0]}",
             "input": "inputs",
@@ -205,6 +219,8 @@ def _breakdown(
             "saved": f"activations/{group}/{name}",
             "kv_cache": f"kv_cache/{group}",
             "act": f"temporaries/{name}",
+            "pruning": f"pruning/{name}",
+            "teacher": f"teacher/{name}",
         }.get(kind, f"other/{name}")
         leaf[key] += nbytes
     if extra:

@@ -27,6 +27,7 @@ from dataclasses import replace
 from calc import ops
 from calc import symbols as S
 from calc.attention import attention_kernel, cpu_backend
+from calc.compression import Quant
 from calc.graphs import reference
 from calc.jobs import Inference
 from calc.model_spec import ModelSpec
@@ -126,7 +127,9 @@ def replay_inference(
         return replay_hf_prefill(model, job, device, n_layers)
     sh = shape_for_inference(model, job, device, n_layers)
     _check(model, job, sh)
-    return replay(sh, S.c, decode=decode)
+    return replay(
+        sh, S.c, decode=decode, quant=job.quant, compute=job.precision, kv_quant=job.kv_quant
+    )
 
 
 def numeric_shape(
@@ -140,22 +143,41 @@ def numeric_shape(
     return replace(sh, b=job.batch, s=job.prompt_len, **sizes), job.context
 
 
-def replay(sh: reference.Shape, context: Size, decode: bool = False) -> list[Event]:
-    """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache)."""
+def replay(
+    sh: reference.Shape, context: Size, decode: bool = False, quant: Quant | None = None,
+    compute: str = "bf16", kv_quant: str | None = None,
+) -> list[Event]:  # fmt: skip
+    """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
+    ``quant``: the decoder linears stored quantized (`calc.quant`), computing in ``compute``;
+    ``kv_quant``: the KV cache stored in int8/fp8 (`calc.kv_quant`)."""
     tape = Tape(inplace_accumulate=sh.device == "cuda")
     tape.grad_enabled = False
     w = reference.Weights(tape, sh)
+    if quant is not None:
+        from calc.lora import compress_weights
+
+        compress_weights(tape, w, sh, None, quant, compute)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     rope = sh.model_type != "gpt2"
     cos = tape.existing(context * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(context * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
     tape.phase = "prefill"
-    kv_cache(tape, sh, context)
+    if kv_quant is not None and sh.model_type == "gpt2":
+        raise NotImplementedError("a quantized KV cache for GPT-2 is not modelled")
+    if kv_quant is None:
+        kv_cache(tape, sh, context)
+    else:
+        from calc import kv_quant as kvq
+
+        kvq.cache(tape, kv_quant, sh.b, sh.k, sh.d, context, sh.weight_itemsize, sh.n_layers)
+        tape.kv_hook = kvq.attend_hook(kv_quant, sh.s, sh.b * sh.k * sh.d, sh.d)
     logits = forward(tape, sh, w, cos, sin)
     tape.drop(logits)
     if decode:
         tape.phase = "decode"
         tape.existing(sh.b, INDEX_ITEMSIZE, "next_id", "input")
+        if kv_quant is not None:
+            tape.kv_hook = kvq.attend_hook(kv_quant, sh.s + 1, sh.b * sh.k * sh.d, sh.d)
         logits = forward(tape, replace(sh, s=1), w, cos, sin)
         tape.drop(logits)
     return tape.events

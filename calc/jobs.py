@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from calc.compression import KVQuant, LoRA, Quant, check_kv_quant, check_lora_quant
+from calc.distill import Distill
+from calc.pruning import Pruning
+
 Precision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-master"]
 Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafactor", "lion"]
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
@@ -88,6 +92,15 @@ class Training:
     zero_grad: ZeroGrad = "after_step"
     """Where ``zero_grad(set_to_none=True)`` runs: after ``step()`` (grads absent during the
     forward) or just before ``backward()`` (grads of the last step alive through the forward)."""
+    lora: LoRA | None = None
+    """Low-rank adapters on a frozen base (``calc.LoRA``); ``None`` trains every weight."""
+    quant: Quant | None = None
+    """Weight-only quantization of the frozen base (``calc.Quant``); needs ``lora`` (QLoRA)."""
+    pruning: Pruning | None = None
+    """``torch.nn.utils.prune`` reparameterisation of the layers' linears (``calc.Pruning``);
+    for structured pruning use ``calc.pruned_spec`` on the model instead."""
+    distill: Distill | None = None
+    """Knowledge distillation from a frozen teacher (``calc.Distill``); ``None``: plain CE."""
 
     def __post_init__(self) -> None:
         check_size("micro_batch", self.micro_batch, 1, 1 << 20)
@@ -116,6 +129,11 @@ class Training:
                 f"optimizer_impl='fused' is not available for optimizer={self.optimizer!r}: "
                 "PyTorch fuses adam, adamw, sgd and sgd-momentum"
             )
+        check_lora_quant(self.lora, self.quant)
+        if self.pruning is not None and not isinstance(self.pruning, Pruning):
+            raise ValueError(f"pruning={self.pruning!r} must be a calc.Pruning or None")
+        if self.distill is not None and not isinstance(self.distill, Distill):
+            raise ValueError(f"distill={self.distill!r} must be a calc.Distill or None")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +152,11 @@ class Inference:
     """Attention kernel for the prefill."""
     implementation: Implementation = "hf"
     """Which modeling code runs."""
+    quant: Quant | None = None
+    """Weight-only quantization of the weights (``calc.Quant``); ``None`` keeps ``precision``."""
+    kv_quant: KVQuant | None = None
+    """KV-cache quantization: ``int8`` (one scale per token and head) or ``fp8`` (e4m3, one
+    scale per layer for K and for V); ``None`` stores the cache in ``precision``."""
 
     def __post_init__(self) -> None:
         check_size("batch", self.batch, 1, 1 << 20)
@@ -143,6 +166,9 @@ class Inference:
         check_choice("precision", self.precision, INFERENCE_PRECISIONS)
         check_choice("attention", self.attention, ATTENTIONS)
         check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+        if self.quant is not None and not isinstance(self.quant, Quant):
+            raise ValueError(f"quant={self.quant!r} must be a calc.Quant or None")
+        check_kv_quant(self.kv_quant)
 
     @property
     def prompt_len(self) -> int:

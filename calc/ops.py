@@ -182,6 +182,9 @@ def linear(
     Backward allocates the weight gradient, the input gradient and the bias gradient
     (``grad.sum(0)``); ``mm_mat2_backward`` gives the weight gradient in the weight's layout.
     """
+    hook = tape.linear_hooks.get(id(w.storage))
+    if hook is not None:  # LoRA-adapted or quantized weight (calc.lora, calc.quant)
+        return hook(tape, x, bias, rows, out_features, name)
     if tape.autocast_itemsize:
         return _linear_autocast(tape, x, w, bias, rows, out_features, name)
     need_x, need_w = tape.needs_grad(x), tape.needs_grad(w)

@@ -80,6 +80,17 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         raise NotImplementedError("eager attention under autocast is not modelled yet")
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
+    if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
+        from calc import prune_replay
+
+        prune_replay.install(tape, sh, w, job.pruning, model)
+    teacher = None
+    if job.distill is not None:  # a frozen teacher beside the student: calc.distill_replay
+        from calc import distill_replay
+
+        distill_replay.check(job)
+        teacher = distill_replay.setup(tape, sh, job, device)
+    trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.lora
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if hf and not hf_gpt2:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
@@ -89,8 +100,7 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     rope = rope and not hf  # HF computes cos/sin inside each forward
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
-    params = w.parameters()
-    shapes = w.shapes(sh)
+    params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
     states = None
     scaler: list = []
     for step in (1, 2):
@@ -106,7 +116,10 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
             else:
                 if sh.autocast_itemsize:
                     tape.autocast_enter(sh.autocast_itemsize)
-                loss = reference.forward(tape, sh, w, cos, sin)
+                if teacher is None:
+                    loss = reference.forward(tape, sh, w, cos, sin)
+                else:
+                    loss = distill_replay.forward(tape, sh, w, cos, sin, teacher)
                 tape.autocast_exit()
             if job.precision == "amp-fp16":
                 loss, scaler = _scale_loss(tape, loss, scaler)
@@ -139,3 +152,27 @@ def _scale_loss(tape: Tape, loss: Tensor, scaler: list) -> tuple[Tensor, list]:
     scaled = ops.mul(tape, loss, scaler[0], "scaled_loss")
     tape.drop(loss)
     return scaled, scaler
+
+
+def _compress(
+    tape: Tape, sh: reference.Shape, w: reference.Weights, model: ModelSpec, job: Training
+) -> tuple | None:
+    """LoRA/QLoRA (`calc.lora.compress_weights`): the trainable adapters and their shapes."""
+    if job.lora is None:
+        return None
+    amp = job.precision.startswith("amp-")
+    if amp and job.quant is not None:
+        raise NotImplementedError(
+            f"precision={job.precision!r} with a quantized base is not modelled yet "
+            "(use bf16 or fp32)"
+        )
+    if job.pruning is not None or job.distill is not None:
+        raise NotImplementedError("LoRA together with pruning or distillation")
+    if job.lora.adapter_dtype is not None and (amp or job.precision == "bf16-master"):
+        raise NotImplementedError(
+            f"adapter_dtype with precision={job.precision!r} is not modelled (use bf16 or fp32)"
+        )
+    from calc.lora import compress_weights
+
+    compute = "fp32" if job.precision == "fp32" or amp else "bf16"
+    return compress_weights(tape, w, sh, job.lora, job.quant, compute)

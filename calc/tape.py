@@ -163,6 +163,11 @@ class Tape:
         self._made: list[Tensor] = []
         self._accumulators: dict[int, Node] = {}
         self.leaves: dict[int, Tensor] = {}
+        # Linears that do not run as a dense ``F.linear`` (calc.lora, calc.quant): weight
+        # storage id -> hook(tape, x, bias, rows, out_features, name), and quantized weights.
+        self.linear_hooks: dict[int, Callable] = {}
+        self.quantized: dict[int, object] = {}
+        self.kv_hook: Callable | None = None  # quantized KV cache write/read (calc.kv_quant)
 
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:
@@ -207,6 +212,14 @@ class Tape:
         if leaf:
             self.leaves[id(st)] = t
         return t
+
+    def forget_existing(self, t: Tensor) -> None:
+        """A storage declared with `existing` that the model does not hold after all (a dense
+        weight replaced by its quantized form before the run): gone, without an event."""
+        st = t.storage
+        st.alive = False
+        self.live.pop(id(st), None)
+        self.leaves.pop(id(st), None)
 
     def alias(
         self, t: Tensor, node: Node | None = None, out_index: int = 0, numel: Size | None = None
@@ -306,6 +319,11 @@ class Tape:
         if not reg.pending:
             self.drop(*reg.inputs)
         return out
+
+    def keep_after_recompute(self, t: Tensor) -> None:
+        """``t``, made during a recomputation, is held beyond it (a module attribute a forward
+        pre-hook set): not one of the recomputation's locals."""
+        self._made = [m for m in self._made if m is not t]
 
     def _recompute(self, reg: Region) -> None:
         reg.done = True

@@ -155,7 +155,9 @@ def test_cases_cover_sizes_dropout_accum_and_architectures() -> None:
 
 def test_quick_subset_size_and_filters() -> None:
     quick = select(quick=True)
-    assert 15 <= len(quick) <= 22
+    # CI runs the quick subset in under 3 minutes on 2 CPU cores: 28 cases (with issue 5's
+    # compression cases) took 67 s wall on the shared 2-core machine, 2026-12-02.
+    assert 15 <= len(quick) <= 28
     assert all(c.impl == "hf" for c in select(impl="hf"))
     assert [c.name for c in select(substring="opt-sgd-fused")] == ["opt-sgd-fused"]
 

@@ -89,6 +89,20 @@ def build_model(
     dtype = WEIGHT_DTYPE[job.precision]
     if dtype != torch.float32:
         model.to(dtype)
+    if getattr(job, "quant", None) is not None or getattr(job, "lora", None) is not None:
+        from verify import compress
+
+        compress.apply(model, job.quant, getattr(job, "lora", None), dtype)
+    if getattr(job, "pruning", None) is not None:  # torch.nn.utils.prune, final dtype
+        from verify import pruning
+
+        pruning.apply(model, job.pruning, spec)
+    if getattr(job, "distill", None) is not None:  # a frozen teacher beside the student
+        from verify import distill
+
+        if job.implementation != "reference":
+            raise NotRunnable("distillation runs with implementation='reference' only")
+        loss_fn = distill.wrap(model, job, seed=seed, device=device)
     return model, loss_fn
 
 
@@ -166,7 +180,7 @@ def build_optimizer(model: torch.nn.Module, job: Training, device: str = "cpu") 
     scaler = torch.amp.GradScaler(device) if job.precision == "amp-fp16" else None
     if job.precision == "bf16-master":
         raise NotRunnable("bf16-master needs verify.optimizers (fp32 master weights)")
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]
     wd = job.weight_decay
     kw = impl_kwargs(job.optimizer_impl)
     name = job.optimizer

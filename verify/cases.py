@@ -8,7 +8,7 @@ The ``quick`` tag marks the subset CI runs (under 3 minutes on 2 CPU cores).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from calc.jobs import Inference, Training
@@ -41,6 +41,9 @@ class Case:
     """Why the case exists, or which side is wrong when it misses."""
     seed: int = 0
     """Seed for weights and token ids."""
+    structured: tuple[tuple[str, int], ...] = ()
+    """Keyword arguments of `calc.pruned_spec` applied to the scaled model (structured
+    pruning: kept heads, KV heads, FFN channels, layers), as pairs."""
 
     def __post_init__(self) -> None:
         if self.impl != self.job.implementation:
@@ -64,7 +67,12 @@ class Case:
         """The scaled model (before the job's dropout is applied)."""
         kw = dict(self.scale)
         kw.setdefault("max_positions", max(DEFAULT_MAX_POSITIONS, self.seq))
-        return scaled_spec(self.card, **kw)
+        spec = scaled_spec(self.card, **kw)
+        if self.structured:
+            from calc.pruning import pruned_spec
+
+            spec = pruned_spec(spec, **dict(self.structured))
+        return spec
 
     def label(self) -> str:
         """The option that colours this case in the plot: its precision."""
@@ -314,6 +322,148 @@ def _inference_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def _pruning_cases() -> list[Case]:
+    from calc.pruning import Pruning
+
+    l1, p = Pruning(), ("pruning",)
+    structured = [
+        (
+            "prune-heads-gqa-llama3",
+            LLAMA3,
+            {"layers": 2, "kv_heads": 2},
+            {"n_heads": 4, "n_kv_heads": 1},
+            "8 query / 2 KV heads pruned to 4 / 1",
+        ),
+        (
+            "prune-ffn-layers-qwen2",
+            QWEN2,
+            {"layers": 4},
+            {"ffn": 96, "n_layers": 2},
+            "FFN 608 -> 96 channels and 4 -> 2 layers",
+        ),
+        (
+            "prune-heads-mha-llama",
+            LLAMA,
+            {"layers": 2},
+            {"n_heads": 2, "ffn": 64},
+            "multi-head attention stays multi-head: KV heads follow the query heads",
+        ),
+    ]
+    out = [
+        _train("prune-l1-llama", LLAMA, pruning=l1, tags=(*Q, *p),
+               note="weight_orig + weight_mask + the pre-hook's product: memory goes up"),
+        _train("prune-removed-llama", LLAMA, pruning=Pruning(removed=True), tags=p,
+               note="after prune.remove: dense with zeros, the same bytes as unpruned"),
+        _train("prune-l1-gpt2", GPT2, pruning=l1, dropout=0.0, tags=p),
+        _train("prune-l1-qwen2-for-loop", QWEN2, pruning=l1, optimizer_impl="for-loop",
+               tags=p, note="weight_orig follows the q/k/v bias in parameters()"),
+        _train("prune-l1-amp-bf16-llama3", LLAMA3, pruning=l1, precision="amp-bf16", tags=p,
+               note="the product is not a leaf: autocast casts it at every call"),
+        _train("prune-24-bf16-mistral", MISTRAL, pruning=Pruning(kind="2:4"),
+               precision="bf16", tags=p,
+               note="2:4 mask through prune.custom_from_mask: the hook keeps the mask too; "
+               "CPU cannot run to_sparse_semi_structured, so this is the masked training step"),
+        _train("prune-qv-sgd-llama", LLAMA, pruning=Pruning(modules=("q", "v"), amount=0.3),
+               optimizer="sgd", tags=p),
+        _train("prune-accum2-before-qwen2", QWEN2, pruning=l1, grad_accum=2,
+               zero_grad="before_backward", tags=p),
+        _train("prune-bf16-master-qwen3", QWEN3, pruning=l1, precision="bf16-master", tags=p),
+        _train("prune-recompute-full-llama", LLAMA, pruning=l1, recompute="full",
+               micro_batch=4, seq_len=128, tags=(*p, "recompute"),
+               note="the recomputation re-runs the pre-hook: a new product per layer"),
+        _train("prune-recompute-selective-llama", LLAMA, pruning=l1, recompute="selective",
+               micro_batch=4, seq_len=128, tags=(*p, "recompute")),
+        _train("prune-hf-recompute-llama3", LLAMA3, impl="hf", pruning=l1, recompute="full",
+               micro_batch=4, seq_len=128, tags=(*p, "hf", "recompute")),
+        _train("prune-hf-llama", LLAMA, impl="hf", pruning=l1, tags=(*p, "hf")),
+        _train("prune-hf-gpt2", GPT2, impl="hf", pruning=l1, dropout=0.0, tags=(*p, "hf"),
+               note="HF GPT-2's Conv1D weights pruned the same way"),
+    ]  # fmt: skip
+    for name, card, scale, keep, note in structured:
+        case = _train(name, card, scale=scale, tags=(*p, "structured"), note=note)
+        out.append(replace(case, structured=tuple(sorted(keep.items()))))
+    return out
+
+
+def _compression_cases() -> list[Case]:
+    from verify.compression_cases import compression_cases  # quantization, LoRA, QLoRA
+
+    return compression_cases()
+
+
+def _distill_cases() -> list[Case]:
+    from calc.compression import Quant
+    from calc.distill import Distill
+    from calc.pruning import Pruning
+
+    def teacher(card: str, **kw: Any) -> Any:
+        kw.setdefault("layers", 3)
+        return scaled_spec(card, **kw)
+
+    k = ("distill",)
+    big_vocab = {"vocab": 4096}
+    return [
+        _train("distill-fp32-teacher-llama", LLAMA, tags=(*Q, *k),
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=96),
+                               teacher_precision="fp32"),
+               note="teacher 3 layers, hidden 96 (student 2, 64); logits held for the KL"),
+        _train("distill-bf16-teacher-4layers-llama", LLAMA, tags=k,
+               distill=Distill(teacher=teacher("llama-2-13b", layers=4, hidden=96)),
+               note="bf16 teacher over an fp32 student: the KL's product promotes to fp32"),
+        _train("distill-T2-hard-llama3", LLAMA3, tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b"), temperature=2.0, hard_weight=0.5),
+               note="T != 1: both logits divided; hard cross entropy added"),
+        _train("distill-bf16-student-fp32-teacher-qwen2", QWEN2, precision="bf16", tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b"), teacher_precision="fp32")),
+        _train("distill-gpt2-xl-teacher-T4", GPT2, dropout=0.0, tags=k,
+               distill=Distill(teacher=teacher("gpt2-xl"), temperature=4.0)),
+        _train("distill-fp16-teacher-bf16-mistral", MISTRAL, precision="bf16", tags=k,
+               distill=Distill(teacher=teacher(LLAMA3), teacher_precision="fp16"),
+               note="fp16 teacher with a bf16 student: mixed 16-bit dtypes promote to fp32"),
+        _train("distill-recompute-accum2-llama", LLAMA, recompute="full", grad_accum=2,
+               tags=k, distill=Distill(teacher=teacher("llama-2-13b"), hard_weight=1.0)),
+        _train("distill-eager-gqa-qwen3", QWEN3, attention="eager", tags=k,
+               distill=Distill(teacher=teacher(QWEN3, kv_heads=2))),
+        _train("distill-padded-vocab-qwen2", QWEN2, tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b", vocab=640)),
+               note="teacher vocab 640 over the student's 512 (Qwen2.5-7B vs 0.5B pad "
+               "differently): the teacher's logits are sliced, a view"),
+        _train("distill-nf4-teacher-llama", LLAMA, precision="bf16", tags=(*k, "quant"),
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=128),
+                               teacher_quant=Quant(method="nf4")),
+               note="4-bit NF4 teacher (double-quantized absmax), bf16 compute"),
+        _train("distill-int8-teacher-4layers-llama3", LLAMA3, tags=(*k, "quant"),
+               distill=Distill(teacher=teacher(LLAMA3, layers=4, hidden=128),
+                               teacher_quant=Quant(method="int8"))),
+        _train("distill-int4-fp16-teacher-qwen2", QWEN2, precision="bf16", tags=(*k, "quant"),
+               distill=Distill(teacher=teacher("qwen2.5-7b"), teacher_precision="fp16",
+                               teacher_quant=Quant(method="int4", group_size=16))),
+        _train("distill-and-prune-llama", LLAMA, pruning=Pruning(), tags=(*k, "pruning"),
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=96)),
+               note="a pruned student (torch.nn.utils.prune) distilled from a dense teacher"),
+        _train("distill-amp-bf16-llama", LLAMA, precision="amp-bf16", tags=k,
+               distill=Distill(teacher=teacher("llama-2-13b", hidden=96),
+                               teacher_precision="fp32"),
+               note="the teacher runs under the student's autocast; kl_div casts to fp32"),
+        _train("distill-amp-bf16-T2-hard-llama3", LLAMA3, precision="amp-bf16", tags=k,
+               distill=Distill(teacher=teacher("qwen2.5-7b"), temperature=2.0,
+                               hard_weight=0.5)),
+        _train("distill-amp-bf16-gpt2-math", GPT2, precision="amp-bf16", dropout=0.0,
+               attention="math", tags=k, distill=Distill(teacher=teacher("gpt2-xl"))),
+        _train("distill-amp-bf16-recompute-llama", LLAMA, precision="amp-bf16",
+               recompute="full", tags=k,
+               distill=Distill(teacher=teacher("llama-2-13b", layers=4), hard_weight=1.0)),
+        _train("distill-amp-bf16-logits-llama", LLAMA, precision="amp-bf16", micro_batch=4,
+               seq_len=64, scale=big_vocab, tags=(*k, "logits"),
+               distill=Distill(teacher=teacher("llama-2-13b", **big_vocab))),
+        _train("distill-logits-dominate-llama", LLAMA, micro_batch=4, seq_len=64,
+               scale=big_vocab, tags=(*k, "logits"),
+               distill=Distill(teacher=teacher("llama-2-13b", **big_vocab),
+                               teacher_precision="fp32"),
+               note="vocab 4096: teacher logits, probabilities and the KL temporaries dominate"),
+    ]  # fmt: skip
+
+
 def _all() -> tuple[Case, ...]:
     cases = [
         *_precision_cases(),
@@ -325,6 +475,9 @@ def _all() -> tuple[Case, ...]:
         *_size_cases(),
         *_hf_cases(),
         *_inference_cases(),
+        *_compression_cases(),
+        *_pruning_cases(),
+        *_distill_cases(),
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

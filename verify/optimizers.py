@@ -319,8 +319,13 @@ def build(model: torch.nn.Module, job: Training) -> OptimizerBundle:
 
     The model must already be in the job's dtype: bf16 params for ``bf16``/``bf16-master``,
     fp32 otherwise (autocast keeps fp32 weights)."""
-    params = list(model.parameters())
+    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: adapters only
     want = torch.bfloat16 if job.precision in ("bf16", "bf16-master") else torch.float32
+    lora = getattr(job, "lora", None)
+    if lora is not None and lora.adapter_dtype is not None:  # adapters in their own dtype
+        want = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+            lora.adapter_dtype
+        ]
     bad = sorted({str(p.dtype) for p in params if p.dtype != want})
     if bad:
         raise ValueError(f"precision={job.precision!r} needs {want} params, found {bad}")

@@ -34,13 +34,54 @@ Cache = list[tuple[torch.Tensor, torch.Tensor]]
 """Per layer, the K and V tensors ``[batch, kv_heads, context, head_dim]``."""
 
 
-def new_cache(model: ReferenceLM, batch: int, context: int) -> Cache:
-    """A zeroed static cache of ``context`` tokens per sequence, in the model's dtype."""
+class QuantKV:
+    """One quantized K (or V) cache of a layer: ``int8`` values with one symmetric absmax
+    scale per token and head (``[b, k, c, 1]`` in the model dtype), or ``fp8`` e4m3 values
+    with one fp32 scale for the whole tensor (a calibrated per-layer scale, 1.0 here, as
+    vLLM's ``k_scale``/``v_scale`` default)."""
+
+    def __init__(self, shape: tuple[int, ...], kind: str, dtype: torch.dtype, device) -> None:
+        self.kind = kind
+        self.dtype = dtype
+        if kind == "int8":
+            self.values = torch.zeros(shape, dtype=torch.int8, device=device)
+            self.scale = torch.zeros((*shape[:3], 1), dtype=dtype, device=device)
+        else:
+            self.values = torch.zeros(shape, dtype=torch.float8_e4m3fn, device=device)
+            self.scale = torch.ones((), dtype=torch.float32, device=device)
+
+    def write(self, x: torch.Tensor, start: int, end: int) -> None:
+        """Quantize ``x`` ``[b, k, s, d]`` into positions ``start .. end``."""
+        if self.kind == "int8":
+            amax = x.abs().amax(-1, keepdim=True)
+            amax.div_(127).clamp_min_(1e-8)
+            q = (x / amax).round_().to(torch.int8)
+            self.values[:, :, start:end] = q
+            self.scale[:, :, start:end] = amax
+            del q, amax
+        else:
+            self.values[:, :, start:end] = (x / self.scale).to(torch.float8_e4m3fn)
+
+    def read(self, end: int) -> torch.Tensor:
+        """Positions ``0 .. end`` dequantized to the model dtype (a new tensor)."""
+        out = self.values[:, :, :end].to(self.dtype)
+        out.mul_(self.scale[:, :, :end] if self.kind == "int8" else self.scale)
+        return out
+
+
+def new_cache(model: ReferenceLM, batch: int, context: int, kv_quant: str | None = None) -> Cache:
+    """A zeroed static cache of ``context`` tokens per sequence, in the model's dtype, or
+    quantized (`QuantKV`, per layer K then V) with ``kv_quant`` ``int8``/``fp8``."""
     spec = model.spec
     weight = model.head_weight()
     shape = (batch, spec.n_kv_heads, context, spec.head_dim)
     cache: Cache = []
     for _ in model.blocks:
+        if kv_quant is not None:
+            k = QuantKV(shape, kv_quant, weight.dtype, weight.device)
+            v = QuantKV(shape, kv_quant, weight.dtype, weight.device)
+            cache.append((k, v))  # type: ignore[arg-type]
+            continue
         k = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         v = torch.zeros(shape, dtype=weight.dtype, device=weight.device)
         cache.append((k, v))
@@ -79,9 +120,14 @@ def _attention(
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
     cache_k, cache_v = layer_cache
-    cache_k[:, :, start:end] = k
-    cache_v[:, :, start:end] = v
-    keys, values = cache_k[:, :, :end], cache_v[:, :, :end]
+    if isinstance(cache_k, QuantKV):
+        cache_k.write(k, start, end)
+        cache_v.write(v, start, end)
+        keys, values = cache_k.read(end), cache_v.read(end)
+    else:
+        cache_k[:, :, start:end] = k
+        cache_v[:, :, start:end] = v
+        keys, values = cache_k[:, :, :end], cache_v[:, :, :end]
     if seq > 1:
         out = attn.core(q, keys, values, 0.0)
     else:
@@ -127,15 +173,18 @@ def _forward(model: ReferenceLM, ids: torch.Tensor, cache: Cache, start: int) ->
 
 
 @torch.no_grad()
-def prefill(model: ReferenceLM, ids: torch.Tensor, context: int) -> tuple[torch.Tensor, Cache]:
-    """Prefill the prompt ``ids`` ``[batch, prompt]`` into a new cache of ``context`` tokens.
+def prefill(
+    model: ReferenceLM, ids: torch.Tensor, context: int, kv_quant: str | None = None
+) -> tuple[torch.Tensor, Cache]:
+    """Prefill the prompt ``ids`` ``[batch, prompt]`` into a new cache of ``context`` tokens
+    (quantized with ``kv_quant``: `QuantKV`).
 
     Returns the logits of the last prompt position ``[batch, 1, vocab]`` and the cache. RoPE
     models need ``model.set_rope(n)`` with ``n >= prompt`` (``context`` to decode afterwards).
     """
     if ids.shape[1] > context:
         raise ValueError(f"prompt of {ids.shape[1]} tokens does not fit a cache of {context}")
-    cache = new_cache(model, ids.shape[0], context)
+    cache = new_cache(model, ids.shape[0], context, kv_quant)
     logits = _forward(model, ids, cache, 0)
     return logits, cache
 
@@ -144,7 +193,8 @@ def prefill(model: ReferenceLM, ids: torch.Tensor, context: int) -> tuple[torch.
 def decode_step(model: ReferenceLM, cache: Cache, next_id: torch.Tensor, pos: int) -> torch.Tensor:
     """One generated token ``next_id`` ``[batch, 1]`` at position ``pos`` (the number of tokens
     already cached): its k/v go to ``cache[:, :, pos]``; returns its logits ``[batch, 1, vocab]``."""
-    context = cache[0][0].shape[2]
+    first = cache[0][0]
+    context = (first.values if isinstance(first, QuantKV) else first).shape[2]
     if not 0 < pos < context:
         raise ValueError(f"pos={pos} must be in [1, {context}) for a cache of {context} tokens")
     return _forward(model, next_id, cache, pos)

@@ -208,7 +208,9 @@ def prefill(
                 from verify import reference_inference
             except ImportError as exc:
                 raise NotRunnable("reference inference needs verify.reference_inference") from exc
-            logits = reference_inference.prefill(model, ids, job.context)
+            logits = reference_inference.prefill(
+                model, ids, job.context, getattr(job, "kv_quant", None)
+            )
             del logits
 
 

@@ -160,14 +160,27 @@ def linear(
     if amp is None or not sh.autocast_itemsize:
         return hf_ops.linear(tape, x, w, bias, rows, out_features, name)
     lo = sh.autocast_itemsize
+    if id(w.storage) in tape.linear_hooks:  # LoRA (calc.lora): ops.linear's autocast path
+        tape.autocast_itemsize = lo  # adapter casts cached in tape.autocast_cache until exit
+        try:
+            return hf_ops.linear(tape, x, w, bias, rows, out_features, name)
+        finally:
+            tape.autocast_itemsize = 0
+    # Autocast caches the casts of leaves that need grad only: a frozen weight's cast is made
+    # at every call and lives as long as a reference (mm saves it for the input's gradient).
     bc = hf_ops.to_copy(tape, bias, lo, f"{bias.name}.lo") if bias is not None else None
-    if bc is not None:
+    if bc is not None and bias.leaf:
         amp.append(bc)
     wc = hf_ops.to_copy(tape, w, lo, f"{w.name}.lo")
-    amp.append(wc)
+    if w.leaf:
+        amp.append(wc)
     xc = hf_ops.to_copy(tape, x, lo, f"{name}.in.lo")
     y = hf_ops.linear(tape, xc, wc, bc, rows, out_features, name)
     tape.drop(xc)
+    if not w.leaf:
+        tape.drop(wc)
+    if bc is not None and not bias.leaf:
+        tape.drop(bc)
     return y
 
 
@@ -458,4 +471,6 @@ def forward(
     tape.drop(hid, logits, *cache)
     if amp:  # leaving ``torch.autocast``: the weight-cast cache is cleared
         tape.drop(*amp)
+    if sh.autocast_itemsize:
+        tape.autocast_exit()  # LoRA adapters' cached casts (calc.lora)
     return loss

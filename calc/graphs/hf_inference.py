@@ -53,6 +53,7 @@ from dataclasses import replace
 
 from calc import ops
 from calc import symbols as S
+from calc.compression import Quant
 from calc.graphs import attention_core, hf, hf_ops
 from calc.graphs import reference as R
 from calc.jobs import Inference
@@ -104,7 +105,9 @@ def replay_hf_prefill(model: ModelSpec, job: Inference, device: str, n_layers: i
     ``b, s, c`` and the model's."""
     sh = shape_for_hf_inference(model, job, device, n_layers)
     check(model, job, sh)
-    return replay(sh, S.c)
+    if job.kv_quant is not None:
+        raise NotImplementedError("a quantized KV cache with implementation='hf' is not modelled")
+    return replay(sh, S.c, quant=job.quant, compute=job.precision)
 
 
 def numeric_shape(
@@ -237,11 +240,18 @@ def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -
     return logits
 
 
-def replay(sh: R.Shape, context: Size) -> list[Event]:
-    """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache)."""
+def replay(
+    sh: R.Shape, context: Size, quant: Quant | None = None, compute: str = "bf16"
+) -> list[Event]:
+    """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
+    ``quant``: quantized decoder linears (`calc.quant`, through ``calc.lora.compress_weights``)."""
     tape = Tape(inplace_accumulate=sh.device == "cuda")
     tape.grad_enabled = False
     w = R.Weights(tape, sh)
+    if quant is not None:
+        from calc.lora import compress_weights
+
+        compress_weights(tape, w, sh, None, quant, compute)
     tape.existing(sh.b * sh.s, INT64, "input_ids", "input")
     half = sh.d // 2 if isinstance(sh.d, int) else sh.d / 2
     tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", "buffer")

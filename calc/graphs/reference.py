@@ -201,11 +201,12 @@ def attention(
     tape.drop(qt)
     kr = rope(tape, kt, cq, sq, "k")
     tape.drop(kt)
-    out = _core(tape, sh, qr, kr, vt)
+    read = tape.kv_hook(tape, kr, vt) if tape.kv_hook is not None else None  # calc.kv_quant
+    out = _core(tape, sh, qr, *(read or (kr, vt)))
     o = attention_core.merge_heads(tape, sh, out)
     tape.drop(out)
     y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
-    tape.drop(o, qr, kr, vt, cq, sq)
+    tape.drop(o, qr, kr, vt, cq, sq, *(read or ()))
     return y
 
 
@@ -301,6 +302,17 @@ def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) 
 def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tensor:
     """``ReferenceLM.forward(ids, targets)``; returns the loss tensor."""
     n = sh.b * sh.s
+    out = logits(tape, sh, w, cos, sin)
+    flat = ops.view(tape, out)
+    loss = ops.cross_entropy(tape, flat, n, sh.V, out.itemsize)
+    tape.drop(flat, out)
+    return loss
+
+
+def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tensor:
+    """``F.linear(ReferenceLM.hidden_states(ids), head_weight())``: the logits ``[b*s, V]``
+    (what ``forward`` feeds the loss; distillation's student, `calc.distill_replay`)."""
+    n = sh.b * sh.s
     tape.segment = "embed"
     if sh.model_type == "gpt2":
         pos = tape.new(sh.s, 8, "positions")  # torch.arange(s), saved by wpe's embedding
@@ -323,9 +335,6 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
     tape.segment = "head"
     hid = norm(tape, sh, x, w.norm, w.norm_b, n)
     tape.drop(x)
-    logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
     tape.drop(hid)
-    flat = ops.view(tape, logits)
-    loss = ops.cross_entropy(tape, flat, n, sh.V, logits.itemsize)
-    tape.drop(flat, logits)
-    return loss
+    return out
