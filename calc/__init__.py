@@ -11,6 +11,7 @@ from calc.cards import list_cards, load_card, load_card_config, published_params
 from calc.estimate import estimate, values_for
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec, ParamTensor
+from calc.parallel import Parallelism, check_divisibility
 from calc.result import GIB, Estimate
 
 __all__ = [
@@ -18,9 +19,11 @@ __all__ = [
     "Estimate",
     "Inference",
     "ModelSpec",
+    "Parallelism",
     "ParamTensor",
     "Training",
     "attention_kernel",
+    "check_divisibility",
     "estimate",
     "list_cards",
     "load_card",

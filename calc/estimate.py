@@ -22,6 +22,7 @@ from calc import timeline
 from calc.attention import attention_kernel
 from calc.jobs import DEVICES, Inference, Training, check_choice
 from calc.model_spec import ModelSpec
+from calc.parallel import Parallelism
 from calc.result import Estimate
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
@@ -124,7 +125,12 @@ def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, i
     return vals
 
 
-def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") -> Estimate:
+def estimate(
+    model: ModelSpec,
+    job: Training | Inference,
+    parallel: Parallelism | None = None,
+    device: str = "cuda",
+) -> Estimate:
     """Peak bytes of ``job`` on one GPU (``device="cuda"``: ``max_memory_allocated``) or under
     verify's CPU storage tracker (``device="cpu"``), with the phases and the breakdown.
 
@@ -136,6 +142,10 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    if parallel is not None and not isinstance(parallel, Parallelism):
+        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
+    if parallel is not None and not parallel.is_single:
+        raise NotImplementedError(f"parallel layouts are not modelled yet: {parallel}")
     comp, key = _compiled_for(model, job, device)
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]

@@ -1,0 +1,178 @@
+"""How a training step is spread over GPUs: the `Parallelism` config and its divisibility checks.
+
+Every parallel degree and sharding choice that changes a rank's memory is a field of
+`Parallelism`; invalid values raise ``ValueError`` naming the field, the value and what is
+allowed. `check_divisibility` checks a model against a layout (tensor parallelism must split
+the attention heads and the MLP evenly, pipeline parallelism must place the layers on stages).
+
+Conventions (what PyTorch and Megatron-LM do, cited per field):
+
+* ``dp`` is the data-parallel degree; ``zero`` and ``fsdp`` say what is sharded over it.
+  ``fsdp=True`` means PyTorch FSDP2 ``fully_shard`` on every layer and on the root: parameters,
+  gradients and optimizer states sharded over dp (ZeRO-3, Rajbhandari et al. 2020, §5).
+* ``tp`` splits attention and MLP as Megatron-LM does (Shoeybi et al. 2019, §3), ``sp``
+  additionally splits the norm/dropout activations along the sequence (Korthikanti et al. 2022,
+  §4.2.2), ``cp`` splits the sequence of every activation (context parallelism).
+* ``pp`` places the layers on stages; ``pp_schedule`` and ``pp_microbatches`` decide how many
+  micro-batches of activations a stage holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, get_args
+
+from calc.jobs import check_choice, check_size
+
+if TYPE_CHECKING:
+    from calc.model_spec import ModelSpec
+
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+OFFLOADS: tuple[str, ...] = get_args(Offload)
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+MAX_DEGREE = 1 << 20
+"""Upper bound on any parallel degree (beyond any real cluster; guards typos)."""
+DDP_BUCKET_MIB_DEFAULT = 25
+"""``DistributedDataParallel(bucket_cap_mb=25)``: PyTorch's default bucket size (torch 2.13,
+``torch/nn/parallel/distributed.py``)."""
+
+
+def _check_bool(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} must be True or False")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Parallelism:
+    """The parallel layout of one training job; ``Parallelism()`` is a single GPU."""
+
+    dp: int = 1
+    """Data-parallel degree: replicas (or shards, with ``zero``/``fsdp``) of the model."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row splits of attention and MLP)."""
+    pp: int = 1
+    """Pipeline-parallel degree: stages the layers are placed on."""
+    sp: bool = False
+    """Sequence parallelism with tp: norm and dropout activations split along the sequence."""
+    cp: int = 1
+    """Context-parallel degree: every activation's sequence split over ``cp`` ranks."""
+    zero: int = 0
+    """ZeRO stage over dp: 0 (DDP, everything replicated), 1 (optimizer states sharded),
+    2 (+ gradients), 3 (+ parameters)."""
+    fsdp: bool = False
+    """PyTorch FSDP2 ``fully_shard`` on each layer and the root (implies ZeRO-3 sharding:
+    ``zero`` must be 0 or 3)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's all-gathered parameters after its forward (re-gathered in the
+    backward); False keeps them from the forward to the backward."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule: ``gpipe``, ``1f1b`` or ``interleaved-1f1b``."""
+    pp_microbatches: int = 1
+    """Micro-batches per optimizer step through the pipeline."""
+    pp_virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved 1F1B; 1 otherwise)."""
+    offload: Offload = "none"
+    """CPU offload: ``optimizer`` (optimizer states and their update on the CPU, ZeRO-Offload)
+    or ``optimizer+params`` (parameters too, ZeRO-Infinity style)."""
+    ddp_bucket_mib: int = DDP_BUCKET_MIB_DEFAULT
+    """DDP gradient bucket size in MiB (``bucket_cap_mb``)."""
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into the buckets (no second copy of the gradients)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp"):
+            check_size(name, getattr(self, name), 1, MAX_DEGREE)
+        for name in ("sp", "fsdp", "reshard_after_forward", "gradient_as_bucket_view"):
+            _check_bool(name, getattr(self, name))
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
+        check_choice("pp_schedule", self.pp_schedule, PIPELINE_SCHEDULES)
+        check_size("pp_microbatches", self.pp_microbatches, 1, 1 << 16)
+        check_size("pp_virtual_stages", self.pp_virtual_stages, 1, 1 << 10)
+        check_choice("offload", self.offload, OFFLOADS)
+        check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
+        if self.fsdp and self.zero not in (0, 3):
+            raise ValueError(
+                f"zero={self.zero} with fsdp=True: FSDP2 fully_shard shards parameters, "
+                "gradients and optimizer states (ZeRO-3); allowed zero: 0 or 3"
+            )
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=True needs tp > 1 (sequence parallelism splits over tp ranks)")
+        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"pp_virtual_stages={self.pp_virtual_stages} needs "
+                "pp_schedule='interleaved-1f1b' (other schedules run one chunk per rank)"
+            )
+        if self.offload == "optimizer+params" and self.shard_level < 3:
+            raise ValueError(
+                "offload='optimizer+params' needs zero=3 or fsdp=True "
+                "(parameters are offloaded as shards, ZeRO-Infinity style)"
+            )
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def world_size(self) -> int:
+        """GPUs in the job: dp x tp x pp x cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_level(self) -> int:
+        """ZeRO stage in effect: 3 with ``fsdp``, else ``zero``."""
+        return 3 if self.fsdp else self.zero
+
+    @property
+    def is_single(self) -> bool:
+        """True when this is one GPU with nothing offloaded."""
+        return self.world_size == 1 and self.offload == "none"
+
+
+def check_divisibility(model: ModelSpec, parallel: Parallelism) -> None:
+    """Raise ``ValueError`` when ``parallel`` cannot split ``model`` as its implementations do.
+
+    Tensor parallelism (Megatron-LM column/row parallel linears, Shoeybi et al. 2019 §3; PyTorch
+    ``ColwiseParallel``/``RowwiseParallel``) needs tp to divide the query heads, the KV heads
+    (GQA: each rank holds whole KV heads; Megatron-LM requires ``num_query_groups % tp == 0``),
+    the MLP width and, for the vocab-parallel embedding and loss, the vocabulary. Sequence and
+    context parallelism split the sequence, which is checked against a job's length by the
+    estimate. Pipeline parallelism needs at least one layer per (virtual) stage; an uneven
+    split is accepted and named by the estimate (the first stages take the extra layers).
+    """
+    tp = parallel.tp
+    for field, value in (
+        ("n_heads", model.n_heads),
+        ("n_kv_heads", model.n_kv_heads),
+        ("ffn", model.ffn),
+        ("vocab", model.vocab),
+    ):
+        if value % tp:
+            raise ValueError(
+                f"tp={tp} does not divide {field}={value} of {model.name}: "
+                f"allowed tp: divisors of {field}"
+            )
+    chunks = parallel.pp * parallel.pp_virtual_stages
+    if chunks > model.n_layers:
+        raise ValueError(
+            f"pp={parallel.pp} x pp_virtual_stages={parallel.pp_virtual_stages} = {chunks} "
+            f"stages exceed n_layers={model.n_layers} of {model.name}: allowed at most "
+            f"{model.n_layers} stages"
+        )
+    if parallel.pp_schedule == "interleaved-1f1b" and parallel.pp_microbatches % parallel.pp:
+        raise ValueError(
+            f"pp_microbatches={parallel.pp_microbatches} must be a multiple of pp={parallel.pp} "
+            "for the interleaved 1F1B schedule (Narayanan et al. 2021, §2.2)"
+        )
+
+
+def layers_per_stage(n_layers: int, parallel: Parallelism) -> tuple[int, ...]:
+    """Layers on each pipeline rank: an even split, the first ``n_layers % chunks`` chunks one
+    layer more (``torch.distributed.pipelining`` and Megatron-LM's uneven split both load the
+    earlier stages), summed over the virtual stages of each rank."""
+    chunks = parallel.pp * parallel.pp_virtual_stages
+    base, extra = divmod(n_layers, chunks)
+    per_chunk = [base + (1 if i < extra else 0) for i in range(chunks)]
+    return tuple(sum(per_chunk[r :: parallel.pp]) for r in range(parallel.pp))
