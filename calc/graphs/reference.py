@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calc import ops
+from calc import ops, tensor_parallel
 from calc.graphs import attention_core
 from calc.tape import Size, Tape, Tensor
 
@@ -53,6 +53,25 @@ class Shape:
     """``cpu`` (the tracker's run) or ``cuda``: decides kernels that differ (dropout masks)."""
     gqa: bool | None = None
     """Whether k < a (decides repeat/expand paths when sizes are symbols)."""
+    tp_comm: bool = False
+    """Tensor parallelism's column/row linears with their all-reduces (`calc.tensor_parallel`);
+    the sizes are then those of one rank."""
+
+
+def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
+         name: str) -> Tensor:  # fmt: skip
+    """A column-parallel linear under tensor parallelism, else ``F.linear``."""
+    if sh.tp_comm:
+        return tensor_parallel.column_linear(tape, x, w, b, n, out, name)
+    return ops.linear(tape, x, w, b, n, out, name)
+
+
+def _row(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
+         name: str) -> Tensor:  # fmt: skip
+    """A row-parallel linear under tensor parallelism, else ``F.linear``."""
+    if sh.tp_comm:
+        return tensor_parallel.row_linear(tape, x, w, b, n, out, name)
+    return ops.linear(tape, x, w, b, n, out, name)
 
 
 class Weights:
@@ -173,9 +192,9 @@ def attention(
     n = sh.b * sh.s
     if sh.model_type == "gpt2":
         return _attention_gpt2(tape, sh, x, lw)
-    q = ops.linear(tape, x, lw["q"], lw["q.b"], n, sh.a * sh.d, "q")
-    k = ops.linear(tape, x, lw["k"], lw["k.b"], n, sh.k * sh.d, "k")
-    v = ops.linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
+    q = _col(tape, sh, x, lw["q"], lw["q.b"], n, sh.a * sh.d, "q")
+    k = _col(tape, sh, x, lw["k"], lw["k.b"], n, sh.k * sh.d, "k")
+    v = _col(tape, sh, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # q.view, k.view, [q/k norms], q.transpose, k.transpose, v.view.transpose: node order as
     # the model creates them. RoPE's outputs are contiguous in [b, a, s, d], so the gradients
     # of q and k reach their first view transposed and are copied there (and v's too, under
@@ -204,7 +223,7 @@ def attention(
     out = _core(tape, sh, qr, kr, vt)
     o = attention_core.merge_heads(tape, sh, out)
     tape.drop(out)
-    y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
+    y = _row(tape, sh, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, kr, vt, cq, sq)
     return y
 
@@ -255,19 +274,19 @@ def _attention_gpt2(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
 def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     n = sh.b * sh.s
     if sh.mlp == "gelu":
-        fc = ops.linear(tape, x, lw["fc"], lw["fc.b"], n, sh.f, "fc")
+        fc = _col(tape, sh, x, lw["fc"], lw["fc.b"], n, sh.f, "fc")
         act = ops.unary(tape, fc, "gelu", saves="input")
         tape.drop(fc)
-        y = ops.linear(tape, act, lw["proj"], lw["proj.b"], n, sh.h, "proj")
+        y = _row(tape, sh, act, lw["proj"], lw["proj.b"], n, sh.h, "proj")
         tape.drop(act)
         return y
-    g = ops.linear(tape, x, lw["gate"], None, n, sh.f, "gate")
+    g = _col(tape, sh, x, lw["gate"], None, n, sh.f, "gate")
     sg = ops.unary(tape, g, "silu", saves="input")
     tape.drop(g)
-    u = ops.linear(tape, x, lw["up"], None, n, sh.f, "up")
+    u = _col(tape, sh, x, lw["up"], None, n, sh.f, "up")
     m = ops.mul(tape, sg, u, "swiglu")
     tape.drop(sg, u)
-    y = ops.linear(tape, m, lw["down"], None, n, sh.h, "down")
+    y = _row(tape, sh, m, lw["down"], None, n, sh.h, "down")
     tape.drop(m)
     return y
 

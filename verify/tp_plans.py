@@ -1,0 +1,141 @@
+"""Tensor (and sequence) parallel plans for verify's reference model, on the real engine.
+
+`tensor_parallel` applies ``torch.distributed.tensor.parallel.parallelize_module`` to a
+`verify.reference_model.ReferenceLM` (llama-family: separate q/k/v, SwiGLU) over a 1-D
+``DeviceMesh``, the way torchtitan's ``parallelize_llama`` does (Megatron-LM's split,
+Shoeybi et al. 2019, Section 3):
+
+* attention: ``q_proj``/``k_proj``/``v_proj`` column-parallel (heads and kv heads split over
+  ``tp``), ``o_proj`` row-parallel (its output all-reduced, or reduce-scattered over the
+  sequence under sequence parallelism);
+* MLP: ``gate_proj``/``up_proj`` column-parallel (ffn split), ``down_proj`` row-parallel;
+* sequence parallelism (Korthikanti et al. 2022): the norms run on ``Shard(1)`` (sequence)
+  DTensors (``SequenceParallel``); the attention and MLP inputs are all-gathered
+  (``PrepareModuleInput``); the residual stream is a local ``[b, s/tp, h]`` tensor;
+* the embedding stays replicated (every rank holds the whole table) and so does the head,
+  unless ``vocab_parallel``: embedding row-parallel over the vocabulary, head column-parallel
+  with a vocabulary-sharded loss (``loss_parallel``).
+
+After the plan, each attention module's ``spec`` is replaced by the per-rank one (heads and kv
+heads divided by ``tp``): the model's ``view(b, s, heads, head_dim)`` then sees the local heads.
+`TensorParallelLM` is the loss function of a parallelized model: it calls the head as a module
+(so the plan's hooks run), where ``ReferenceLM.forward`` calls ``F.linear`` on its weight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from verify.reference_model import ReferenceLM
+
+
+def check_supported(model: ReferenceLM, tp: int) -> None:
+    """Raise ``ValueError`` when the plan does not cover this model or ``tp`` does not divide."""
+    spec = model.spec
+    if spec.model_type == "gpt2":
+        raise ValueError(
+            "tensor_parallel: gpt2's fused c_attn has no plan here (llama family only)"
+        )
+    if spec.tied_embeddings:
+        raise ValueError("tensor_parallel: a tied head is not planned (untied models only)")
+    for field, value in (("n_heads", spec.n_heads), ("n_kv_heads", spec.n_kv_heads),
+                         ("ffn", spec.ffn)):  # fmt: skip
+        if value % tp:
+            raise ValueError(f"tensor_parallel: tp={tp} must divide {field}={value}")
+
+
+def tensor_parallel(
+    model: ReferenceLM,
+    mesh: DeviceMesh,
+    *,
+    sequence_parallel: bool = False,
+    vocab_parallel: bool = False,
+) -> None:
+    """Parallelize ``model`` in place over the 1-D ``mesh`` (module docstring)."""
+    tp = mesh.size()
+    check_supported(model, tp)
+    sp = sequence_parallel
+    top: dict = {}
+    if vocab_parallel:
+        top["embed_tokens"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()
+        )
+    elif sp:  # a replicated table: its output is sliced to the local sequence (no comm)
+        top["embed_tokens"] = PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Shard(1)
+        )
+    if sp:
+        top["norm"] = SequenceParallel()
+    top["lm_head"] = ColwiseParallel(
+        input_layouts=Shard(1) if sp else Replicate(),
+        output_layouts=Shard(-1) if vocab_parallel else Replicate(),
+        use_local_output=not vocab_parallel,
+    )
+    if not vocab_parallel and not sp:
+        del top["lm_head"]  # replicated head: a plain nn.Linear on every rank
+    if top:
+        parallelize_module(model, mesh, top)
+    for block in model.layers:
+        plan: dict = {
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+        }
+        if sp:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["post_attention_layernorm"] = SequenceParallel()
+            plan["self_attn"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None),
+                desired_input_layouts=(Replicate(), None),
+                use_local_output=True,
+            )
+            plan["mlp"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )  # fmt: skip
+        parallelize_module(block, mesh, plan)
+        attn = block.self_attn
+        attn.spec = attn.spec.with_overrides(
+            n_heads=attn.spec.n_heads // tp, n_kv_heads=attn.spec.n_kv_heads // tp
+        )
+
+
+class TensorParallelLM:
+    """``(ids, targets) -> loss`` of a parallelized `ReferenceLM`: the head as a module call.
+
+    With ``vocab_parallel`` the logits are a vocabulary-sharded DTensor and the cross entropy
+    runs under ``loss_parallel()`` (its backward too: call `backward_context` around it)."""
+
+    def __init__(self, model: ReferenceLM, *, vocab_parallel: bool) -> None:
+        self.model = model
+        self.vocab_parallel = vocab_parallel
+
+    def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model.lm_head(self.model.hidden_states(ids))
+        with self.backward_context():
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def backward_context(self) -> contextlib.AbstractContextManager:
+        """``loss_parallel()`` for a vocabulary-sharded loss, else nothing."""
+        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
