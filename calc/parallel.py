@@ -19,12 +19,13 @@ Conventions (what PyTorch and Megatron-LM do, cited per field):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
 from calc.jobs import check_choice, check_size
 
 if TYPE_CHECKING:
+    from calc.data_parallel import ReplayPlan
     from calc.model_spec import ModelSpec
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -36,9 +37,6 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 MAX_DEGREE = 1 << 20
 """Upper bound on any parallel degree (beyond any real cluster; guards typos)."""
-DDP_BUCKET_MIB_DEFAULT = 25
-"""``DistributedDataParallel(bucket_cap_mb=25)``: PyTorch's default bucket size (torch 2.13,
-``torch/nn/parallel/distributed.py``)."""
 
 
 def _check_bool(field: str, value: object) -> None:
@@ -78,15 +76,25 @@ class Parallelism:
     offload: Offload = "none"
     """CPU offload: ``optimizer`` (optimizer states and their update on the CPU, ZeRO-Offload)
     or ``optimizer+params`` (parameters too, ZeRO-Infinity style)."""
-    ddp_bucket_mib: int = DDP_BUCKET_MIB_DEFAULT
-    """DDP gradient bucket size in MiB (``bucket_cap_mb``)."""
+    ddp_bucket_mib: int | None = None
+    """DDP ``bucket_cap_mb``: None is PyTorch's default (25 MiB buckets after a 1 MiB first
+    bucket); a number caps every bucket, the first included (as passing it to DDP does)."""
     gradient_as_bucket_view: bool = False
     """DDP: gradients are views into the buckets (no second copy of the gradients)."""
+    vocab_parallel: bool = False
+    """With tp: the embedding split over the vocabulary and a vocabulary-parallel loss (else the
+    embedding and the head are replicated on every tp rank)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp"):
             check_size(name, getattr(self, name), 1, MAX_DEGREE)
-        for name in ("sp", "fsdp", "reshard_after_forward", "gradient_as_bucket_view"):
+        for name in (
+            "sp",
+            "fsdp",
+            "reshard_after_forward",
+            "gradient_as_bucket_view",
+            "vocab_parallel",
+        ):
             _check_bool(name, getattr(self, name))
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise ValueError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
@@ -94,7 +102,8 @@ class Parallelism:
         check_size("pp_microbatches", self.pp_microbatches, 1, 1 << 16)
         check_size("pp_virtual_stages", self.pp_virtual_stages, 1, 1 << 10)
         check_choice("offload", self.offload, OFFLOADS)
-        check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
+        if self.ddp_bucket_mib is not None:
+            check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(
                 f"zero={self.zero} with fsdp=True: FSDP2 fully_shard shards parameters, "
@@ -143,12 +152,10 @@ def check_divisibility(model: ModelSpec, parallel: Parallelism) -> None:
     split is accepted and named by the estimate (the first stages take the extra layers).
     """
     tp = parallel.tp
-    for field, value in (
-        ("n_heads", model.n_heads),
-        ("n_kv_heads", model.n_kv_heads),
-        ("ffn", model.ffn),
-        ("vocab", model.vocab),
-    ):
+    checks = [("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads), ("ffn", model.ffn)]
+    if parallel.vocab_parallel:
+        checks.append(("vocab", model.vocab))
+    for field, value in checks:
         if value % tp:
             raise ValueError(
                 f"tp={tp} does not divide {field}={value} of {model.name}: "
@@ -176,3 +183,138 @@ def layers_per_stage(n_layers: int, parallel: Parallelism) -> tuple[int, ...]:
     base, extra = divmod(n_layers, chunks)
     per_chunk = [base + (1 if i < extra else 0) for i in range(chunks)]
     return tuple(sum(per_chunk[r :: parallel.pp]) for r in range(parallel.pp))
+
+
+# ---------------------------------------------------------------------- the sharding layer
+
+Holding = Literal["replicated", "dp-sharded", "dp-owned", "tp-split", "pp-stage", "cpu"]
+"""How a rank holds a class of tensors: a full copy (``replicated``), a 1/dp slice of every
+tensor (``dp-sharded``: FSDP2/ZeRO-3 parameters, ZeRO-2 gradients), whole tensors owned by one
+dp rank each (``dp-owned``: ``ZeroRedundancyOptimizer``'s states), the rank's part of a
+Megatron split (``tp-split``), only the layers of its pipeline stage (``pp-stage``), or not on
+the GPU at all (``cpu``: offloaded)."""
+TENSOR_KINDS: tuple[str, ...] = ("weight", "grad", "state", "activation")
+
+
+def holding(kind: str, parallel: Parallelism) -> tuple[Holding, ...]:
+    """How one rank holds tensors of ``kind`` under ``parallel``: the holdings that apply, in
+    the order the layer applies them (e.g. ``("pp-stage", "tp-split", "dp-owned")``).
+
+    Sources: ZeRO stages 1/2/3 shard optimizer states / + gradients / + parameters over the
+    data-parallel ranks (Rajbhandari et al. 2020, §5.1-5.3); ``ZeroRedundancyOptimizer`` keeps
+    whole parameters' states per rank; Megatron TP splits weights, their gradients and states,
+    and the activations inside attention and MLP (Shoeybi et al. 2019 §3; with SP also the
+    rest, Korthikanti et al. 2022 §4.2.2); a pipeline stage holds its layers only; ZeRO-Offload
+    keeps optimizer states (and, ZeRO-Infinity, parameters) in CPU memory.
+    """
+    check_choice("kind", kind, TENSOR_KINDS)
+    out: list[Holding] = []
+    if parallel.pp > 1 and kind != "activation":
+        out.append("pp-stage")
+    if parallel.tp > 1:
+        out.append("tp-split")
+    if kind == "activation":
+        return tuple(out) or ("replicated",)
+    level = parallel.shard_level
+    offloaded = (kind == "state" and parallel.offload != "none") or (
+        kind in ("weight",) and parallel.offload == "optimizer+params"
+    )
+    if offloaded:
+        out.append("cpu")
+    elif parallel.dp > 1:
+        sharded_from = {"state": 1, "grad": 2, "weight": 3}[kind]
+        if level >= sharded_from:
+            by_param = kind == "state" and level == 1
+            out.append("dp-owned" if by_param else "dp-sharded")
+    return tuple(out) or ("replicated",)
+
+
+@dataclass(frozen=True, slots=True)
+class RankClass:
+    """Ranks that hold the same tensors, hence have the same peak."""
+
+    ranks: tuple[int, ...]
+    """Global ranks (mesh ``[dp, pp, cp, tp]``, row-major: tp innermost)."""
+    label: str
+    """What distinguishes this class (e.g. ``dp rank 1``)."""
+    model: ModelSpec
+    """The model one rank of this class replays (tensor parallelism: its part)."""
+    replay: ReplayPlan
+    """Changes to the replayed step (`calc.data_parallel.ReplayPlan`)."""
+    ddp: bool
+    """DDP gradient buckets are held (data parallel without sharded gradients)."""
+    notes: tuple[str, ...] = ()
+
+
+def global_rank(parallel: Parallelism, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
+    """Global rank of mesh coordinates ``[dp, pp, cp, tp]`` (tp innermost)."""
+    return ((dp * parallel.pp + pp) * parallel.cp + cp) * parallel.tp + tp
+
+
+def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
+    """The classes of ranks of ``parallel`` and what each holds, decided by `holding`.
+
+    Raises ``NotImplementedError`` naming what the cost model does not cover yet.
+    """
+    from calc.data_parallel import ReplayPlan, zero_redundancy_partition
+
+    w, g, s = holding("weight", parallel), holding("grad", parallel), holding("state", parallel)
+    for hold in (w, g, s):
+        if "pp-stage" in hold:
+            raise NotImplementedError("pipeline parallelism (pp > 1) is not modelled yet")
+        if "cpu" in hold:
+            raise NotImplementedError("CPU offload is not modelled in the replay yet")
+        if "dp-sharded" in hold:
+            raise NotImplementedError(
+                f"ZeRO stage {parallel.shard_level} (sharded gradients/parameters) is not "
+                "modelled in the replay yet"
+            )
+    if parallel.cp > 1:
+        raise NotImplementedError("context parallelism (cp > 1) is not modelled yet")
+    local = model
+    notes: list[str] = []
+    if "tp-split" in w:
+        from calc import tensor_parallel
+
+        local = tensor_parallel.rank_model(model, parallel)
+        notes.append(f"tensor parallel: each rank replays {local.name}")
+    ddp = parallel.dp > 1
+    plan = ReplayPlan(grads_in_buckets=ddp and parallel.gradient_as_bucket_view)
+    every = tuple(range(parallel.world_size))
+    if "dp-owned" not in s:
+        return [RankClass(every, "every rank", local, plan, ddp, tuple(notes))]
+    numels = _param_numels(local)
+    parts = zero_redundancy_partition(numels, parallel.dp)
+    out = []
+    for d, part in enumerate(parts):
+        ranks = tuple(
+            global_rank(parallel, dp=d, pp=p, cp=c, tp=t)
+            for p in range(parallel.pp)
+            for c in range(parallel.cp)
+            for t in range(parallel.tp)
+        )
+        owned = sum(numels[i] for i in part)
+        out.append(
+            RankClass(
+                ranks, f"dp rank {d}", local, replace(plan, optimizer_params=tuple(part)), ddp,
+                (*notes, f"ZeRO-1 (ZeroRedundancyOptimizer): dp rank {d} holds the optimizer "
+                 f"states of {len(part)} parameters, {owned} elements"),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _param_numels(model: ModelSpec) -> list[int]:
+    """Elements of every parameter in ``model.parameters()`` order (layers expanded)."""
+    tensors = model.param_tensors()
+    out: list[int] = []
+    layer = [int(t.numel) for t in tensors if t.group == "layer"]
+    placed = False
+    for t in tensors:
+        if t.group == "layer":
+            if not placed:
+                out.extend(layer * model.n_layers)
+                placed = True
+            continue
+        out.append(int(t.numel))
+    return out

@@ -7,9 +7,10 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
-from calc import ops
+from calc import data_parallel, ops
 from calc import symbols as S
 from calc.attention import attention_kernel, cpu_backend
+from calc.data_parallel import ReplayPlan
 from calc.graphs import reference
 from calc.jobs import Training
 from calc.model_spec import ModelSpec
@@ -20,8 +21,11 @@ AUTOCAST_ITEMSIZE = {"amp-bf16": 2, "amp-fp16": 2}
 INDEX_ITEMSIZE = 8  # int64 token ids and targets
 
 
-def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> reference.Shape:
-    """The replay's symbolic shape: sizes are the symbols of `calc.symbols`."""
+def shape_for(
+    model: ModelSpec, job: Training, device: str, n_layers: int, tp_comm: bool = False
+) -> reference.Shape:
+    """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
+    model is one tensor-parallel rank's (`calc.tensor_parallel`), with its all-reduces."""
     p_attn0 = model.attention_dropout if job.dropout is None else job.dropout
     kernel = cpu_backend(attention_kernel(model, job), p_attn0)
     p_attn = model.attention_dropout if job.dropout is None else job.dropout
@@ -44,19 +48,32 @@ def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> re
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
         attention=kernel, recompute=job.recompute,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
-        gqa=model.n_kv_heads != model.n_heads,
+        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm,
     )  # fmt: skip
 
 
-def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int) -> list[Event]:
-    """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers."""
+def replay_training(
+    model: ModelSpec,
+    job: Training,
+    device: str,
+    n_layers: int,
+    tp_comm: bool = False,
+    dp: ReplayPlan | None = None,
+    grad_order: list | None = None,
+) -> list[Event]:
+    """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers (``tp_comm``:
+    as one tensor-parallel rank, `calc.tensor_parallel`; ``dp``: as one data-parallel rank,
+    `calc.data_parallel`). ``grad_order``, when given, receives the parameter leaves in the
+    order their gradients become ready in the first backward."""
     from calc import optimizer as opt_mod
     from calc.estimate import values_for
     from calc.optimizer import optimizer_step
 
     opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
 
-    sh = shape_for(model, job, device, n_layers)
+    sh = shape_for(model, job, device, n_layers, tp_comm)
+    if tp_comm and job.implementation != "reference":
+        raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     hf = job.implementation == "hf"
     hf_gpt2 = hf and model.model_type == "gpt2"
     if hf_gpt2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager under autocast)
@@ -79,6 +96,10 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     if sh.attention == "eager" and sh.autocast_itemsize and not hf_gpt2:
         raise NotImplementedError("eager attention under autocast is not modelled yet")
     tape = Tape(inplace_accumulate=device == "cuda")
+    if dp is not None:
+        data_parallel.install(tape, dp)
+    if grad_order is not None:
+        tape.grad_hook = _recording(tape.grad_hook, grad_order)
     w = reference.Weights(tape, sh)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
@@ -90,7 +111,10 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
     params = w.parameters()
+    opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
     shapes = w.shapes(sh)
+    if dp is not None and dp.optimizer_params is not None:
+        shapes = [shapes[i] for i in dp.optimizer_params]
     states = None
     scaler: list = []
     for step in (1, 2):
@@ -119,7 +143,7 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
         states = optimizer_step(
-            tape, params, optimizer=job.optimizer, impl=job.optimizer_impl,
+            tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
             device=device, states=states, shapes=shapes,
         )  # fmt: skip
@@ -139,3 +163,17 @@ def _scale_loss(tape: Tape, loss: Tensor, scaler: list) -> tuple[Tensor, list]:
     scaled = ops.mul(tape, loss, scaler[0], "scaled_loss")
     tape.drop(loss)
     return scaled, scaler
+
+
+def _recording(hook, order: list):
+    """Wrap a grad hook to append each leaf the first time its gradient is ready."""
+    seen: set[int] = set()
+
+    def record(tape: Tape, leaf: Tensor) -> None:
+        if id(leaf.storage) not in seen:
+            seen.add(id(leaf.storage))
+            order.append(leaf)
+        if hook is not None:
+            hook(tape, leaf)
+
+    return record

@@ -163,6 +163,9 @@ class Tape:
         self._made: list[Tensor] = []
         self._accumulators: dict[int, Node] = {}
         self.leaves: dict[int, Tensor] = {}
+        self.grad_hook: Callable[[Tape, Tensor], None] | None = None
+        """Called with the leaf once its ``.grad`` is set (a post-accumulate-grad hook: DDP's
+        reducer, FSDP's reduce-scatter); see `calc.data_parallel`."""
 
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:
@@ -467,9 +470,12 @@ class Tape:
         if st.refs == 1 and st.saved == 0 and st.size == leaf.size:
             st.kind, st.name, st.tag = "grad", f"grad:{leaf.name}", leaf.storage.tag
             self.grads[key] = self.alias(g)
-            return
-        copy = self.new(leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag)
-        self.grads[key] = copy
+        else:
+            self.grads[key] = self.new(
+                leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag
+            )
+        if self.grad_hook is not None:
+            self.grad_hook(self, leaf)
 
     def autocast_enter(self, itemsize: int) -> None:
         """``torch.autocast(dtype=...)`` entered: linears cast to ``itemsize`` bytes."""

@@ -48,11 +48,38 @@ def _case(
 
 
 Q = ("quick",)
+MID = {"layers": 3, "hidden": 128, "vocab": 1024}
+"""Big enough for several 1 MiB DDP buckets (about 3.3 MiB of fp32 gradients)."""
 
 CASES: tuple[DistCase, ...] = (
-    _case("dist-replicas-2", "replicas", Parallelism(dp=2), tags=Q,
-          note="control: two independent single-GPU runs (no wrapper)"),
-    _case("dist-ddp-2", "ddp", Parallelism(dp=2), tags=Q),
-    _case("dist-zero1-2", "zero1", Parallelism(dp=2, zero=1)),
-    _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True)),
+    _case("dist-ddp-2", "ddp", Parallelism(dp=2), tags=Q,
+          note="DDP: gradients plus one flat bucket of all gradients (step 1 and rebuilt)"),
+    _case("dist-ddp-view-2", "ddp", Parallelism(dp=2, gradient_as_bucket_view=True), tags=Q,
+          note="gradient_as_bucket_view: .grad is a bucket view; the stolen gradient dies"),
+    _case("dist-ddp-buckets-2", "ddp", Parallelism(dp=2, ddp_bucket_mib=1), scale=MID,
+          note="several 1 MiB buckets after the rebuild (per-bucket rounding)"),
+    _case("dist-ddp-default-buckets-2", "ddp", Parallelism(dp=2), scale=MID,
+          note="torch default: 1 MiB first bucket, then 25 MiB"),
+    _case("dist-ddp-view-buckets-2", "ddp",
+          Parallelism(dp=2, ddp_bucket_mib=1, gradient_as_bucket_view=True), scale=MID),
+    _case("dist-ddp-accum-2", "ddp", Parallelism(dp=2), grad_accum=2,
+          note="two micro-batches per step (no no_sync: both all-reduce)"),
+    _case("dist-ddp-bf16-2", "ddp", Parallelism(dp=2), precision="bf16",
+          note="bf16 weights: bf16 gradients and bucket"),
+    _case("dist-ddp-amp-2", "ddp", Parallelism(dp=2), precision="amp-bf16"),
+    _case("dist-ddp-before-backward-2", "ddp", Parallelism(dp=2), zero_grad="before_backward",
+          note="gradients of the last step alive through the forward"),
+    _case("dist-ddp-4", "ddp", Parallelism(dp=4)),
+    _case("dist-zero1-2", "zero1", Parallelism(dp=2, zero=1), tags=Q,
+          note="ZeroRedundancyOptimizer: each rank holds the states of its parameters"),
+    _case("dist-zero1-4", "zero1", Parallelism(dp=4, zero=1),
+          note="four ranks: unequal partitions, the most-loaded rank decides"),
+    _case("dist-zero1-sgdm-2", "zero1", Parallelism(dp=2, zero=1), optimizer="sgd-momentum"),
+    _case("dist-zero1-view-2", "zero1", Parallelism(dp=2, zero=1, gradient_as_bucket_view=True),
+          scale=MID),
+    _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          note="FSDP2 fully_shard per layer and root, reshard_after_forward=True"),
+    _case("dist-fsdp2-keep-2", "fsdp2", Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
+          note="FSDP2 reshard_after_forward=False (ZeRO-2-like: parameters kept unsharded "
+          "from forward to backward)"),
 )  # fmt: skip

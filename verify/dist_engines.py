@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from verify.build import LEARNING_RATE, build_model, build_optimizer, impl_kwargs
+from verify.build import LEARNING_RATE, SGD_MOMENTUM, build_model, build_optimizer, impl_kwargs
 from verify.distributed import Built, DistCase, RankContext, register_engine
 from verify.scale import with_dropout
 
@@ -54,7 +54,7 @@ def _ddp(case: DistCase, model: torch.nn.Module) -> torch.nn.Module:
     par = case.parallel
     return DDP(
         model,
-        bucket_cap_mb=par.ddp_bucket_mib,
+        bucket_cap_mb=par.ddp_bucket_mib,  # None: torch's default (1 MiB first bucket, 25 MiB)
         gradient_as_bucket_view=par.gradient_as_bucket_view,
     )
 
@@ -73,7 +73,12 @@ def ddp(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     return _bundle_built(wrapped, _call(wrapped, case), bundle)
 
 
-_OPTIM_CLASSES = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD}
+_OPTIM_CLASSES = {
+    "adamw": (torch.optim.AdamW, {}),
+    "adam": (torch.optim.Adam, {}),
+    "sgd": (torch.optim.SGD, {}),
+    "sgd-momentum": (torch.optim.SGD, {"momentum": SGD_MOMENTUM}),
+}
 
 
 def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
@@ -85,9 +90,11 @@ def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
         raise ValueError(f"zero1 engine: optimizer={job.optimizer}, precision={job.precision}")
     model, _ = _model(case, spec, ctx)
     wrapped = _ddp(case, model)
+    cls, extra = _OPTIM_CLASSES[job.optimizer]
     opt = ZeroRedundancyOptimizer(
         list(model.parameters()),
-        optimizer_class=_OPTIM_CLASSES[job.optimizer],
+        optimizer_class=cls,
+        **extra,
         lr=LEARNING_RATE,
         weight_decay=job.weight_decay,
         **impl_kwargs(job.optimizer_impl),

@@ -133,6 +133,11 @@ class Built:
     step: Callable[[], None]
     zero_grad: Callable[[], None]
     scale: Callable[[Any], Any] = field(default=lambda loss: loss)
+    backward: Callable[[Any], None] | None = None
+    """``loss -> None`` replacing ``loss.backward()`` (e.g. under ``loss_parallel``)."""
+    train_step: Callable[[Any, Any], None] | None = None
+    """``(ids, targets) -> None`` replacing forward and backward of a micro-batch (a pipeline
+    schedule's ``step``); marks ``forward`` only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,8 +223,10 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     spec = case.spec()
     job = case.job
     pins = pins_for(spec, job, seed=case.seed, device=ctx.device)
+    par = case.parallel
+    data_rank = ctx.rank // (par.tp * par.pp * par.cp)  # mesh [dp, pp, cp, tp]: same batch per dp
     ids, targets = make_batch(
-        spec, job.micro_batch, job.seq_len, seed=case.seed + 1000 * ctx.rank, device=ctx.device
+        spec, job.micro_batch, job.seq_len, seed=case.seed + 1000 * data_rank, device=ctx.device
     )
     engine = ENGINES[case.engine]
     gc.collect()
@@ -238,6 +245,9 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
                 tr.reset_peak()
                 for mb in range(job.grad_accum):
                     tr.mark(f"step{step}/forward")
+                    if built.train_step is not None:
+                        built.train_step(ids, targets)
+                        continue
                     ctx_amp = (
                         torch.autocast(ctx.device, dtype=amp)
                         if amp is not None
@@ -249,7 +259,10 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
                     if job.zero_grad == "before_backward" and mb == 0:
                         built.zero_grad()
                     tr.mark(f"step{step}/backward")
-                    loss.backward()
+                    if built.backward is not None:
+                        built.backward(loss)
+                    else:
+                        loss.backward()
                     del loss
                 tr.mark(f"step{step}/optimizer")
                 built.step()
@@ -262,6 +275,9 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
                         "peak_op": tr.peak_op,
                         "phases": dict(tr.phase_peaks),
                         "top_ops_at_peak": dict(list(tr.peak_by_op().items())[:8]),
+                        "live_at_peak": [
+                            [x.nbytes, x.op, x.phase, x.category] for x in tr.peak_live()[:40]
+                        ],
                         "end_bytes": tr.live_bytes,
                     }
                 )
