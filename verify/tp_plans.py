@@ -139,3 +139,61 @@ class TensorParallelLM:
     def backward_context(self) -> contextlib.AbstractContextManager:
         """``loss_parallel()`` for a vocabulary-sharded loss, else nothing."""
         return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------- engines
+
+
+def _mesh(ctx_world: int, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    """A CPU ``DeviceMesh``, built outside the tracker: its rank tensor lives on the host on
+    every backend (on a GPU run it never counts in ``memory_allocated``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def tp_engine(case, spec, ctx):
+    """``tp``: the reference model parallelized over all ranks (`tensor_parallel`); options
+    ``sequence_parallel`` and ``vocab_parallel`` come from the case's `calc.Parallelism`."""
+    from verify.build import build_model, build_optimizer
+    from verify.distributed import Built
+    from verify.scale import with_dropout
+
+    par = case.parallel
+    vocab = bool(getattr(par, "vocab_parallel", False))
+    spec = with_dropout(spec, case.job.dropout)
+    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    model.set_rope(case.job.seq_len)
+    mesh = _mesh(ctx.world, (par.tp,), ("tp",))
+    tensor_parallel(model, mesh, sequence_parallel=par.sp, vocab_parallel=vocab)
+    if par.sp or vocab:
+        fn = TensorParallelLM(model, vocab_parallel=vocab)
+        loss_fn = fn
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    built = Built(
+        model=model,
+        loss_fn=loss_fn,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        scale=bundle.scale,
+    )
+    if vocab and hasattr(built, "backward"):
+        built.backward = lambda loss: _backward_in(fn, loss)
+    return built
+
+
+def _backward_in(fn: TensorParallelLM, loss: torch.Tensor) -> None:
+    with fn.backward_context():
+        loss.backward()
+
+
+def _register() -> None:
+    from verify.distributed import register_engine
+
+    register_engine("tp", tp_engine)
+
+
+_register()
