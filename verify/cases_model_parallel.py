@@ -82,3 +82,24 @@ CASES: tuple[DistCase, ...] = (
         note=f"one kv head per rank (GQA groups kept whole); {LATE}"),
     _tp("tp2-sp", Parallelism(tp=2, sp=True), tags=("sp",)),
 )  # fmt: skip
+
+
+def _pp(name: str, parallel: Parallelism, *, tags: tuple[str, ...] = (), note: str = "",
+        tolerance_pct: float = 1.0, **job: Any) -> DistCase:  # fmt: skip
+    job.setdefault("micro_batch", 4)
+    job.setdefault("seq_len", 64)
+    job.setdefault("precision", "fp32")
+    job.setdefault("optimizer", "adamw")
+    job.setdefault("optimizer_impl", "for-loop")
+    job.setdefault("implementation", "reference")
+    return DistCase(
+        name=name, card=LLAMA, scale=(("layers", 4), ("tied_embeddings", False)),
+        job=Training(**job), parallel=parallel, engine="pp", tags=("pp", *tags), note=note,
+        tolerance_pct=tolerance_pct,
+    )  # fmt: skip
+
+
+CASES += (
+    _pp("pp2-gpipe-m2", Parallelism(pp=2, pp_schedule="gpipe", pp_microbatches=2)),
+    _pp("pp2-1f1b-m4", Parallelism(pp=2, pp_schedule="1f1b", pp_microbatches=4)),
+)

@@ -194,6 +194,7 @@ def _register() -> None:
     from verify.distributed import register_engine
 
     register_engine("tp", tp_engine)
+    import verify.pp_plans  # noqa: F401  (registers "pp"; verify.distributed loads this module)
 
 
 _register()
