@@ -44,6 +44,12 @@ class ReplayPlan:
     optimizer_params: tuple[int, ...] | None = None
     """Indices (``parameters()`` order) of the parameters whose optimizer states this rank holds,
     in the order its local optimizer sees them; None: all of them."""
+    fsdp: bool = False
+    """FSDP2 ``fully_shard`` per layer and root over ``shard_world`` ranks (`calc.fsdp`)."""
+    shard_world: int = 1
+    """Ranks the shards are spread over (dp)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's unsharded parameters after its forward."""
 
 
 def bucket_limits(parallel: Parallelism) -> tuple[int, int]:

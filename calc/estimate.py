@@ -69,6 +69,8 @@ class ReplayOptions:
     """Data-parallel changes to the step (`calc.data_parallel`)."""
     exact_layers: bool = False
     """Replay every layer (no generalisation from five): the rank's state differs per layer."""
+    stage: object = None
+    """A pipeline stage (`calc.pipeline.StagePlan`): the rank replays that stage's schedule."""
 
 
 SINGLE = ReplayOptions()
@@ -121,6 +123,10 @@ def _compile(key: tuple, device: str, branch: int) -> Compiled:
         from calc.inference import replay_inference
 
         events = replay_inference(model, job, device, branch)
+    elif opts.stage is not None:
+        from calc.pipeline import replay_stage
+
+        events = replay_stage(model, job, opts.stage, device, n_layers=branch)
     else:
         events = replay_training(
             model, job, device, branch, tp_comm=opts.tp_comm, dp=opts.dp, grad_order=order

@@ -264,11 +264,12 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
             raise NotImplementedError("pipeline parallelism (pp > 1) is not modelled yet")
         if "cpu" in hold:
             raise NotImplementedError("CPU offload is not modelled in the replay yet")
-        if "dp-sharded" in hold:
-            raise NotImplementedError(
-                f"ZeRO stage {parallel.shard_level} (sharded gradients/parameters) is not "
-                "modelled in the replay yet"
-            )
+    fsdp = "dp-sharded" in w
+    if not fsdp and ("dp-sharded" in g or "dp-sharded" in s):
+        raise NotImplementedError(
+            f"ZeRO stage {parallel.shard_level} without sharded parameters is not modelled in "
+            "the replay yet (use zero=1 with zero_partition='by-parameter', or zero=3/fsdp)"
+        )
     if parallel.cp > 1:
         raise NotImplementedError("context parallelism (cp > 1) is not modelled yet")
     local = model
@@ -278,8 +279,19 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
 
         local = tensor_parallel.rank_model(model, parallel)
         notes.append(f"tensor parallel: each rank replays {local.name}")
-    ddp = parallel.dp > 1
-    plan = ReplayPlan(grads_in_buckets=ddp and parallel.gradient_as_bucket_view)
+    ddp = parallel.dp > 1 and not fsdp
+    plan = ReplayPlan(
+        grads_in_buckets=ddp and parallel.gradient_as_bucket_view,
+        fsdp=fsdp,
+        shard_world=parallel.dp if fsdp else 1,
+        reshard_after_forward=parallel.reshard_after_forward,
+    )
+    if fsdp:
+        notes.append(
+            f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="
+            f"{parallel.reshard_after_forward}; ranks holding smaller (unpadded) shards may "
+            "peak lower"
+        )
     every = tuple(range(parallel.world_size))
     if "dp-owned" not in s:
         return [RankClass(every, "every rank", local, plan, ddp, tuple(notes))]

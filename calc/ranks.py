@@ -28,9 +28,12 @@ def estimate_parallel(
     if not isinstance(job, Training):
         raise NotImplementedError("parallel layouts are modelled for training only")
     check_divisibility(model, parallel)
-    classes = rank_classes(model, parallel)
     results: list[tuple[RankClass, Estimate]] = []
-    for rc in classes:
+    if parallel.pp > 1:  # one replay per pipeline stage (calc.pipeline)
+        from calc.pipeline import stage_results
+
+        results = stage_results(model, job, parallel, device)
+    for rc in rank_classes(model, parallel) if parallel.pp == 1 else ():
         results.append((rc, _estimate_class(model, job, parallel, rc, device)))
     rank_peaks: dict[int, int] = {}
     for rc, est in results:
@@ -69,6 +72,13 @@ def _estimate_class(
             f"DDP gradient buckets: 1 bucket in step 1, {n_buckets} after the rebuild "
             f"({'gradients are bucket views' if parallel.gradient_as_bucket_view else 'plus .grad'})"
         )
+    if plan.fsdp and device == "cpu":
+        # One DeviceMesh per fully_shard call holds its ranks as a CPU int64 tensor
+        # (``init_device_mesh``: ``torch.arange(world_size)``); on a GPU run it stays in host
+        # memory, under the CPU tracker it counts (measured: one 512 B block per group).
+        groups = local.n_layers + 1
+        extras.append(("fsdp/device_mesh_cpu", groups * 512, groups * 512))
+        notes.append(f"CPU only: {groups} DeviceMesh rank tensors of 512 B")
     return evaluate(comp, key, local, job, device, tuple(extras), tuple(notes))
 
 

@@ -115,12 +115,23 @@ def replay_training(
     shapes = w.shapes(sh)
     if dp is not None and dp.optimizer_params is not None:
         shapes = [shapes[i] for i in dp.optimizer_params]
+    fsdp = None
+    if dp is not None and dp.fsdp:
+        from calc.fsdp import Fsdp
+
+        if job.recompute != "none" or hf:
+            raise NotImplementedError(
+                "FSDP2 is modelled for implementation='reference' without recomputation"
+            )
+        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward)
+        fsdp.install(tape, params, shapes)
+        opt_params = fsdp.optimizer_params(tape, params)
     states = None
     scaler: list = []
     for step in (1, 2):
         for mb in range(job.grad_accum):
-            tape.segment = "embed"
             tape.phase = f"step{step}/forward"
+            tape.segment = "embed"
             if hf_gpt2:  # enters and leaves autocast itself
                 loss = gpt2_graph.forward(tape, sh, w, use_cache=job.recompute == "none")
             elif hf:  # hf.forward enters and leaves autocast itself
@@ -131,6 +142,8 @@ def replay_training(
                 if sh.autocast_itemsize:
                     tape.autocast_enter(sh.autocast_itemsize)
                 loss = reference.forward(tape, sh, w, cos, sin)
+                if fsdp is not None:
+                    fsdp.end_forward(tape)
                 tape.autocast_exit()
             if job.precision == "amp-fp16":
                 loss, scaler = _scale_loss(tape, loss, scaler)
@@ -138,10 +151,16 @@ def replay_training(
                 tape.zero_grad()
             tape.phase = f"step{step}/backward"
             tape.segment = "head"
+            if fsdp is not None:
+                fsdp.start_backward(tape)
             tape.backward(loss)
+            if fsdp is not None:
+                fsdp.end_backward(tape)
             tape.drop(loss)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
+        if fsdp is not None:
+            fsdp.before_optimizer(tape)
         states = optimizer_step(
             tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,

@@ -48,6 +48,13 @@ def _case(
 
 
 Q = ("quick",)
+GLOO_ASYNC_PCT = 3.0
+GLOO_ASYNC_NOTE = (
+    "3 %: gloo runs FSDP2's reduce-scatter on a worker thread whose work object can keep the "
+    "previous group's reduce-scatter input alive past the point FSDP2 drops it (seen on one rank "
+    "in one step of three: +66 KB on 2.65 MB); calc models the release FSDP2 performs, which is "
+    "what the CUDA caching allocator counts"
+)
 MID = {"layers": 3, "hidden": 128, "vocab": 1024}
 """Big enough for several 1 MiB DDP buckets (about 3.3 MiB of fp32 gradients)."""
 
@@ -77,9 +84,18 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-zero1-sgdm-2", "zero1", Parallelism(dp=2, zero=1), optimizer="sgd-momentum"),
     _case("dist-zero1-view-2", "zero1", Parallelism(dp=2, zero=1, gradient_as_bucket_view=True),
           scale=MID),
-    _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True),
-          note="FSDP2 fully_shard per layer and root, reshard_after_forward=True"),
+    _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), tags=Q,
+          tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 fully_shard per layer and root, "
+          "reshard_after_forward=True. " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-keep-2", "fsdp2", Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
-          note="FSDP2 reshard_after_forward=False (ZeRO-2-like: parameters kept unsharded "
-          "from forward to backward)"),
+          tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 reshard_after_forward=False (parameters "
+          "kept unsharded from forward to backward). " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-4", "fsdp2", Parallelism(dp=4, fsdp=True), tolerance_pct=GLOO_ASYNC_PCT,
+          note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mid-2", "fsdp2", Parallelism(dp=2, fsdp=True), scale=MID,
+          tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-sgd-2", "fsdp2", Parallelism(dp=2, fsdp=True), optimizer="sgd-momentum",
+          tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
+          tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
 )  # fmt: skip

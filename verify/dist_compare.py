@@ -101,3 +101,42 @@ def record_for(
     rec.error_pct = (rec.predicted_peak - rec.measured_peak) / rec.measured_peak * 100
     rec.status = "ok" if abs(rec.error_pct) <= case.tolerance_pct else "fail"
     return rec
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / (1 << 20):.3f}"
+
+
+def per_rank_markdown(records: list[Any]) -> list[str]:
+    """Report lines: per-rank predicted vs measured for the distributed records (none when
+    there are none). Measured is the maximum over the rank's steps; the spread is the largest
+    minus the smallest step peak over all ranks."""
+    dist = [r for r in records if getattr(r, "kind", "") == "distributed" and r.extra.get("ranks")]
+    if not dist:
+        return []
+    lines = [
+        "",
+        "## Distributed cases, per rank",
+        "",
+        "Each rank measures its own peak under the CPU tracker, entered before the model and its "
+        "wrapper are built, reset at the start of each step; measured = the maximum over the "
+        "steps. The case's measured peak is the maximum over ranks; calc predicts every rank.",
+        "",
+        "| case | layout | rank | predicted MiB | measured MiB | error % | step peaks MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in dist:
+        par = r.pins.get("parallel", {})
+        layout = ", ".join(
+            f"{k}={v}" for k, v in par.items()
+            if v not in (1, False, None, 0, "none", "1f1b") or k in ("dp",)
+        )  # fmt: skip
+        layout = f"{r.pins.get('engine', '')}: {layout}"
+        for rank, v in r.extra["ranks"].items():
+            pred, meas = v.get("predicted"), v["measured"]
+            err = "-" if pred is None else f"{(pred - meas) / meas * 100:+.3f}"
+            steps = " / ".join(_mib(p) for p in v["step_peaks"])
+            lines.append(
+                f"| {r.name} | {layout} | {rank} | {_mib(pred)} | {_mib(meas)} | {err} | {steps} |"
+            )
+    return lines

@@ -239,6 +239,10 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
         built = engine(case, spec, ctx)
         tr.classify(model=built.model, optimizer=built.optimizer, inputs=[ids, targets])
         setup_bytes = tr.live_bytes
+        with tr._lock:  # small storages made by the wrapper (device meshes, ...): diagnostics
+            setup_small = sorted(
+                [e[0][1], e[0][3]] for e in tr._live.values() if 0 < e[0][1] <= 4096
+            )
         with forced_sdpa(pins.sdpa_backend):
             for step in range(1, case.steps + 1):
                 tr.mark(f"step{step}/forward")
@@ -286,6 +290,7 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
         "rank": ctx.rank,
         "world": ctx.world,
         "setup_bytes": setup_bytes,
+        "setup_small": setup_small,
         "steps": steps,
         "peak": steps[best]["peak"],
         "peak_step": best + 1,
