@@ -144,13 +144,17 @@ def in_flight(plan: StagePlan) -> int:
     return peak
 
 
-def replay_stage(model: ModelSpec, job: Training, plan: StagePlan, device: str) -> list[Event]:
+def replay_stage(
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, n_layers: int | None = None
+) -> list[Event]:
     """Replay two optimizer steps of one pipeline stage; ``job`` is the micro-batch job
-    (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences."""
+    (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences.
+    ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
+    `calc.timeline` generalises)."""
     from calc import step as step_mod
     from calc.optimizer import optimizer_step
 
-    sh = step_mod.shape_for(model, job, device, plan.n_layers)
+    sh = step_mod.shape_for(model, job, device, plan.n_layers if n_layers is None else n_layers)
     m = plan.microbatches
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
@@ -260,3 +264,34 @@ def _stage_forward(
     logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
     tape.drop(hid)
     return logits
+
+
+def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device: str) -> list:
+    """``[(RankClass, Estimate)]``, one per pipeline stage: each stage's replay compiled and
+    evaluated at the micro-batch's size (`calc.ranks` takes the most-loaded one).
+
+    Pipeline parallelism combined with dp, tp or cp is not modelled yet
+    (``NotImplementedError``)."""
+    from calc.data_parallel import ReplayPlan
+    from calc.estimate import ReplayOptions, compiled_for, evaluate
+    from calc.parallel import RankClass, global_rank
+
+    if parallel.dp > 1 or parallel.tp > 1 or parallel.cp > 1:
+        raise NotImplementedError("pipeline parallelism combined with dp, tp or cp")
+    if parallel.shard_level or parallel.offload != "none":
+        raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
+    mb_job = microbatch_job(job, parallel)
+    out = []
+    for plan in stage_plans(model, job, parallel):
+        local = model.with_overrides(n_layers=plan.n_layers)
+        comp, key = compiled_for(local, mb_job, device, ReplayOptions(stage=plan))
+        role = "embedding" if plan.first else "loss" if plan.last else "middle"
+        note = (
+            f"pipeline stage {plan.stage} ({role}): {plan.n_layers} layers, "
+            f"{plan.schedule}, {plan.microbatches} micro-batches of "
+            f"{mb_job.micro_batch}, at most {in_flight(plan)} in flight"
+        )
+        rank = global_rank(parallel, pp=plan.stage)
+        rc = RankClass((rank,), f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))
+        out.append((rc, evaluate(comp, key, local, mb_job, device, (), (note,))))
+    return out
