@@ -118,3 +118,21 @@ CASES += (
     _pp("pp4-gpipe-m4", _pl(4, "gpipe", 4), note="middle stages: both receive buffers"),
     _pp("pp4-1f1b-m4", _pl(4, "1f1b", 4), note=ONE_F_ONE_B),
 )  # fmt: skip
+
+
+def _fsdp_tp(
+    name: str, parallel: Parallelism, *, tags: tuple[str, ...] = (), **job: Any
+) -> DistCase:
+    case = _tp(name, parallel, tags=("2d", *tags), **job)
+    return DistCase(
+        name=case.name, card=case.card, scale=case.scale, job=case.job, parallel=parallel,
+        engine="fsdp-tp", tags=case.tags, note=f"2-D mesh [dp, tp]: FSDP2 over dp, TP over tp; {LATE}",
+        tolerance_pct=case.tolerance_pct,
+    )  # fmt: skip
+
+
+CASES += (
+    _fsdp_tp("fsdp2-tp2-dp2", Parallelism(dp=2, tp=2, fsdp=True)),
+    _fsdp_tp("fsdp2-tp2-dp2-noreshard",
+             Parallelism(dp=2, tp=2, fsdp=True, reshard_after_forward=False)),
+)  # fmt: skip

@@ -185,6 +185,36 @@ def tp_engine(case, spec, ctx):
     return built
 
 
+def fsdp_tp_engine(case, spec, ctx):
+    """``fsdp-tp``: a 2-D ``[dp, tp]`` mesh (tp innermost, as `calc.parallel.global_rank`):
+    the tensor-parallel plan over ``tp``, then FSDP2 ``fully_shard`` of every layer and the
+    root over ``dp`` (torchtitan's 2-D order: TP first, then FSDP on the DTensor weights)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from verify.build import build_model, build_optimizer
+    from verify.distributed import Built
+    from verify.scale import with_dropout
+
+    par = case.parallel
+    spec = with_dropout(spec, case.job.dropout)
+    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    model.set_rope(case.job.seq_len)
+    mesh = _mesh(ctx.world, (par.dp, par.tp), ("dp", "tp"))
+    tensor_parallel(model, mesh["tp"])
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
+    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    return Built(
+        model=model,
+        loss_fn=loss_fn,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        scale=bundle.scale,
+    )
+
+
 def _backward_in(fn: TensorParallelLM, loss: torch.Tensor) -> None:
     with fn.backward_context():
         loss.backward()
@@ -194,6 +224,7 @@ def _register() -> None:
     from verify.distributed import register_engine
 
     register_engine("tp", tp_engine)
+    register_engine("fsdp-tp", fsdp_tp_engine)
     import verify.pp_plans  # noqa: F401  (registers "pp"; verify.distributed loads this module)
 
 
