@@ -50,6 +50,12 @@ class ReplayPlan:
     """Ranks the shards are spread over (dp)."""
     reshard_after_forward: bool = True
     """FSDP2: free each layer's unsharded parameters after its forward."""
+    shard_states: bool = False
+    """ZeRO-1/2 (no FSDP): the optimizer steps each parameter's dim-0 shard only."""
+    shard_grads: bool = False
+    """ZeRO-2: each gradient is reduce-scattered once ready; its shard is kept."""
+    offload: str = "none"
+    """``optimizer``: states and the step on the CPU; ``optimizer+params``: shards too."""
 
 
 def bucket_limits(parallel: Parallelism) -> tuple[int, int]:
@@ -105,10 +111,22 @@ def zero_redundancy_partition(numels: Sequence[int], world: int) -> list[list[in
     return ranks
 
 
-def install(tape: Tape, plan: ReplayPlan) -> None:
-    """Set the tape's post-accumulate-grad hook for ``plan``."""
+def install(tape: Tape, plan: ReplayPlan, shard_of: dict | None = None) -> None:
+    """Set the tape's post-accumulate-grad hook for ``plan`` (``shard_of``: leaf storage id ->
+    shard numel, for ZeRO-2)."""
     if plan.grads_in_buckets:
         tape.grad_hook = _grad_into_bucket
+    elif plan.shard_grads and shard_of is not None:
+
+        def reduce_scatter(tape: Tape, leaf: Tensor) -> None:
+            key = id(leaf.storage)
+            full = tape.grads[key]
+            tape.grads[key] = tape.new(
+                shard_of[key], leaf.itemsize, f"grad_shard:{leaf.name}", "grad", leaf.storage.tag
+            )
+            tape.drop(full)
+
+        tape.grad_hook = reduce_scatter
 
 
 def _grad_into_bucket(tape: Tape, leaf: Tensor) -> None:
@@ -120,6 +138,27 @@ def _grad_into_bucket(tape: Tape, leaf: Tensor) -> None:
     view = tape.new(0, leaf.itemsize, f"grad_view:{leaf.name}", "grad", leaf.storage.tag)
     tape.grads[key] = view
     tape.drop(old)
+
+
+def prepare(
+    tape: Tape,
+    plan: ReplayPlan,
+    params: Sequence[Tensor],
+    opt_params: Sequence[Tensor],
+    shapes: Sequence[tuple],
+) -> list[Tensor]:
+    """Install ``plan``'s hooks; return what the optimizer steps (ZeRO-1/2 with sharded states:
+    a shard-sized view of each parameter, `calc.fsdp.shard_numel`)."""
+    from calc.fsdp import shard_numel
+
+    shard_of: dict[int, object] = {}
+    if plan.shard_states or plan.shard_grads:
+        for p, shape in zip(params, shapes, strict=True):
+            shard_of[id(p.storage)] = shard_numel(shape, plan.shard_world)
+    install(tape, plan, shard_of)
+    if plan.shard_states:
+        return [tape.alias(p, numel=shard_of[id(p.storage)]) for p in opt_params]
+    return list(opt_params)
 
 
 def optimizer_params(params: Sequence[Tensor], plan: ReplayPlan) -> list[Tensor]:

@@ -70,6 +70,9 @@ class Fsdp:
 
     n: int
     reshard_after_forward: bool
+    offload: str = "none"
+    """``optimizer+params``: shards live on the CPU; any offload: gradient shards go to the
+    CPU as soon as they are reduced."""
     groups: dict = field(default_factory=dict)  # tag -> Group ("root" for the root)
     order: list = field(default_factory=list)  # forward order of layer tags
     kept_ag: Tensor | None = None  # all_gather_state: the forward's last all-gather output
@@ -88,7 +91,8 @@ class Fsdp:
             numel = shard_numel(shape, self.n)
             g.leaves.append(p)
             g.shard_numels.append(numel)
-            tape.existing(numel, p.itemsize, f"shard:{p.name}", "weight", tag=p.storage.tag)
+            if self.offload != "optimizer+params":
+                tape.existing(numel, p.itemsize, f"shard:{p.name}", "weight", tag=p.storage.tag)
             tape.hide(p.storage, p.name)
         tape.segment_hook = self.on_segment
 
@@ -155,8 +159,8 @@ class Fsdp:
         out = tape.new(g.shard_total, g.itemsize, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
         for p, _ in have:
             key = id(p.storage)
-            if key not in self.sharded_grads:  # else added in place into the existing shard
-                self.sharded_grads[key] = tape.alias(out)
+            if self.offload == "none" and key not in self.sharded_grads:
+                self.sharded_grads[key] = tape.alias(out)  # else accumulated, or sent to host
         tape.drop(out)  # the sharded gradients are views of it (accumulating: a temporary)
         self.rs_inputs.append(rs_in)
 

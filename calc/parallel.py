@@ -30,9 +30,11 @@ if TYPE_CHECKING:
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
+ZeroPartition = Literal["shard", "by-parameter"]
 
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
+ZERO_PARTITIONS: tuple[str, ...] = get_args(ZeroPartition)
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 MAX_DEGREE = 1 << 20
@@ -81,6 +83,11 @@ class Parallelism:
     bucket); a number caps every bucket, the first included (as passing it to DDP does)."""
     gradient_as_bucket_view: bool = False
     """DDP: gradients are views into the buckets (no second copy of the gradients)."""
+    zero_partition: ZeroPartition = "shard"
+    """How ZeRO-1 splits the optimizer states over dp: ``shard`` (every state tensor's dim 0
+    split over dp, padded, as FSDP2 and DeepSpeed's flat partitions do: 1/dp each) or
+    ``by-parameter`` (whole parameters per rank, largest first to the least-loaded rank:
+    ``torch.distributed.optim.ZeroRedundancyOptimizer``)."""
     vocab_parallel: bool = False
     """With tp: the embedding split over the vocabulary and a vocabulary-parallel loss (else the
     embedding and the head are replicated on every tp rank)."""
@@ -102,6 +109,12 @@ class Parallelism:
         check_size("pp_microbatches", self.pp_microbatches, 1, 1 << 16)
         check_size("pp_virtual_stages", self.pp_virtual_stages, 1, 1 << 10)
         check_choice("offload", self.offload, OFFLOADS)
+        check_choice("zero_partition", self.zero_partition, ZERO_PARTITIONS)
+        if self.zero_partition == "by-parameter" and self.shard_level != 1:
+            raise ValueError(
+                f"zero_partition='by-parameter' with zero={self.zero}, fsdp={self.fsdp}: "
+                "ZeroRedundancyOptimizer's partition is a ZeRO-1 layout; allowed with zero=1 only"
+            )
         if self.ddp_bucket_mib is not None:
             check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
         if self.fsdp and self.zero not in (0, 3):
@@ -224,7 +237,7 @@ def holding(kind: str, parallel: Parallelism) -> tuple[Holding, ...]:
     elif parallel.dp > 1:
         sharded_from = {"state": 1, "grad": 2, "weight": 3}[kind]
         if level >= sharded_from:
-            by_param = kind == "state" and level == 1
+            by_param = kind == "state" and parallel.zero_partition == "by-parameter"
             out.append("dp-owned" if by_param else "dp-sharded")
     return tuple(out) or ("replicated",)
 
@@ -262,14 +275,9 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
     for hold in (w, g, s):
         if "pp-stage" in hold:
             raise NotImplementedError("pipeline parallelism (pp > 1) is not modelled yet")
-        if "cpu" in hold:
-            raise NotImplementedError("CPU offload is not modelled in the replay yet")
-    fsdp = "dp-sharded" in w
-    if not fsdp and ("dp-sharded" in g or "dp-sharded" in s):
-        raise NotImplementedError(
-            f"ZeRO stage {parallel.shard_level} without sharded parameters is not modelled in "
-            "the replay yet (use zero=1 with zero_partition='by-parameter', or zero=3/fsdp)"
-        )
+    fsdp = "dp-sharded" in w or (parallel.offload == "optimizer+params")
+    if parallel.offload != "none" and parallel.dp == 1:
+        raise NotImplementedError("CPU offload is modelled with data parallelism (dp > 1)")
     if parallel.cp > 1:
         raise NotImplementedError("context parallelism (cp > 1) is not modelled yet")
     local = model
@@ -279,13 +287,30 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
 
         local = tensor_parallel.rank_model(model, parallel)
         notes.append(f"tensor parallel: each rank replays {local.name}")
-    ddp = parallel.dp > 1 and not fsdp
+    zero2 = "dp-sharded" in g and not fsdp
+    ddp = parallel.dp > 1 and not fsdp and not zero2
     plan = ReplayPlan(
         grads_in_buckets=ddp and parallel.gradient_as_bucket_view,
         fsdp=fsdp,
-        shard_world=parallel.dp if fsdp else 1,
+        shard_world=parallel.dp,
         reshard_after_forward=parallel.reshard_after_forward,
+        shard_states="dp-sharded" in s and not fsdp,
+        shard_grads=zero2,
+        offload=parallel.offload,
     )
+    if plan.shard_states:
+        notes.append(
+            f"ZeRO-{parallel.zero} (analytic, no PyTorch engine runs it): optimizer states of "
+            f"each parameter's dim-0 shard (1/{parallel.dp})"
+            + ("; gradients reduce-scattered as they become ready" if zero2 else
+               "; gradients all-reduced through DDP's buckets")
+        )  # fmt: skip
+    if parallel.offload != "none":
+        notes.append(
+            f"offload={parallel.offload} (analytic): optimizer states and step on the CPU; "
+            "gradients leave the GPU after the backward"
+            + ("; parameter shards on the CPU, gathered per layer" if fsdp else "")
+        )
     if fsdp:
         notes.append(
             f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="

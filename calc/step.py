@@ -96,10 +96,6 @@ def replay_training(
     if sh.attention == "eager" and sh.autocast_itemsize and not hf_gpt2:
         raise NotImplementedError("eager attention under autocast is not modelled yet")
     tape = Tape(inplace_accumulate=device == "cuda")
-    if dp is not None:
-        data_parallel.install(tape, dp)
-    if grad_order is not None:
-        tape.grad_hook = _recording(tape.grad_hook, grad_order)
     w = reference.Weights(tape, sh)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
@@ -115,6 +111,8 @@ def replay_training(
     shapes = w.shapes(sh)
     if dp is not None and dp.optimizer_params is not None:
         shapes = [shapes[i] for i in dp.optimizer_params]
+    if dp is not None:
+        opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
     fsdp = None
     if dp is not None and dp.fsdp:
         from calc.fsdp import Fsdp
@@ -123,9 +121,11 @@ def replay_training(
             raise NotImplementedError(
                 "FSDP2 is modelled for implementation='reference' without recomputation"
             )
-        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward)
+        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
         fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)
+    if grad_order is not None:
+        tape.grad_hook = _recording(tape.grad_hook, grad_order)
     states = None
     scaler: list = []
     for step in (1, 2):
@@ -161,6 +161,9 @@ def replay_training(
         tape.segment = "optimizer"
         if fsdp is not None:
             fsdp.before_optimizer(tape)
+        if dp is not None and dp.offload != "none":  # states and step on the CPU
+            tape.zero_grad()  # the gradients went to the host during the backward
+            continue
         states = optimizer_step(
             tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
