@@ -88,10 +88,8 @@ def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> No
         raise NotImplementedError(
             "pipeline parallelism is modelled for implementation='reference' without autocast"
         )
-    if job.grad_accum != 1 or job.recompute != "none" or job.precision == "bf16-master":
-        raise NotImplementedError(
-            "pipeline parallelism with grad_accum > 1, recomputation or bf16-master"
-        )
+    if job.grad_accum != 1 or job.recompute != "none":
+        raise NotImplementedError("pipeline parallelism with grad_accum > 1 or recomputation")
 
 
 def stage_plans(model: ModelSpec, job: Training, parallel: Parallelism) -> list[StagePlan]:
@@ -145,16 +143,23 @@ def in_flight(plan: StagePlan) -> int:
 
 
 def replay_stage(
-    model: ModelSpec, job: Training, plan: StagePlan, device: str, n_layers: int | None = None
+    model: ModelSpec,
+    job: Training,
+    plan: StagePlan,
+    device: str,
+    n_layers: int | None = None,
+    tp_comm: bool = False,
 ) -> list[Event]:
     """Replay two optimizer steps of one pipeline stage; ``job`` is the micro-batch job
     (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences.
     ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
-    `calc.timeline` generalises)."""
+    `calc.timeline` generalises). ``tp_comm``: the stage's layers are one tensor-parallel
+    rank's (`calc.tensor_parallel`)."""
     from calc import step as step_mod
     from calc.optimizer import optimizer_step
 
-    sh = step_mod.shape_for(model, job, device, plan.n_layers if n_layers is None else n_layers)
+    layers = plan.n_layers if n_layers is None else n_layers
+    sh = step_mod.shape_for(model, job, device, layers, tp_comm)
     m = plan.microbatches
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
@@ -276,22 +281,26 @@ def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device
     from calc.estimate import ReplayOptions, compiled_for, evaluate
     from calc.parallel import RankClass, global_rank
 
-    if parallel.dp > 1 or parallel.tp > 1 or parallel.cp > 1:
-        raise NotImplementedError("pipeline parallelism combined with dp, tp or cp")
+    if parallel.dp > 1 or parallel.cp > 1 or parallel.sp:
+        raise NotImplementedError("pipeline parallelism combined with dp, cp or sp")
     if parallel.shard_level or parallel.offload != "none":
         raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
+    from calc.tensor_parallel import rank_model
+
     mb_job = microbatch_job(job, parallel)
+    tp_model = rank_model(model, parallel)  # the model itself when tp == 1
+    opts = {"tp_comm": parallel.tp > 1}
     out = []
     for plan in stage_plans(model, job, parallel):
-        local = model.with_overrides(n_layers=plan.n_layers)
-        comp, key = compiled_for(local, mb_job, device, ReplayOptions(stage=plan))
+        local = tp_model.with_overrides(n_layers=plan.n_layers)
+        comp, key = compiled_for(local, mb_job, device, ReplayOptions(stage=plan, **opts))
         role = "embedding" if plan.first else "loss" if plan.last else "middle"
         note = (
             f"pipeline stage {plan.stage} ({role}): {plan.n_layers} layers, "
             f"{plan.schedule}, {plan.microbatches} micro-batches of "
             f"{mb_job.micro_batch}, at most {in_flight(plan)} in flight"
         )
-        rank = global_rank(parallel, pp=plan.stage)
-        rc = RankClass((rank,), f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))
+        ranks = tuple(global_rank(parallel, pp=plan.stage, tp=t) for t in range(parallel.tp))
+        rc = RankClass(ranks, f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))
         out.append((rc, evaluate(comp, key, local, mb_job, device, (), (note,))))
     return out
