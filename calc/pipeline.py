@@ -21,6 +21,9 @@ and ``schedules.py``), each a tape event here:
   gradients ``[b/m, s, h]`` on every stage but the last (the backward's seed);
 * ``fwd_cache``: each micro-batch's stage output, kept from its forward to its backward (the
   last layer's output is saved by nothing else);
+* the input gradient a stage sends back stays referenced by the schedule's send list:
+  GPipe keeps every send's work to the end of the backward loop (``bwd_sends_to_wait``);
+  1F1B's ``bwd_sends`` (then ``send_work``) holds one until the next backward replaces it;
 * last stage: ``output_chunks`` keeps every micro-batch's logits ``[b/m, s, V]`` until the
   next step starts (``clear_runtime_states``), and ``step()`` returns them concatenated
   (``merge_chunks``: one ``[b, s, V]`` tensor, dropped by the caller); the losses are kept to
@@ -195,6 +198,7 @@ def replay_stage(
                 recv_grad.append(tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer"))
         cache: dict[int, Tensor] = {}
         losses: dict[int, Tensor] = {}
+        sent: list[Tensor] = []  # input gradients still held by the schedule's send lists
         for kind, i in schedule_actions(plan):
             if kind == "F":
                 out = _stage_forward(tape, sh, w, plan, cos, sin, recv_act[i] if recv_act else None)
@@ -215,8 +219,10 @@ def replay_stage(
                 tape.backward(out, seed=recv_grad[i])
             tape.drop(out)
             if recv_act:  # the input's gradient: read from .grad, set to None, sent
-                g = tape.grads.pop(id(recv_act[i].storage), None)
-                tape.drop(g)
+                sent.append(tape.grads.pop(id(recv_act[i].storage)))
+                if plan.schedule == "1f1b" and len(sent) > 1:
+                    tape.drop(sent.pop(0))  # the previous send's ops are replaced
+        tape.drop(*sent)  # the schedule returns: its send lists die
         tape.drop(*losses.values())
         if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
             tape.segment = "head"

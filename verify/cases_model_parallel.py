@@ -85,7 +85,8 @@ CASES: tuple[DistCase, ...] = (
 
 
 def _pp(name: str, parallel: Parallelism, *, layers: int = 4, tags: tuple[str, ...] = (),
-        note: str = "", tolerance_pct: float = 1.0, **job: Any) -> DistCase:  # fmt: skip
+        note: str = "", tolerance_pct: float = 1.0, scale_kv: int | None = None,
+        **job: Any) -> DistCase:  # fmt: skip
     job.setdefault("micro_batch", 4)
     job.setdefault("seq_len", 64)
     job.setdefault("precision", "fp32")
@@ -93,7 +94,9 @@ def _pp(name: str, parallel: Parallelism, *, layers: int = 4, tags: tuple[str, .
     job.setdefault("optimizer_impl", "for-loop")
     job.setdefault("implementation", "reference")
     return DistCase(
-        name=name, card=LLAMA, scale=(("layers", layers), ("tied_embeddings", False)),
+        name=name, card=LLAMA,
+        scale=(("layers", layers), ("tied_embeddings", False),
+               *((("kv_heads", scale_kv),) if scale_kv else ())),
         job=Training(**job), parallel=parallel, engine="pp", tags=("pp", *tags), note=note,
         tolerance_pct=tolerance_pct,
     )  # fmt: skip
@@ -135,4 +138,14 @@ CASES += (
     _fsdp_tp("fsdp2-tp2-dp2", Parallelism(dp=2, tp=2, fsdp=True)),
     _fsdp_tp("fsdp2-tp2-dp2-noreshard",
              Parallelism(dp=2, tp=2, fsdp=True, reshard_after_forward=False)),
+)  # fmt: skip
+
+
+CASES += (
+    _pp("pp2-tp2-1f1b-m2", Parallelism(pp=2, tp=2, pp_schedule="1f1b", pp_microbatches=2),
+        scale_kv=2, tags=("2d",), tolerance_pct=3.0,
+        note=f"2-D mesh [pp, tp]: TP inside each stage; {LATE}; {ONE_F_ONE_B}"),
+    _pp("pp2-tp2-gpipe-m2", Parallelism(pp=2, tp=2, pp_schedule="gpipe", pp_microbatches=2),
+        scale_kv=2, tags=("2d",), tolerance_pct=3.0,
+        note=f"2-D mesh [pp, tp]: TP inside each stage; {LATE}"),
 )  # fmt: skip

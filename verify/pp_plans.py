@@ -63,19 +63,26 @@ def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
     from verify.scale import with_dropout
 
     par = case.parallel
-    if par.pp != ctx.world or par.pp_virtual_stages != 1:
-        raise ValueError(f"pp engine: one stage per rank (pp={par.pp}, world={ctx.world})")
+    if par.pp * par.tp != ctx.world or par.pp_virtual_stages != 1 or par.dp * par.cp != 1:
+        raise ValueError(f"pp engine: one stage per pp rank (pp={par.pp}, tp={par.tp})")
     spec = with_dropout(spec, case.job.dropout)
     model, _ = build_model(spec, case.job, seed=case.seed, device=ctx.device)
     if spec.tied_embeddings:
         raise ValueError("pp engine: a tied head is not planned (untied models only)")
     model.set_rope(case.job.seq_len)
     counts = layers_per_stage(spec.n_layers, par)
-    start = sum(counts[: ctx.rank])
-    r, last = ctx.rank, ctx.world - 1
+    r, last = ctx.rank // par.tp, par.pp - 1  # mesh [pp, tp], tp innermost
+    start = sum(counts[:r])
     stage_mod = StageModule(model, start, start + counts[r], is_first=r == 0, is_last=r == last)
     del model
-    stage = PipelineStage(stage_mod, r, par.pp, torch.device(ctx.device))
+    group = None
+    if par.tp > 1:  # a 2-D mesh: Megatron splits inside each stage, stages over pp
+        from verify.tp_plans import _mesh, parallelize_blocks
+
+        mesh = _mesh(ctx.world, (par.pp, par.tp), ("pp", "tp"))
+        parallelize_blocks(stage_mod.layers, mesh["tp"])
+        group = mesh["pp"].get_group()
+    stage = PipelineStage(stage_mod, r, par.pp, torch.device(ctx.device), group=group)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(par.pp_schedule)
     if cls is None:
         raise ValueError(f"pp engine: pp_schedule={par.pp_schedule!r} is not planned")

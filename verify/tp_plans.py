@@ -92,7 +92,16 @@ def tensor_parallel(
         del top["lm_head"]  # replicated head: a plain nn.Linear on every rank
     if top:
         parallelize_module(model, mesh, top)
-    for block in model.layers:
+    parallelize_blocks(model.layers, mesh, sequence_parallel=sp)
+
+
+def parallelize_blocks(
+    blocks: torch.nn.ModuleList, mesh: DeviceMesh, *, sequence_parallel: bool = False
+) -> None:
+    """The per-layer part of `tensor_parallel` (also used on a pipeline stage's layers)."""
+    tp = mesh.size()
+    sp = sequence_parallel
+    for block in blocks:
         plan: dict = {
             "self_attn.q_proj": ColwiseParallel(),
             "self_attn.k_proj": ColwiseParallel(),
