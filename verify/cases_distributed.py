@@ -48,6 +48,8 @@ def _case(
 
 
 Q = ("quick",)
+BY_PARAM = "by-parameter"
+"""``ZeroRedundancyOptimizer``'s partition: whole parameters per rank."""
 GLOO_ASYNC_PCT = 3.0
 GLOO_ASYNC_NOTE = (
     "3 %: gloo runs FSDP2's reduce-scatter on a worker thread whose work object can keep the "
@@ -77,12 +79,12 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-ddp-before-backward-2", "ddp", Parallelism(dp=2), zero_grad="before_backward",
           note="gradients of the last step alive through the forward"),
     _case("dist-ddp-4", "ddp", Parallelism(dp=4)),
-    _case("dist-zero1-2", "zero1", Parallelism(dp=2, zero=1), tags=Q,
+    _case("dist-zero1-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM), tags=Q,
           note="ZeroRedundancyOptimizer: each rank holds the states of its parameters"),
-    _case("dist-zero1-4", "zero1", Parallelism(dp=4, zero=1),
+    _case("dist-zero1-4", "zero1", Parallelism(dp=4, zero=1, zero_partition=BY_PARAM),
           note="four ranks: unequal partitions, the most-loaded rank decides"),
-    _case("dist-zero1-sgdm-2", "zero1", Parallelism(dp=2, zero=1), optimizer="sgd-momentum"),
-    _case("dist-zero1-view-2", "zero1", Parallelism(dp=2, zero=1, gradient_as_bucket_view=True),
+    _case("dist-zero1-sgdm-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM), optimizer="sgd-momentum"),
+    _case("dist-zero1-view-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM, gradient_as_bucket_view=True),
           scale=MID),
     _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), tags=Q,
           tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 fully_shard per layer and root, "
