@@ -126,7 +126,7 @@ def _compile(key: tuple, device: str, branch: int) -> Compiled:
     elif opts.stage is not None:
         from calc.pipeline import replay_stage
 
-        events = replay_stage(model, job, opts.stage, device, n_layers=branch)
+        events = replay_stage(model, job, opts.stage, device, n_layers=branch, tp_comm=opts.tp_comm)
     else:
         events = replay_training(
             model, job, device, branch, tp_comm=opts.tp_comm, dp=opts.dp, grad_order=order

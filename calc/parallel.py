@@ -278,9 +278,7 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
     fsdp = "dp-sharded" in w or (parallel.offload == "optimizer+params")
     if parallel.offload != "none" and parallel.dp == 1:
         raise NotImplementedError("CPU offload is modelled with data parallelism (dp > 1)")
-    if parallel.cp > 1:
-        raise NotImplementedError("context parallelism (cp > 1) is not modelled yet")
-    local = model
+    local = model  # cp > 1: the job is the rank's (calc.context_parallel, in calc.ranks)
     notes: list[str] = []
     if "tp-split" in w:
         from calc import tensor_parallel

@@ -28,6 +28,10 @@ def estimate_parallel(
     if not isinstance(job, Training):
         raise NotImplementedError("parallel layouts are modelled for training only")
     check_divisibility(model, parallel)
+    if parallel.cp > 1:  # analytic: each rank runs s / cp tokens (calc.context_parallel)
+        from calc.context_parallel import rank_job
+
+        job = rank_job(job, parallel)
     results: list[tuple[RankClass, Estimate]] = []
     if parallel.pp > 1:  # one replay per pipeline stage (calc.pipeline)
         from calc.pipeline import stage_results
@@ -71,6 +75,15 @@ def _estimate_class(
         notes.append(
             f"DDP gradient buckets: 1 bucket in step 1, {n_buckets} after the rebuild "
             f"({'gradients are bucket views' if parallel.gradient_as_bucket_view else 'plus .grad'})"
+        )
+    if parallel.cp > 1:
+        from calc.context_parallel import ring_kv_bytes
+
+        kv = ring_kv_bytes(local, job)
+        extras.append(("context_parallel/ring_kv", kv, kv))
+        notes.append(
+            f"context parallel (analytic, not verified): {job.seq_len} tokens per rank, "
+            f"ring attention K/V chunks in flight {kv} B"
         )
     if plan.fsdp and device == "cpu":
         # One DeviceMesh per fully_shard call holds its ranks as a CPU int64 tensor
