@@ -132,7 +132,7 @@ def _compile(key: tuple, device: str, branch: int) -> Compiled:
             model, job, device, branch, tp_comm=opts.tp_comm, dp=opts.dp, grad_order=order
         )
     grad_order = tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
-    if branch >= timeline.GENERAL_LAYERS:
+    if branch >= timeline.GENERAL_LAYERS and not opts.exact_layers:
         cands = timeline.candidates_general(events)
     else:
         cands = timeline.candidates_exact(events)

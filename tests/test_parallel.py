@@ -215,3 +215,24 @@ def test_memory_never_grows_with_the_zero_stage(dp: int, seq: int, precision: st
     assert peak(dp, 0) >= peak(dp, 1) >= peak(dp, 2)
     assert peak(2 * dp, 1) <= peak(dp, 1)
     assert peak(2 * dp, 3) <= peak(dp, 3)
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp_replay_generalises_over_layers(reshard: bool) -> None:
+    """The five-layer replay that stands for any L (calc.timeline) gives the same peak and
+    phases for FSDP2 as replaying all seven layers, whose per-layer all-gathers, reshards and
+    reduce-scatters it must extrapolate."""
+    from calc.data_parallel import ReplayPlan
+    from calc.estimate import ReplayOptions, compiled_for, evaluate
+
+    model = _llama(n_layers=7, hidden=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn=128,
+                   vocab=256)  # fmt: skip
+    job = calc.Training(micro_batch=2, seq_len=16, precision="fp32", implementation="reference")
+    plan = ReplayPlan(fsdp=True, shard_world=2, reshard_after_forward=reshard)
+    out = []
+    for exact in (False, True):
+        comp, key = compiled_for(model, job, "cpu", ReplayOptions(dp=plan, exact_layers=exact))
+        assert comp.l_min == (7 if exact else 5)
+        out.append(evaluate(comp, key, model, job, "cpu"))
+    assert out[0].peak_bytes == out[1].peak_bytes
+    assert out[0].phases == out[1].phases
