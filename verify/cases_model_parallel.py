@@ -81,6 +81,11 @@ CASES: tuple[DistCase, ...] = (
     _tp("tp4-gqa-kv1", TP4, scale={"kv_heads": 4, "head_dim": 8},
         note=f"one kv head per rank (GQA groups kept whole); {LATE}"),
     _tp("tp2-sp", Parallelism(tp=2, sp=True), tags=("sp",)),
+    _tp("tp2-vocab-parallel", Parallelism(tp=2, vocab_parallel=True), tags=("vocab",),
+        note="embedding row-parallel over the vocabulary, head column-parallel, loss_parallel "
+        "(runs on gloo; calc does not model it yet)"),
+    _tp("tp2-sp-vocab-parallel", Parallelism(tp=2, sp=True, vocab_parallel=True),
+        tags=("sp", "vocab"), note="torchtitan's full plan (calc does not model it yet)"),
 )  # fmt: skip
 
 
