@@ -112,8 +112,9 @@ def _pl(pp: int, schedule: str, m: int) -> Parallelism:
 
 
 ONE_F_ONE_B = (
-    "1F1B: the tracker sees one stage output [b/m, s, h] more than the replay at the peak "
-    "(not yet named; a candidate is a send's work object holding it, as gloo's late release)"
+    "1F1B: on some non-last stages (pp2 stage 0 with m=4, pp4 stage 2) the tracker sees one "
+    "[b/m, s, h] stage output more than the replay at that rank's peak (not yet named; the "
+    "most-loaded rank is exact)"
 )
 
 CASES += (
