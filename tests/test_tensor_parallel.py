@@ -17,6 +17,8 @@ k and v 4096, o 8192, gate/up/down 16384 each, norms 1024: 74752. Whole rank: 32
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import calc
 from calc.tensor_parallel import rank_model
@@ -111,3 +113,16 @@ def test_model_states_shrink_as_tp_grows() -> None:
         if prev is not None:
             assert states < prev
         prev = states
+
+
+@settings(max_examples=15, deadline=None)
+@given(b=st.integers(1, 4), s=st.sampled_from([8, 16, 32, 64, 128]),
+       optimizer=st.sampled_from(["sgd", "adamw"]))  # fmt: skip
+def test_peak_never_grows_with_tp(b: int, s: int, optimizer: str) -> None:
+    """On this model the split part of every layer outweighs what tensor parallelism adds
+    (one all-reduced [b*s, h] copy at a time), so the rank's peak falls as tp grows."""
+    model = _llama(n_kv_heads=4)
+    job = _job(micro_batch=b, seq_len=s, optimizer=optimizer)
+    peaks = [calc.estimate(model, job, calc.Parallelism(tp=tp), device="cpu").peak_bytes
+             for tp in (1, 2, 4)]  # fmt: skip
+    assert peaks[0] >= peaks[1] >= peaks[2]
