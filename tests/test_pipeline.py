@@ -108,3 +108,19 @@ def test_interleaved_is_named_not_modelled() -> None:
                       pp_virtual_stages=2)  # fmt: skip
     with pytest.raises(NotImplementedError, match="interleaved"):
         calc.estimate(_llama(n_layers=4), _job(), par, device="cpu")
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_1f1b_never_above_gpipe(m: int) -> None:
+    """Narayanan et al. 2021 §2.2: 1F1B stashes at most pp - r micro-batches where GPipe
+    stashes all m; everything else a stage holds is the same, so no stage peaks higher."""
+    model = _llama(n_layers=4)
+    job = _job(micro_batch=m, seq_len=32)
+    peaks = {}
+    for schedule in ("gpipe", "1f1b"):
+        par = Parallelism(pp=2, pp_microbatches=m, pp_schedule=schedule)
+        peaks[schedule] = calc.estimate(model, job, par, device="cpu").rank_peaks
+    for rank in (0, 1):
+        assert peaks["1f1b"][rank] <= peaks["gpipe"][rank]
+    if m > 2:  # more micro-batches than stages: 1F1B strictly lighter on the first stage
+        assert peaks["1f1b"][0] < peaks["gpipe"][0]
