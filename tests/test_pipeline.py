@@ -110,7 +110,7 @@ def test_interleaved_is_named_not_modelled() -> None:
         calc.estimate(_llama(n_layers=4), _job(), par, device="cpu")
 
 
-@pytest.mark.parametrize("m", [2, 4, 8])
+@pytest.mark.parametrize("m", [2, 4])
 def test_1f1b_never_above_gpipe(m: int) -> None:
     """Narayanan et al. 2021 §2.2: 1F1B stashes at most pp - r micro-batches where GPipe
     stashes all m; everything else a stage holds is the same, so no stage peaks higher."""
