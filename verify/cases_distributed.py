@@ -79,6 +79,13 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-ddp-before-backward-2", "ddp", Parallelism(dp=2), zero_grad="before_backward",
           note="gradients of the last step alive through the forward"),
     _case("dist-ddp-4", "ddp", Parallelism(dp=4)),
+    _case("dist-ddp-view-before-backward-2", "ddp",
+          Parallelism(dp=2, gradient_as_bucket_view=True), zero_grad="before_backward",
+          scale=MID, note="bucket views alive through the forward in which the buckets are "
+          "rebuilt; measured 512 B above calc in step 2 only (one small allocation of the "
+          "rebuild, not named yet)"),
+    _case("dist-ddp-hf-2", "ddp", Parallelism(dp=2), implementation="hf", tolerance_pct=3.0,
+          note="Hugging Face LlamaForCausalLM under DDP (hf cases' 3 % bar)"),
     _case("dist-zero1-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM), tags=Q,
           note="ZeroRedundancyOptimizer: each rank holds the states of its parameters"),
     _case("dist-zero1-4", "zero1", Parallelism(dp=4, zero=1, zero_partition=BY_PARAM),
@@ -92,8 +99,8 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-fsdp2-keep-2", "fsdp2", Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
           tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 reshard_after_forward=False (parameters "
           "kept unsharded from forward to backward). " + GLOO_ASYNC_NOTE),
-    _case("dist-fsdp2-4", "fsdp2", Parallelism(dp=4, fsdp=True), tolerance_pct=GLOO_ASYNC_PCT,
-          note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-4", "fsdp2", Parallelism(dp=4, fsdp=True), scale=MID,
+          tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mid-2", "fsdp2", Parallelism(dp=2, fsdp=True), scale=MID,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-sgd-2", "fsdp2", Parallelism(dp=2, fsdp=True), optimizer="sgd-momentum",
