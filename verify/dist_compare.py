@@ -125,12 +125,12 @@ def per_rank_markdown(records: list[Any]) -> list[str]:
         "| case | layout | rank | predicted MiB | measured MiB | error % | step peaks MiB |",
         "|---|---|---|---|---|---|---|",
     ]
+    import calc
+
+    defaults = asdict(calc.Parallelism())
     for r in dist:
         par = r.pins.get("parallel", {})
-        layout = ", ".join(
-            f"{k}={v}" for k, v in par.items()
-            if v not in (1, False, None, 0, "none", "1f1b") or k in ("dp",)
-        )  # fmt: skip
+        layout = ", ".join(f"{k}={v}" for k, v in par.items() if v != defaults.get(k))
         layout = f"{r.pins.get('engine', '')}: {layout}"
         for rank, v in r.extra["ranks"].items():
             pred, meas = v.get("predicted"), v["measured"]
