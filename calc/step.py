@@ -117,9 +117,9 @@ def replay_training(
     if dp is not None and dp.fsdp:
         from calc.fsdp import Fsdp
 
-        if job.recompute != "none" or hf:
+        if job.recompute == "selective" or hf_gpt2:
             raise NotImplementedError(
-                "FSDP2 is modelled for implementation='reference' without recomputation"
+                "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
             )
         fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
         fsdp.install(tape, params, shapes)
@@ -138,6 +138,8 @@ def replay_training(
                 loss = hf_graph.forward(
                     tape, sh, w, use_cache=job.recompute == "none", sliding_layers=sliding
                 )
+                if fsdp is not None:
+                    fsdp.end_forward(tape)
             else:
                 if sh.autocast_itemsize:
                     tape.autocast_enter(sh.autocast_itemsize)

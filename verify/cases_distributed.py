@@ -105,6 +105,11 @@ CASES: tuple[DistCase, ...] = (
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-sgd-2", "fsdp2", Parallelism(dp=2, fsdp=True), optimizer="sgd-momentum",
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-recompute-2", "fsdp2", Parallelism(dp=2, fsdp=True), recompute="full",
+          tolerance_pct=GLOO_ASYNC_PCT, note="activation checkpointing inside FSDP2 units. "
+          + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-hf-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
+          tolerance_pct=GLOO_ASYNC_PCT, note="Hugging Face LlamaForCausalLM. " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
 )  # fmt: skip
