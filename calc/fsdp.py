@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-from calc.tape import Size, Tape, Tensor
+from calc.tape import Size, Storage, Tape, Tensor, round_block
 
 
 def shard_numel(shape: Sequence[Size], n: int) -> Size:
@@ -78,6 +78,7 @@ class Fsdp:
     kept_ag: Tensor | None = None  # all_gather_state: the forward's last all-gather output
     rs_inputs: list = field(default_factory=list)  # reduce-scatter inputs in flight
     unsharded: set = field(default_factory=set)  # tags whose parameters are unsharded
+    pads: dict = field(default_factory=dict)  # leaf storage id -> padding storage
     sharded_grads: dict = field(default_factory=dict)  # leaf storage id -> view of its shard
 
     # ------------------------------------------------------------------ setup
@@ -91,6 +92,15 @@ class Fsdp:
             numel = shard_numel(shape, self.n)
             g.leaves.append(p)
             g.shard_numels.append(numel)
+            # The unsharded storage is the padded all-gather output of this parameter
+            # (``init_all_gather_outputs``: N x padded shard); the leaf keeps its own size (its
+            # gradient has it), and the padding is a storage of the difference that comes and
+            # goes with it (both sizes are 512-byte multiples, so the sum is exact).
+            pad = round_block(self.n * numel * p.itemsize) - p.storage.size
+            if pad != 0:
+                st = Storage(pad, f"pad:{p.name}", "weight", p.storage.tag)
+                st.refs = 1
+                self.pads[id(p.storage)] = st
             if self.offload != "optimizer+params":
                 tape.existing(numel, p.itemsize, f"shard:{p.name}", "weight", tag=p.storage.tag)
             tape.hide(p.storage, p.name)
@@ -119,6 +129,8 @@ class Fsdp:
             self.kept_ag = None
         for p in g.leaves:
             tape.unhide(p.storage, p.name)
+            if id(p.storage) in self.pads:
+                tape.unhide(self.pads[id(p.storage)], f"pad:{p.name}")
         self.unsharded.add(g.tag)
         if keep:
             self.kept_ag = g.ag_out
@@ -131,6 +143,8 @@ class Fsdp:
             return
         for p in g.leaves:
             tape.hide(p.storage, p.name)
+            if id(p.storage) in self.pads:
+                tape.hide(self.pads[id(p.storage)], f"pad:{p.name}")
         self.unsharded.discard(g.tag)
 
     def _unshard(self, tape: Tape, g: Group, forward: bool) -> None:
