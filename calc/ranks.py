@@ -85,10 +85,11 @@ def _estimate_class(
             f"context parallel (analytic, not verified): {job.seq_len} tokens per rank, "
             f"ring attention K/V chunks in flight {kv} B"
         )
-    if plan.fsdp and device == "cpu":
+    if plan.fsdp and device == "cpu" and parallel.world_size == parallel.dp:
         # One DeviceMesh per fully_shard call holds its ranks as a CPU int64 tensor
         # (``init_device_mesh``: ``torch.arange(world_size)``); on a GPU run it stays in host
-        # memory, under the CPU tracker it counts (measured: one 512 B block per group).
+        # memory, under the CPU tracker it counts (measured: one 512 B block per group). With
+        # a 2-D layout the dp mesh is built once, before the model (none per call).
         groups = local.n_layers + 1
         extras.append(("fsdp/device_mesh_cpu", groups * 512, groups * 512))
         notes.append(f"CPU only: {groups} DeviceMesh rank tensors of 512 B")
