@@ -10,8 +10,10 @@ chunk and the one in flight.
 So a rank runs the single-GPU step at sequence length ``s / cp`` (`rank_job`: every activation
 divided by cp, as Korthikanti et al. 2022 divide activations by the parallel degree), plus the
 K/V chunks received from the ring (`ring_kv_bytes`). This module is **analytic**: no engine
-runs it on verify's CPU backend (PyTorch's ``context_parallel`` dispatches to CUDA SDPA
-kernels), so it is not verified by a measurement; ``calc.estimate`` says so in its notes.
+runs it on verify's CPU backend (tried with torch 2.13 on gloo: ``context_parallel`` raises
+"Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding
+strategy registered"; it supports the CUDA flash/efficient/cuDNN SDPA kernels), so it is not
+verified by a measurement; ``calc.estimate`` says so in its notes.
 """
 
 from __future__ import annotations
