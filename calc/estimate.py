@@ -64,6 +64,8 @@ class ReplayOptions:
     """How one rank's replay differs from the single-GPU step (part of the compile key)."""
 
     tp_comm: bool = False
+    tp_vocab: bool = False
+    """The embedding and head are split over the vocabulary (`calc.tensor_parallel`)."""
     """The model is one tensor-parallel rank's, with its all-reduces (`calc.tensor_parallel`)."""
     dp: ReplayPlan | None = None
     """Data-parallel changes to the step (`calc.data_parallel`)."""
@@ -129,7 +131,14 @@ def _compile(key: tuple, device: str, branch: int) -> Compiled:
         events = replay_stage(model, job, opts.stage, device, n_layers=branch, tp_comm=opts.tp_comm)
     else:
         events = replay_training(
-            model, job, device, branch, tp_comm=opts.tp_comm, dp=opts.dp, grad_order=order
+            model,
+            job,
+            device,
+            branch,
+            tp_comm=opts.tp_comm,
+            tp_vocab=opts.tp_vocab,
+            dp=opts.dp,
+            grad_order=order,
         )
     grad_order = tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
     if branch >= timeline.GENERAL_LAYERS and not opts.exact_layers:

@@ -287,8 +287,8 @@ def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device
     from calc.estimate import ReplayOptions, compiled_for, evaluate
     from calc.parallel import RankClass, global_rank
 
-    if parallel.dp > 1 or parallel.cp > 1 or parallel.sp:
-        raise NotImplementedError("pipeline parallelism combined with dp, cp or sp")
+    if parallel.dp > 1 or parallel.cp > 1 or parallel.sp or parallel.vocab_parallel:
+        raise NotImplementedError("pipeline parallelism combined with dp, cp, sp or vocab_parallel")
     if parallel.shard_level or parallel.offload != "none":
         raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
     from calc.tensor_parallel import rank_model

@@ -64,7 +64,10 @@ def _estimate_class(
     local = rc.model
     plan = rc.replay
     opts = ReplayOptions(
-        tp_comm=parallel.tp > 1, dp=plan, exact_layers=plan.optimizer_params is not None
+        tp_comm=parallel.tp > 1,
+        tp_vocab=parallel.tp > 1 and parallel.vocab_parallel,
+        dp=plan,
+        exact_layers=plan.optimizer_params is not None,
     )
     comp, key = compiled_for(local, job, device, opts)
     extras: list[tuple[str, int, int]] = []

@@ -22,7 +22,12 @@ INDEX_ITEMSIZE = 8  # int64 token ids and targets
 
 
 def shape_for(
-    model: ModelSpec, job: Training, device: str, n_layers: int, tp_comm: bool = False
+    model: ModelSpec,
+    job: Training,
+    device: str,
+    n_layers: int,
+    tp_comm: bool = False,
+    tp_vocab: bool = False,
 ) -> reference.Shape:
     """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
     model is one tensor-parallel rank's (`calc.tensor_parallel`), with its all-reduces."""
@@ -48,7 +53,7 @@ def shape_for(
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
         attention=kernel, recompute=job.recompute,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
-        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm,
+        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab,
     )  # fmt: skip
 
 
@@ -58,6 +63,7 @@ def replay_training(
     device: str,
     n_layers: int,
     tp_comm: bool = False,
+    tp_vocab: bool = False,
     dp: ReplayPlan | None = None,
     grad_order: list | None = None,
 ) -> list[Event]:
@@ -71,7 +77,7 @@ def replay_training(
 
     opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
 
-    sh = shape_for(model, job, device, n_layers, tp_comm)
+    sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     hf = job.implementation == "hf"

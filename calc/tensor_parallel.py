@@ -95,14 +95,20 @@ def rank_model(model: ModelSpec, parallel: Parallelism) -> ModelSpec:
             "sequence parallelism (sp=True) is not modelled yet: verify measures it "
             "(SequenceParallel norms, all-gathered linear inputs saved whole)"
         )
-    if getattr(parallel, "vocab_parallel", False):
-        raise NotImplementedError("the vocabulary-parallel embedding and loss are not modelled")
     check_tensor_parallel(model, tp)
+    vocab = model.vocab
+    if parallel.vocab_parallel:
+        if model.tied_embeddings:
+            raise NotImplementedError("a vocabulary-parallel tied embedding/head is not modelled")
+        if vocab % tp:
+            raise ValueError(f"tp={tp} does not divide vocab={vocab} (vocab_parallel=True)")
+        vocab //= tp
     return model.with_overrides(
         name=f"{model.name}/tp{tp}",
         n_heads=model.n_heads // tp,
         n_kv_heads=model.n_kv_heads // tp,
         ffn=model.ffn // tp,
+        vocab=vocab,
     )
 
 
@@ -159,3 +165,35 @@ def row_linear(
     local = ops.view(tape, r)
     tape.drop(r)
     return local
+
+
+def loss_parallel_cross_entropy(
+    tape: Tape, logits: Tensor, rows: object, vocab: object, itemsize: int
+) -> Tensor:
+    """``F.cross_entropy`` on vocabulary-sharded logits under ``loss_parallel()``
+    (``torch/distributed/tensor/parallel/loss.py``): ``log_softmax`` [rows, V/tp] (its
+    max/sum all-reduces run inside DTensor's dispatch) and ``nll_loss`` (loss and total_weight,
+    0-d). Backward: ``_nll_loss_backward_handler`` returns the whole log-softmax gradient
+    ``(grad_input + exp(x)) * grad_output`` [rows, V/tp]; ``_log_softmax_backward_handler``
+    hands it on as it is (``grad_output.to(dtype)``, no copy). Intermediates made inside
+    DTensor's dispatch are not seen by the CPU tracker."""
+    if tape.autocast_itemsize:
+        raise NotImplementedError("loss_parallel under autocast is not modelled")
+
+    def lsm_rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.alias(g) if g is not None else None]
+
+    logp = tape.new(logits.numel, itemsize, "logp")
+    n = tape.node("LogSoftmax", lsm_rule, [logits], saved=[logp])
+    tape.output(logp, n)
+
+    def nll_rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(rows * vocab, itemsize, "dlogp")]
+
+    loss = tape.new(1, itemsize, "loss")
+    total_weight = tape.new(1, itemsize, "total_weight")
+    n2 = tape.node("NllLoss", nll_rule, [logp], saved=[logp, total_weight])
+    tape.drop(total_weight)
+    tape.drop(logp)
+    return tape.output(loss, n2)

@@ -82,8 +82,10 @@ CASES: tuple[DistCase, ...] = (
         note=f"one kv head per rank (GQA groups kept whole); {LATE}"),
     _tp("tp2-sp", Parallelism(tp=2, sp=True), tags=("sp",)),
     _tp("tp2-vocab-parallel", Parallelism(tp=2, vocab_parallel=True), tags=("vocab",),
-        note="embedding row-parallel over the vocabulary, head column-parallel, loss_parallel "
-        "(runs on gloo; calc does not model it yet)"),
+        note="embedding row-parallel over the vocabulary, head column-parallel, loss_parallel; "
+        f"its max/sum all-reduces and masks run inside DTensor's dispatch (unseen); {LATE}"),
+    _tp("tp4-vocab-parallel-sgd", Parallelism(tp=4, vocab_parallel=True), tags=("vocab",),
+        optimizer="sgd", seq_len=128, note=f"as tp2-vocab-parallel on 4 ranks; {LATE}"),
     _tp("tp2-sp-vocab-parallel", Parallelism(tp=2, sp=True, vocab_parallel=True),
         tags=("sp", "vocab"), note="torchtitan's full plan (calc does not model it yet)"),
 )  # fmt: skip

@@ -56,6 +56,9 @@ class Shape:
     tp_comm: bool = False
     """Tensor parallelism's column/row linears with their all-reduces (`calc.tensor_parallel`);
     the sizes are then those of one rank."""
+    tp_vocab: bool = False
+    """The embedding and the head split over the vocabulary (``V`` is then one rank's share):
+    the embedding's partial output all-reduced, the head column-parallel."""
 
 
 def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
@@ -328,6 +331,10 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
         tape.drop(pos)
         x = ops.add(tape, tok, pe, "embed_out")
         tape.drop(tok, pe)
+    elif sh.tp_vocab:  # RowwiseParallel embedding: masked local lookup, then all-reduce
+        part = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+        x = tensor_parallel.all_reduce(tape, part, "embed.all_reduce")
+        tape.drop(part)
     else:
         x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
     x = _maybe_dropout(tape, sh, x, sh.embed_dropout, "embed.drop")
@@ -342,9 +349,15 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
     tape.segment = "head"
     hid = norm(tape, sh, x, w.norm, w.norm_b, n)
     tape.drop(x)
-    logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    if sh.tp_vocab:  # ColwiseParallel head: logits [n, V / tp]; loss_parallel's cross entropy
+        logits = tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
+    else:
+        logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
     tape.drop(hid)
     flat = ops.view(tape, logits)
-    loss = ops.cross_entropy(tape, flat, n, sh.V, logits.itemsize)
+    if sh.tp_vocab:
+        loss = tensor_parallel.loss_parallel_cross_entropy(tape, flat, n, sh.V, logits.itemsize)
+    else:
+        loss = ops.cross_entropy(tape, flat, n, sh.V, logits.itemsize)
     tape.drop(flat, logits)
     return loss
