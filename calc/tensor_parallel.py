@@ -9,7 +9,11 @@ The split (Shoeybi et al. 2019, "Megatron-LM", §3; PyTorch ``ColwiseParallel`` 
   attention core runs on those heads only; ``o_proj`` is row-parallel;
 * MLP: ``gate_proj``/``up_proj`` column-parallel (``ffn / tp`` columns each), ``down_proj``
   row-parallel;
-* embedding, norms and head stay replicated (every rank holds them whole).
+* embedding, norms and head stay replicated (every rank holds them whole), unless
+  ``vocab_parallel``: the embedding's rows and the head's rows are split over the vocabulary
+  (``RowwiseParallel`` embedding: masked local lookup, then an all-reduce of its ``[b*s, h]``
+  output; ``ColwiseParallel`` head; ``loss_parallel`` cross entropy,
+  `loss_parallel_cross_entropy`).
 
 So a rank replays the single-GPU step of a model with ``n_heads / tp``, ``n_kv_heads / tp``
 and ``ffn / tp`` (head_dim and hidden unchanged): `rank_model`. The communication adds
@@ -24,8 +28,7 @@ torch 2.13, ``_c10d_functional.all_reduce`` = clone + in-place all-reduce):
   ``Partial -> Replicate``): `enter_column`. q, k and v (and gate and up) each do it: one
   all-reduce per linear, their results then summed as usual.
 
-Sequence parallelism, a vocabulary-parallel embedding/loss and GPT-2's fused ``c_attn`` are
-not modelled here yet: `rank_model` raises ``NotImplementedError`` naming them. What verify
+Sequence parallelism and GPT-2's fused ``c_attn`` are not modelled here yet: `rank_model` raises ``NotImplementedError`` naming them. What verify
 measured of PyTorch's sequence parallelism (torchtitan's plan, gloo, torch 2.13), for whoever
 models it: the norms run on ``[b, s/tp, h]`` shards and the residual stream is a local
 ``[b, s/tp, h]`` tensor, but the attention and MLP inputs are all-gathered

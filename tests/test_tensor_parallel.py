@@ -58,6 +58,19 @@ def test_rank_weights_by_hand(tp: int, weights: int) -> None:
     assert est.breakdown["weights"] == weights
 
 
+def test_vocab_parallel_splits_embedding_and_head() -> None:
+    # vocab_parallel: embedding and head [V/tp, h] = [32, 64] fp32 = 8192 B each instead of
+    # 16384: W_TP2 - 2 * 8192 = 166400.
+    par = calc.Parallelism(tp=2, vocab_parallel=True)
+    est = calc.estimate(_llama(), _job(), par, device="cpu")
+    assert est.breakdown["weights"] == W_TP2 - 2 * 8192
+
+
+def test_vocab_parallel_needs_tp_to_divide_the_vocabulary() -> None:
+    with pytest.raises(ValueError, match="vocab=66"):
+        rank_model(_llama(vocab=66, n_kv_heads=4), calc.Parallelism(tp=4, vocab_parallel=True))
+
+
 def test_rank_optimizer_states_follow_the_split() -> None:
     # AdamW: exp_avg and exp_avg_sq like each parameter: W_TP2 each on a tp=2 rank.
     est = calc.estimate(_llama(), _job(), calc.Parallelism(tp=2), device="cpu")
