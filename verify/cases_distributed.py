@@ -82,8 +82,8 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-ddp-view-before-backward-2", "ddp",
           Parallelism(dp=2, gradient_as_bucket_view=True), zero_grad="before_backward",
           scale=MID, note="bucket views alive through the forward in which the buckets are "
-          "rebuilt; measured 512 B above calc in step 2 only (one small allocation of the "
-          "rebuild, not named yet)"),
+          "rebuilt; in one run of two measured 512 B above calc in step 2 (one small "
+          "allocation, timing-dependent, not named yet)"),
     _case("dist-ddp-hf-2", "ddp", Parallelism(dp=2), implementation="hf", tolerance_pct=3.0,
           note="Hugging Face LlamaForCausalLM under DDP (hf cases' 3 % bar)"),
     _case("dist-zero1-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM), tags=Q,
