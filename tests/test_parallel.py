@@ -236,3 +236,21 @@ def test_fsdp_replay_generalises_over_layers(reshard: bool) -> None:
         out.append(evaluate(comp, key, model, job, "cpu"))
     assert out[0].peak_bytes == out[1].peak_bytes
     assert out[0].phases == out[1].phases
+
+
+def test_offload_keeps_states_off_the_gpu() -> None:
+    """ZeRO-Offload / ZeRO-Infinity: with the optimizer offloaded no optimizer state or step
+    temporary is on the GPU; with the parameters offloaded too, no parameter shard either, so
+    at a forward peak the GPU holds only the layers gathered then."""
+    model = _llama()
+    job = calc.Training(micro_batch=1, seq_len=16, precision="bf16-master",
+                        implementation="reference")  # fmt: skip
+    base = calc.estimate(model, job, calc.Parallelism(dp=4, zero=3))
+    opt = calc.estimate(model, job, calc.Parallelism(dp=4, zero=3, offload="optimizer"))
+    both = calc.estimate(model, job, calc.Parallelism(dp=4, zero=3, offload="optimizer+params"))
+    assert base.breakdown["optimizer"] == 12 * model.n_params // 4
+    for est in (opt, both):
+        assert "optimizer" not in est.breakdown
+    assert both.peak_bytes < opt.peak_bytes < base.peak_bytes
+    with pytest.raises(NotImplementedError, match="dp > 1"):
+        calc.estimate(model, job, calc.Parallelism(tp=2, offload="optimizer"))
