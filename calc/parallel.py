@@ -37,6 +37,9 @@ OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_PARTITIONS: tuple[str, ...] = get_args(ZeroPartition)
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
+BY_PARAMETER_MAX_LAYERS = 16
+"""Largest model (layers) for which the by-parameter ZeRO-1 partition is replayed layer by
+layer (about 5 s per layer and rank on one core)."""
 MAX_DEGREE = 1 << 20
 """Upper bound on any parallel degree (beyond any real cluster; guards typos)."""
 
@@ -318,6 +321,12 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
     every = tuple(range(parallel.world_size))
     if "dp-owned" not in s:
         return [RankClass(every, "every rank", local, plan, ddp, tuple(notes))]
+    if local.n_layers > BY_PARAMETER_MAX_LAYERS:
+        raise NotImplementedError(
+            f"zero_partition='by-parameter' replays every layer once per dp rank (the partition "
+            f"is not the same in every layer); {local.n_layers} layers is beyond "
+            f"{BY_PARAMETER_MAX_LAYERS}: use zero_partition='shard' (states 1/dp per parameter)"
+        )
     numels = _param_numels(local)
     parts = zero_redundancy_partition(numels, parallel.dp)
     out = []
