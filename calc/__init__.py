@@ -13,6 +13,7 @@ from calc.distill import Distill
 from calc.estimate import estimate, values_for
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec, ParamTensor
+from calc.parallel import Parallelism, check_divisibility
 from calc.pruning import Pruning, pruned_spec, storage_verdict
 from calc.result import GIB, Estimate
 
@@ -23,11 +24,13 @@ __all__ = [
     "Inference",
     "LoRA",
     "ModelSpec",
+    "Parallelism",
     "ParamTensor",
     "Pruning",
     "Quant",
     "Training",
     "attention_kernel",
+    "check_divisibility",
     "estimate",
     "list_cards",
     "load_card",

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import calc
 from calc import cli_compression, jobs
 from calc.cards import list_cards
+from calc.parallel import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.result import GIB
 
 if TYPE_CHECKING:
@@ -128,9 +129,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.add_argument("--prompt", type=int, help="tokens in the prefill (default: --context)")
 
+    par = p.add_argument_group("parallelism (training; calc.Parallelism, default: one GPU)")
+    for flag, hlp in (
+        ("--dp", "data-parallel degree (default 1)"),
+        ("--tp", "tensor-parallel degree (default 1)"),
+        ("--pp", "pipeline-parallel degree (default 1)"),
+        ("--cp", "context-parallel degree (default 1)"),
+        ("--zero", "ZeRO stage over dp: 0 (DDP), 1, 2, 3 (default 0)"),
+        ("--pp-microbatches", "micro-batches per step through the pipeline (default 1)"),
+        ("--pp-virtual-stages", "model chunks per pipeline rank (default 1)"),
+        ("--ddp-bucket-mib", "DDP bucket_cap_mb (default: torch's, 1 MiB first then 25 MiB)"),
+    ):
+        par.add_argument(flag, type=int, help=hlp)
+    par.add_argument("--pp-schedule", help=f"{_choices(PIPELINE_SCHEDULES)} (default 1f1b)")
+    par.add_argument("--offload", help=f"{_choices(OFFLOADS)} (default none)")
+    for flag, hlp in (
+        ("--sp", "sequence parallelism with --tp"),
+        ("--fsdp", "PyTorch FSDP2 fully_shard per layer (ZeRO-3 sharding)"),
+        ("--gradient-as-bucket-view", "DDP gradient_as_bucket_view=True"),
+        ("--vocab-parallel", "with --tp: vocabulary-parallel embedding and loss"),
+        ("--no-reshard-after-forward", "FSDP2 reshard_after_forward=False"),
+    ):
+        par.add_argument(flag, action="store_true", default=None, help=hlp)
+
     from calc import cli_prune_distill
 
     cli_prune_distill.add_arguments(p)
+
     out = p.add_argument_group("output")
     out.add_argument(
         "--device",
@@ -183,6 +208,26 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
     if args.task == "train":
         return cli_compression.apply(args, calc.Training(**{**DEFAULT_TRAINING, **kwargs}))
     return cli_compression.apply(args, calc.Inference(**{**DEFAULT_INFERENCE, **kwargs}))
+
+
+PARALLEL_FIELDS: tuple[str, ...] = (
+    "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
+    "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
+)  # fmt: skip
+
+
+def build_parallel(args: argparse.Namespace) -> Parallelism | None:
+    """``calc.Parallelism`` from the parallelism options (None when none is given); its
+    constructor validates every field."""
+    kwargs = {f: getattr(args, f) for f in PARALLEL_FIELDS if getattr(args, f) is not None}
+    if args.no_reshard_after_forward:
+        kwargs["reshard_after_forward"] = False
+    if not kwargs:
+        return None
+    if args.task != "train":
+        names = ", ".join("--" + f.replace("_", "-") for f in kwargs)
+        raise ValueError(f"task={args.task!r} does not take {names} (parallel inference)")
+    return calc.Parallelism(**kwargs)
 
 
 def check_output_args(args: argparse.Namespace) -> None:
@@ -249,9 +294,10 @@ def verdict(peak_bytes: int, gpu_gib: float) -> tuple[bool, int, str]:
 def render_table(est: Estimate, depth: int | None) -> list[str]:
     """The breakdown at the peak: one row per node, indented by depth, GiB and % of peak."""
     peak = int(est.peak_bytes)
+    tree = {k: v for k, v in est.breakdown.items() if not k.startswith("ranks/")}
     rows = [
         (d, key, n)
-        for d, key, n in breakdown_rows(est.breakdown)
+        for d, key, n in breakdown_rows(tree)
         if depth is None or d < depth or key == "total"
     ]
     labels = [
@@ -277,7 +323,8 @@ def run(args: argparse.Namespace) -> int:
 
     model, job = cli_prune_distill.apply(args, model, job)
     stored = cli_prune_distill.storage(args, model, job)
-    est = calc.estimate(model, job, device=args.device)
+    parallel = build_parallel(args)
+    est = calc.estimate(model, job, parallel, device=args.device)
     peak = int(est.peak_bytes)
     fits, headroom, sentence = verdict(peak, args.gpu_gib)
 
@@ -298,6 +345,10 @@ def run(args: argparse.Namespace) -> int:
             "fits": fits,
             "headroom_bytes": headroom,
         }
+        if parallel is not None:
+            out["parallel"] = dataclasses.asdict(parallel)
+            out["most_loaded_rank"] = est.rank
+            out["rank_peaks"] = {str(r): int(v) for r, v in est.rank_peaks.items()}
         if args.latex:
             out["latex"] = est.latex()
         if stored is not None:
@@ -308,11 +359,23 @@ def run(args: argparse.Namespace) -> int:
     job_desc = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(job).items())
     print(f"model: {label} ({int(model.n_params):,} parameters)")
     print(f"job:   {type(job).__name__}({job_desc}), device={args.device}")
+    if parallel is not None:
+        changed = {
+            k: v for k, v in dataclasses.asdict(parallel).items()
+            if v != getattr(calc.Parallelism(), k)
+        }  # fmt: skip
+        print(f"parallel: {', '.join(f'{k}={v}' for k, v in changed.items())} "
+              f"({parallel.world_size} GPUs)")  # fmt: skip
     print()
     print("\n".join(render_table(est, args.depth)))
     print()
     print(f"peak phase: {est.peak_phase} (at {est.peak_event})")
     print(f"peak:       {format_gib(peak)} ({peak:,} bytes)")
+    if parallel is not None:
+        peaks = sorted(set(est.rank_peaks.values()))
+        spread = f"; ranks range {format_gib(peaks[0])} to {format_gib(peaks[-1])}"
+        print(f"rank:       the most-loaded GPU is rank {est.rank} of {parallel.world_size}"
+              f"{spread if len(peaks) > 1 else ' (every rank the same)'}")  # fmt: skip
     print(f"verdict:    {sentence}")
     if stored is not None:
         print()

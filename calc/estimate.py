@@ -20,8 +20,10 @@ import sympy as sp
 from calc import symbols as S
 from calc import timeline
 from calc.attention import attention_kernel
+from calc.data_parallel import ReplayPlan
 from calc.jobs import DEVICES, Inference, Training, check_choice
 from calc.model_spec import ModelSpec
+from calc.parallel import Parallelism
 from calc.result import Estimate
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
@@ -40,6 +42,7 @@ class Compiled:
     sizes_fn: object  # (*ALL_SYMBOLS) -> list of sizes
     l_min: int
     phase_index: tuple  # (phase, candidate indices)
+    grad_order: tuple = ()  # (name, tag, numel expr, itemsize) of leaves, first-backward order
     _expr: list = field(default_factory=list)
 
     def expression(self) -> sp.Expr:
@@ -56,7 +59,28 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
     return replace(job, batch=1, context=1, prompt=None)
 
 
-def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How one rank's replay differs from the single-GPU step (part of the compile key)."""
+
+    tp_comm: bool = False
+    tp_vocab: bool = False
+    """The embedding and head are split over the vocabulary (`calc.tensor_parallel`)."""
+    """The model is one tensor-parallel rank's, with its all-reduces (`calc.tensor_parallel`)."""
+    dp: ReplayPlan | None = None
+    """Data-parallel changes to the step (`calc.data_parallel`)."""
+    exact_layers: bool = False
+    """Replay every layer (no generalisation from five): the rank's state differs per layer."""
+    stage: object = None
+    """A pipeline stage (`calc.pipeline.StagePlan`): the rank replays that stage's schedule."""
+
+
+SINGLE = ReplayOptions()
+
+
+def _structure_key(
+    model: ModelSpec, job: Training | Inference, opts: ReplayOptions = SINGLE
+) -> tuple:
     gqa = model.n_kv_heads != model.n_heads
     heads_span_hidden = model.n_heads * model.head_dim == model.hidden
     # HF inference: a one-token prompt, or a sliding window within the context, takes other
@@ -82,7 +106,7 @@ def _structure_key(model: ModelSpec, job: Training | Inference) -> tuple:
         model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
         model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
         model.learned_positions, model.attention_dropout, model.hidden_dropout,
-        model.embedding_dropout, gqa, attention_kernel(model, job), _job_structure(job),
+        model.embedding_dropout, gqa, opts, attention_kernel(model, job), _job_structure(job),
     )  # fmt: skip
 
 
@@ -90,21 +114,38 @@ def _branch(n_layers: int) -> int:
     return min(n_layers, timeline.GENERAL_LAYERS)
 
 
-_EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference]] = {}
+_EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference, ReplayOptions]] = {}
 
 
 @lru_cache(maxsize=512)
 def _compile(key: tuple, device: str, branch: int) -> Compiled:
-    model, job = _EXEMPLAR[key]
+    model, job, opts = _EXEMPLAR[key]
     from calc.step import replay_training
 
+    order: list = []
     if isinstance(job, Inference):
+        if opts != SINGLE:
+            raise NotImplementedError("parallel inference is not modelled yet")
         from calc.inference import replay_inference
 
         events = replay_inference(model, job, device, branch)
+    elif opts.stage is not None:
+        from calc.pipeline import replay_stage
+
+        events = replay_stage(model, job, opts.stage, device, n_layers=branch, tp_comm=opts.tp_comm)
     else:
-        events = replay_training(model, job, device, branch)
-    if branch >= timeline.GENERAL_LAYERS:
+        events = replay_training(
+            model,
+            job,
+            device,
+            branch,
+            tp_comm=opts.tp_comm,
+            tp_vocab=opts.tp_vocab,
+            dp=opts.dp,
+            grad_order=order,
+        )
+    grad_order = tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
+    if branch >= timeline.GENERAL_LAYERS and not opts.exact_layers:
         cands = timeline.candidates_general(events)
     else:
         cands = timeline.candidates_exact(events)
@@ -114,7 +155,7 @@ def _compile(key: tuple, device: str, branch: int) -> Compiled:
         (phase, np.array([j for j, c in enumerate(tl.candidates) if c.phase == phase]))
         for phase in dict.fromkeys(c.phase for c in tl.candidates)
     )
-    return Compiled(tl, fn, branch, phase_index)
+    return Compiled(tl, fn, branch, phase_index, grad_order)
 
 
 def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, int]:
@@ -128,9 +169,18 @@ def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, i
     return vals
 
 
-def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") -> Estimate:
+def estimate(
+    model: ModelSpec,
+    job: Training | Inference,
+    parallel: Parallelism | None = None,
+    device: str = "cuda",
+) -> Estimate:
     """Peak bytes of ``job`` on one GPU (``device="cuda"``: ``max_memory_allocated``) or under
     verify's CPU storage tracker (``device="cpu"``), with the phases and the breakdown.
+
+    With ``parallel`` (a `calc.Parallelism` over several GPUs), the estimate is the most-loaded
+    rank's (``Estimate.rank``), with every rank's peak in ``Estimate.rank_peaks`` and
+    ``ranks/<r>`` keys in the breakdown (`calc.ranks`).
 
     Raises ``ValueError`` for invalid input and ``NotImplementedError`` for a combination the
     cost model does not cover yet (the message names it).
@@ -148,37 +198,74 @@ def estimate(model: ModelSpec, job: Training | Inference, device: str = "cuda") 
         from calc.quant import check_fits
 
         check_fits(model, job.quant)
-    comp, key = _compiled_for(model, job, device)
+    compressed = isinstance(job, Training) and any(
+        x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
+    )
+    if parallel is not None and not parallel.is_single and compressed:
+        raise NotImplementedError(
+            "parallelism together with LoRA/QLoRA, quantization, pruning or distillation is "
+            "not modelled yet"
+        )
+    if parallel is not None and not isinstance(parallel, Parallelism):
+        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
+    if parallel is not None and not parallel.is_single:
+        from calc.ranks import estimate_parallel
+
+        return estimate_parallel(model, job, parallel, device)
+    comp, key = compiled_for(model, job, device)
+    return evaluate(comp, key, model, job, device)
+
+
+def evaluate(
+    comp: Compiled,
+    key: tuple,
+    model: ModelSpec,
+    job: Training | Inference,
+    device: str,
+    extras: tuple[tuple[str, int, int], ...] = (),
+    notes: tuple[str, ...] = (),
+) -> Estimate:
+    """The estimate of one compiled replay at ``model``/``job``'s sizes. ``extras`` are constant
+    storages outside the replay: ``(breakdown key, bytes in step 1, bytes from step 2 on)``."""
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]
     sizes = np.array(comp.sizes_fn(*args), dtype=np.int64)
     tl = comp.timeline
     tot = timeline.totals(tl, sizes, model.n_layers)
-    extra, notes = _device_terms(job, device)
+    extra, dev_notes = _device_terms(job, device)
     tot = tot + extra
+    first = np.array([c.phase.startswith("step1/") for c in tl.candidates], dtype=bool)
+    for _name, step1, later in extras:
+        tot = tot + np.where(first, step1, later)
     i = int(np.argmax(tot))
     phases = {phase: int(tot[idx].max()) for phase, idx in comp.phase_index}
     cand = tl.candidates[i]
     n_layers = model.n_layers
+    const = {name: (step1 if first[i] else later) for name, step1, later in extras}
+    const_total = extra + sum(const.values())
     return Estimate(
         peak_bytes=int(tot[i]),
         peak_phase=cand.phase,
         peak_event=cand.label.lstrip("+"),
-        breakdown_fn=lambda: _breakdown(cand, sizes, tl, n_layers, extra, device),
+        breakdown_fn=lambda: _breakdown(cand, sizes, tl, n_layers, extra, device, const),
         phases=phases,
-        expression_fn=lambda: comp.expression() + extra,
-        peak_expression_fn=lambda: timeline.candidate_expression(tl, i, S.L) + extra,
+        expression_fn=lambda: comp.expression() + const_total,
+        peak_expression_fn=lambda: timeline.candidate_expression(tl, i, S.L) + const_total,
         values=vals,
         device=device,
-        notes=(f"attention kernel: {key[-2]}", *notes),
+        notes=(f"attention kernel: {key[-2]}", *dev_notes, *notes),
     )
 
 
 @lru_cache(maxsize=4096)
-def _compiled_for(model: ModelSpec, job: Training | Inference, device: str) -> tuple:
-    key = _structure_key(model, job)
-    _EXEMPLAR.setdefault(key, (model, job))
-    return _compile(key, device, _branch(model.n_layers)), key
+def compiled_for(
+    model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
+) -> tuple[Compiled, tuple]:
+    """The compiled replay of this structure (cached) and its key."""
+    key = _structure_key(model, job, opts)
+    _EXEMPLAR.setdefault(key, (model, job, opts))
+    branch = model.n_layers if opts.exact_layers else _branch(model.n_layers)
+    return _compile(key, device, branch), key
 
 
 def _device_terms(job: Training | Inference, device: str) -> tuple[int, tuple[str, ...]]:
@@ -199,7 +286,7 @@ def _group(tag: object) -> str:
 
 def _breakdown(
     cand: timeline.Candidate, sizes: np.ndarray, tl: timeline.Timeline, n_layers: int,
-    extra: int, device: str,
+    extra: int, device: str, const: dict[str, int] | None = None,
 ) -> dict[str, int]:  # fmt: skip
     index = {size: j for j, size in enumerate(tl.sizes)}
     leaf: dict[str, int] = defaultdict(int)
@@ -225,6 +312,9 @@ def _breakdown(
         leaf[key] += nbytes
     if extra:
         leaf[f"{device}/cublas_workspace"] += extra
+    for name, nbytes in (const or {}).items():
+        if nbytes:
+            leaf[name] += nbytes
     tree: dict[str, int] = defaultdict(int)
     for key, nbytes in leaf.items():
         parts = key.split("/")

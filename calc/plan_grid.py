@@ -128,7 +128,7 @@ _TABLES: dict[tuple, StructureTable] = {}
 
 def _compile_table(model: ModelSpec, job: Training | Inference, device: str) -> StructureTable:
     try:
-        comp, _key = _estimate._compiled_for(model, job, device)
+        comp, _key = _estimate.compiled_for(model, job, device)
     except NotImplementedError as exc:
         return StructureTable(
             (), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64), (), str(exc)

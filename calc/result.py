@@ -39,6 +39,10 @@ class Estimate:
     """``cuda`` or ``cpu``: which measurement the estimate predicts."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """Assumptions that decided terms (SDPA kernel chosen, workspaces, ...)."""
+    rank: int = 0
+    """The most-loaded rank (global rank; 0 for one GPU): the one this estimate describes."""
+    rank_peaks: Mapping[int, int] = field(default_factory=dict)
+    """Peak bytes of every rank of a parallel job (empty for one GPU)."""
 
     @property
     def breakdown(self) -> Mapping[str, int]:

@@ -7,9 +7,10 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
-from calc import ops
+from calc import data_parallel, ops
 from calc import symbols as S
 from calc.attention import attention_kernel, cpu_backend
+from calc.data_parallel import ReplayPlan
 from calc.graphs import reference
 from calc.jobs import Training
 from calc.model_spec import ModelSpec
@@ -20,8 +21,16 @@ AUTOCAST_ITEMSIZE = {"amp-bf16": 2, "amp-fp16": 2}
 INDEX_ITEMSIZE = 8  # int64 token ids and targets
 
 
-def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> reference.Shape:
-    """The replay's symbolic shape: sizes are the symbols of `calc.symbols`."""
+def shape_for(
+    model: ModelSpec,
+    job: Training,
+    device: str,
+    n_layers: int,
+    tp_comm: bool = False,
+    tp_vocab: bool = False,
+) -> reference.Shape:
+    """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
+    model is one tensor-parallel rank's (`calc.tensor_parallel`), with its all-reduces."""
     p_attn0 = model.attention_dropout if job.dropout is None else job.dropout
     kernel = cpu_backend(attention_kernel(model, job), p_attn0)
     p_attn = model.attention_dropout if job.dropout is None else job.dropout
@@ -44,19 +53,33 @@ def shape_for(model: ModelSpec, job: Training, device: str, n_layers: int) -> re
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
         attention=kernel, recompute=job.recompute,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
-        gqa=model.n_kv_heads != model.n_heads,
+        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab,
     )  # fmt: skip
 
 
-def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int) -> list[Event]:
-    """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers."""
+def replay_training(
+    model: ModelSpec,
+    job: Training,
+    device: str,
+    n_layers: int,
+    tp_comm: bool = False,
+    tp_vocab: bool = False,
+    dp: ReplayPlan | None = None,
+    grad_order: list | None = None,
+) -> list[Event]:
+    """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers (``tp_comm``:
+    as one tensor-parallel rank, `calc.tensor_parallel`; ``dp``: as one data-parallel rank,
+    `calc.data_parallel`). ``grad_order``, when given, receives the parameter leaves in the
+    order their gradients become ready in the first backward."""
     from calc import optimizer as opt_mod
     from calc.estimate import values_for
     from calc.optimizer import optimizer_step
 
     opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
 
-    sh = shape_for(model, job, device, n_layers)
+    sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab)
+    if tp_comm and job.implementation != "reference":
+        raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     hf = job.implementation == "hf"
     hf_gpt2 = hf and model.model_type == "gpt2"
     if hf_gpt2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager under autocast)
@@ -101,18 +124,38 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
+    opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
+    if dp is not None and dp.optimizer_params is not None:
+        shapes = [shapes[i] for i in dp.optimizer_params]
+    if dp is not None:
+        opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
+    fsdp = None
+    if dp is not None and dp.fsdp:
+        from calc.fsdp import Fsdp
+
+        if job.recompute == "selective" or hf_gpt2:
+            raise NotImplementedError(
+                "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
+            )
+        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
+        fsdp.install(tape, params, shapes)
+        opt_params = fsdp.optimizer_params(tape, params)
+    if grad_order is not None:
+        tape.grad_hook = _recording(tape.grad_hook, grad_order)
     states = None
     scaler: list = []
     for step in (1, 2):
         for mb in range(job.grad_accum):
-            tape.segment = "embed"
             tape.phase = f"step{step}/forward"
+            tape.segment = "embed"
             if hf_gpt2:  # enters and leaves autocast itself
                 loss = gpt2_graph.forward(tape, sh, w, use_cache=job.recompute == "none")
             elif hf:  # hf.forward enters and leaves autocast itself
                 loss = hf_graph.forward(
                     tape, sh, w, use_cache=job.recompute == "none", sliding_layers=sliding
                 )
+                if fsdp is not None:
+                    fsdp.end_forward(tape)
             else:
                 if sh.autocast_itemsize:
                     tape.autocast_enter(sh.autocast_itemsize)
@@ -120,6 +163,8 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
                     loss = reference.forward(tape, sh, w, cos, sin)
                 else:
                     loss = distill_replay.forward(tape, sh, w, cos, sin, teacher)
+                if fsdp is not None:
+                    fsdp.end_forward(tape)
                 tape.autocast_exit()
             if job.precision == "amp-fp16":
                 loss, scaler = _scale_loss(tape, loss, scaler)
@@ -127,12 +172,21 @@ def replay_training(model: ModelSpec, job: Training, device: str, n_layers: int)
                 tape.zero_grad()
             tape.phase = f"step{step}/backward"
             tape.segment = "head"
+            if fsdp is not None:
+                fsdp.start_backward(tape)
             tape.backward(loss)
+            if fsdp is not None:
+                fsdp.end_backward(tape)
             tape.drop(loss)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
+        if fsdp is not None:
+            fsdp.before_optimizer(tape)
+        if dp is not None and dp.offload != "none":  # states and step on the CPU
+            tape.zero_grad()  # the gradients went to the host during the backward
+            continue
         states = optimizer_step(
-            tape, params, optimizer=job.optimizer, impl=job.optimizer_impl,
+            tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
             device=device, states=states, shapes=shapes,
         )  # fmt: skip
@@ -176,3 +230,17 @@ def _compress(
 
     compute = "fp32" if job.precision == "fp32" or amp else "bf16"
     return compress_weights(tape, w, sh, job.lora, job.quant, compute)
+
+
+def _recording(hook, order: list):
+    """Wrap a grad hook to append each leaf the first time its gradient is ready."""
+    seen: set[int] = set()
+
+    def record(tape: Tape, leaf: Tensor) -> None:
+        if id(leaf.storage) not in seen:
+            seen.add(id(leaf.storage))
+            order.append(leaf)
+        if hook is not None:
+            hook(tape, leaf)
+
+    return record

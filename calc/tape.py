@@ -151,7 +151,10 @@ class Tape:
         self.inplace_accumulate = inplace_accumulate
         self.live: dict[int, Storage] = {}
         self.events: list[Event] = []
-        self.segment: object = None
+        self.segment_hook: Callable[[Tape, object, object], None] | None = None
+        """Called with (old, new) when ``segment`` changes: FSDP's per-layer hooks
+        (`calc.fsdp`)."""
+        self._segment: object = None
         self.phase = "forward"
         self.grad_enabled = True
         self._seq = 0
@@ -168,6 +171,32 @@ class Tape:
         self.linear_hooks: dict[int, Callable] = {}
         self.quantized: dict[int, object] = {}
         self.kv_hook: Callable | None = None  # quantized KV cache write/read (calc.kv_quant)
+        self.grad_hook: Callable[[Tape, Tensor], None] | None = None
+        """Called with the leaf once its ``.grad`` is set (a post-accumulate-grad hook: DDP's
+        reducer, FSDP's reduce-scatter); see `calc.data_parallel`."""
+
+    @property
+    def segment(self) -> object:
+        """The layer (int) or part (``embed``, ``head``, ...) the replay is in."""
+        return self._segment
+
+    @segment.setter
+    def segment(self, value: object) -> None:
+        old, self._segment = self._segment, value
+        if self.segment_hook is not None and old != value:
+            self.segment_hook(self, old, value)
+
+    def hide(self, st: Storage, label: str) -> None:
+        """``st.untyped_storage().resize_(0)``: its bytes are freed while tensors still refer
+        to it (FSDP's resharded parameters)."""
+        if self.live.pop(id(st), None) is not None:
+            self._record(f"-{label}")
+
+    def unhide(self, st: Storage, label: str) -> None:
+        """``resize_`` back to full size (FSDP's all-gathered parameters)."""
+        if id(st) not in self.live:
+            self.live[id(st)] = st
+            self._record(f"+{label}")
 
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:
@@ -245,8 +274,8 @@ class Tape:
     def _maybe_free(self, st: Storage) -> None:
         if st.alive and st.refs <= 0 and st.saved <= 0:
             st.alive = False
-            del self.live[id(st)]
-            self._record(f"-{st.name}")
+            if self.live.pop(id(st), None) is not None:
+                self._record(f"-{st.name}")
 
     # -- autograd graph ---------------------------------------------------------------------
     def node(
@@ -376,9 +405,11 @@ class Tape:
         return t is not None and (t.grad_fn is not None or t.leaf)
 
     # -- backward ---------------------------------------------------------------------------
-    def backward(self, root: Tensor) -> None:
+    def backward(self, root: Tensor, seed: Tensor | None = None) -> None:
         """``root.backward()``: seed with ``ones_like(root)``, held by Python throughout
-        (``torch.autograd.backward`` keeps ``grad_tensors``), and run the engine."""
+        (``torch.autograd.backward`` keeps ``grad_tensors``), and run the engine.
+        ``seed``: ``root.backward(seed)`` with a gradient the caller holds (a pipeline stage's
+        received gradient); it is not freed here."""
         fn = root.grad_fn
         assert fn is not None
         deps: Counter = Counter()
@@ -392,7 +423,9 @@ class Tape:
                     if id(e[0]) not in seen:
                         seen.add(id(e[0]))
                         stack.append(e[0])
-        seed = self.new(root.numel, root.itemsize, "grad_seed")
+        own_seed = seed is None
+        if seed is None:
+            seed = self.new(root.numel, root.itemsize, "grad_seed")
         buffers: dict[int, list] = {id(fn): [self.alias(seed)]}
         ready = [fn]
         self.grad_enabled = False
@@ -430,7 +463,8 @@ class Tape:
                     if deps[id(e[0])] == 0:
                         ready.append(e[0])
         self.grad_enabled = True
-        self.drop(seed)
+        if own_seed:
+            self.drop(seed)
 
     def formula_done(self, n: Node) -> None:
         """The backward formula's locals holding saved tensors go out of scope. For recomputed
@@ -485,9 +519,12 @@ class Tape:
         if st.refs == 1 and st.saved == 0 and st.size == leaf.size:
             st.kind, st.name, st.tag = "grad", f"grad:{leaf.name}", leaf.storage.tag
             self.grads[key] = self.alias(g)
-            return
-        copy = self.new(leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag)
-        self.grads[key] = copy
+        else:
+            self.grads[key] = self.new(
+                leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag
+            )
+        if self.grad_hook is not None:
+            self.grad_hook(self, leaf)
 
     def autocast_enter(self, itemsize: int) -> None:
         """``torch.autocast(dtype=...)`` entered: linears cast to ``itemsize`` bytes."""

@@ -53,7 +53,10 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object, str]]:
     """Replace ``calc.estimate`` with a fake; the list records each call's arguments."""
     seen: list[tuple[object, object, str]] = []
 
-    def fake_estimate(model: object, job: object, device: str = "cuda") -> FakeEstimate:
+    def fake_estimate(
+        model: object, job: object, parallel: object = None, device: str = "cuda"
+    ) -> FakeEstimate:
+        assert parallel is None  # no parallelism option given in these tests
         seen.append((model, job, device))
         return FakeEstimate(peak_bytes=7 * GIB)
 

@@ -104,7 +104,9 @@ def test_adamw_foreach_first_step_peak(implementation: str, base: int) -> None:
     # At the first optimizer step AdamW (foreach, fp32) holds: weights W, grads W (each
     # rounded like its param), exp_avg W, exp_avg_sq W, and the _foreach_sqrt(exp_avg_sqs)
     # temporary W: 5W + the inputs.
-    est = calc.estimate(TINY, _train(optimizer="adamw", implementation=implementation), "cpu")
+    est = calc.estimate(
+        TINY, _train(optimizer="adamw", implementation=implementation), device="cpu"
+    )
     assert est.phases["step1/optimizer"] == 5 * W_TINY + base  # 137728 for reference
     assert est.peak_bytes == est.phases["step1/optimizer"]
     bd = est.breakdown

@@ -42,6 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="cuda: set PYTORCH_CUDA_ALLOC_CONF before CUDA starts "
         "(expandable_segments:True, or the default allocator)",
     )
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only the distributed cases on N processes (torchrun, gloo on CPU); without it "
+        "the distributed cases matching the other filters run too",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p  # fmt: skip
 
@@ -72,11 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not torch.cuda.is_available():
             print("--device cuda: no CUDA device is available", file=sys.stderr)
             return 2
-    cases = select(impl=args.impl, substring=args.cases, quick=args.quick)
-    if not cases:
+    cases = (
+        []
+        if args.nproc is not None
+        else select(impl=args.impl, substring=args.cases, quick=args.quick)
+    )
+    dist_cases = _distributed_cases(args)
+    if not cases and not dist_cases:
         print("no case matches the filters", file=sys.stderr)
         return 2
-    filtered = args.cases is not None or args.impl != "all" or args.quick
+    if args.device == "cuda" and dist_cases:
+        print("distributed cases run on CPU (gloo) only for now", file=sys.stderr)
+        return 2
+    filtered = args.cases is not None or args.impl != "all" or args.quick or bool(args.nproc)
     out = args.out or (report.SUBSET_OUT if filtered else report.DEFAULT_OUT)
     records = []
     bar = None
@@ -96,6 +112,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             bar.update(1)
     if bar is not None:
         bar.close()
+    if dist_cases:
+        from verify.distributed import run_distributed
+
+        for rec in run_distributed(dist_cases, progress=lambda _line: None):
+            records.append(rec)
+            print(report.format_row(report.row(rec)))
     rest = [r for r in records if r.status in ("not-modelled", "not-runnable")]
     if rest:
         print(f"\nnot modelled / not runnable ({len(rest)}):")
@@ -109,6 +131,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nreports: {', '.join(_shown(p) for p in paths)}")
     print(report.summary_line(records))
     return 1 if bad else 0
+
+
+def _distributed_cases(args: argparse.Namespace) -> list:
+    """The distributed cases the filters select (`verify.distributed`)."""
+    if args.nproc is not None and args.nproc < 1:
+        raise SystemExit(f"--nproc={args.nproc} must be >= 1")
+    from verify.distributed import all_cases, select
+
+    picked = select(all_cases(), substring=args.cases, quick=args.quick, nproc=args.nproc)
+    return [c for c in picked if args.impl in ("all", c.impl)]
 
 
 if __name__ == "__main__":

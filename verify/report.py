@@ -323,6 +323,9 @@ def markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
     compared = [r for r in records if r.status not in ("not-modelled", "not-runnable")]
     lines += ["", "## Cases", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row(r)) + " |" for r in compared]
+    from verify.dist_compare import per_rank_markdown
+
+    lines += per_rank_markdown(compared)
     misses = [r for r in records if r.status in FAILING]
     if misses:
         lines += ["", "## Misses", ""]

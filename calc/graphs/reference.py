@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calc import ops
+from calc import ops, tensor_parallel
 from calc.graphs import attention_core
 from calc.tape import Size, Tape, Tensor
 
@@ -53,6 +53,28 @@ class Shape:
     """``cpu`` (the tracker's run) or ``cuda``: decides kernels that differ (dropout masks)."""
     gqa: bool | None = None
     """Whether k < a (decides repeat/expand paths when sizes are symbols)."""
+    tp_comm: bool = False
+    """Tensor parallelism's column/row linears with their all-reduces (`calc.tensor_parallel`);
+    the sizes are then those of one rank."""
+    tp_vocab: bool = False
+    """The embedding and the head split over the vocabulary (``V`` is then one rank's share):
+    the embedding's partial output all-reduced, the head column-parallel."""
+
+
+def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
+         name: str) -> Tensor:  # fmt: skip
+    """A column-parallel linear under tensor parallelism, else ``F.linear``."""
+    if sh.tp_comm:
+        return tensor_parallel.column_linear(tape, x, w, b, n, out, name)
+    return ops.linear(tape, x, w, b, n, out, name)
+
+
+def _row(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
+         name: str) -> Tensor:  # fmt: skip
+    """A row-parallel linear under tensor parallelism, else ``F.linear``."""
+    if sh.tp_comm:
+        return tensor_parallel.row_linear(tape, x, w, b, n, out, name)
+    return ops.linear(tape, x, w, b, n, out, name)
 
 
 class Weights:
@@ -173,9 +195,9 @@ def attention(
     n = sh.b * sh.s
     if sh.model_type == "gpt2":
         return _attention_gpt2(tape, sh, x, lw)
-    q = ops.linear(tape, x, lw["q"], lw["q.b"], n, sh.a * sh.d, "q")
-    k = ops.linear(tape, x, lw["k"], lw["k.b"], n, sh.k * sh.d, "k")
-    v = ops.linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
+    q = _col(tape, sh, x, lw["q"], lw["q.b"], n, sh.a * sh.d, "q")
+    k = _col(tape, sh, x, lw["k"], lw["k.b"], n, sh.k * sh.d, "k")
+    v = _col(tape, sh, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # q.view, k.view, [q/k norms], q.transpose, k.transpose, v.view.transpose: node order as
     # the model creates them. RoPE's outputs are contiguous in [b, a, s, d], so the gradients
     # of q and k reach their first view transposed and are copied there (and v's too, under
@@ -205,7 +227,7 @@ def attention(
     out = _core(tape, sh, qr, *(read or (kr, vt)))
     o = attention_core.merge_heads(tape, sh, out)
     tape.drop(out)
-    y = ops.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
+    y = _row(tape, sh, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, kr, vt, cq, sq, *(read or ()))
     return y
 
@@ -256,19 +278,19 @@ def _attention_gpt2(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
 def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     n = sh.b * sh.s
     if sh.mlp == "gelu":
-        fc = ops.linear(tape, x, lw["fc"], lw["fc.b"], n, sh.f, "fc")
+        fc = _col(tape, sh, x, lw["fc"], lw["fc.b"], n, sh.f, "fc")
         act = ops.unary(tape, fc, "gelu", saves="input")
         tape.drop(fc)
-        y = ops.linear(tape, act, lw["proj"], lw["proj.b"], n, sh.h, "proj")
+        y = _row(tape, sh, act, lw["proj"], lw["proj.b"], n, sh.h, "proj")
         tape.drop(act)
         return y
-    g = ops.linear(tape, x, lw["gate"], None, n, sh.f, "gate")
+    g = _col(tape, sh, x, lw["gate"], None, n, sh.f, "gate")
     sg = ops.unary(tape, g, "silu", saves="input")
     tape.drop(g)
-    u = ops.linear(tape, x, lw["up"], None, n, sh.f, "up")
+    u = _col(tape, sh, x, lw["up"], None, n, sh.f, "up")
     m = ops.mul(tape, sg, u, "swiglu")
     tape.drop(sg, u)
-    y = ops.linear(tape, m, lw["down"], None, n, sh.h, "down")
+    y = _row(tape, sh, m, lw["down"], None, n, sh.h, "down")
     tape.drop(m)
     return y
 
@@ -304,7 +326,10 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
     n = sh.b * sh.s
     out = logits(tape, sh, w, cos, sin)
     flat = ops.view(tape, out)
-    loss = ops.cross_entropy(tape, flat, n, sh.V, out.itemsize)
+    if sh.tp_vocab:  # loss_parallel's cross entropy over the vocabulary shards
+        loss = tensor_parallel.loss_parallel_cross_entropy(tape, flat, n, sh.V, out.itemsize)
+    else:
+        loss = ops.cross_entropy(tape, flat, n, sh.V, out.itemsize)
     tape.drop(flat, out)
     return loss
 
@@ -321,6 +346,10 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
         tape.drop(pos)
         x = ops.add(tape, tok, pe, "embed_out")
         tape.drop(tok, pe)
+    elif sh.tp_vocab:  # RowwiseParallel embedding: masked local lookup, then all-reduce
+        part = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+        x = tensor_parallel.all_reduce(tape, part, "embed.all_reduce")
+        tape.drop(part)
     else:
         x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
     x = _maybe_dropout(tape, sh, x, sh.embed_dropout, "embed.drop")
@@ -335,6 +364,9 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
     tape.segment = "head"
     hid = norm(tape, sh, x, w.norm, w.norm_b, n)
     tape.drop(x)
-    out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    if sh.tp_vocab:  # ColwiseParallel head: logits [n, V / tp]
+        out = tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
+    else:
+        out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
     tape.drop(hid)
     return out

@@ -1,0 +1,312 @@
+"""Pipeline parallelism: one stage's training step, replayed as ``torch.distributed.pipelining``
+runs it (``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``, torch 2.13).
+
+Stage ``r`` of ``pp`` holds the layers `calc.parallel.layers_per_stage` gives it, plus the
+embedding (first stage) or the final norm, the head and the loss (last stage). A step splits
+the batch into ``m = pp_microbatches`` micro-batches of ``micro_batch / m`` sequences and runs
+the schedule's actions in order (`schedule_actions`):
+
+* GPipe (Huang et al. 2019): all ``m`` forwards, then all ``m`` backwards: a stage holds the
+  activations of ``m`` micro-batches at the turn;
+* 1F1B (Narayanan et al. 2021, PipeDream-Flush, §2.2): stage ``r`` runs ``min(m, pp - r)``
+  forwards, then alternates backward/forward: at most ``pp - r`` micro-batches in flight, so
+  the first stage holds the most (``Schedule1F1B._step_microbatches``: ``warmup_chunks``).
+
+What the stage holds besides the single-GPU tensors (``torch/distributed/pipelining/stage.py``
+and ``schedules.py``), each a tape event here:
+
+* receive buffers, allocated at the first step for all ``m`` micro-batches and kept for the
+  run: activations ``[b/m, s, h]`` on every stage but the first (leaves that require grad:
+  the stage input's gradient accumulates into their ``.grad`` and is handed to the send),
+  gradients ``[b/m, s, h]`` on every stage but the last (the backward's seed);
+* ``fwd_cache``: each micro-batch's stage output, kept from its forward to its backward (the
+  last layer's output is saved by nothing else);
+* the input gradient a stage sends back stays referenced by the schedule's send list:
+  GPipe keeps every send's work to the end of the backward loop (``bwd_sends_to_wait``);
+  1F1B's ``bwd_sends`` (then ``send_work``) holds one until the next backward replaces it;
+* last stage: ``output_chunks`` keeps every micro-batch's logits ``[b/m, s, V]`` until the
+  next step starts (``clear_runtime_states``), and ``step()`` returns them concatenated
+  (``merge_chunks``: one ``[b, s, V]`` tensor, dropped by the caller); the losses are kept to
+  the end of the step; the backward seed is ``ones_like(loss)``.
+
+The interleaved schedule (several stages per rank) is not replayed: `check_pipeline` raises
+``NotImplementedError`` naming it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from calc import ops
+from calc.graphs import reference
+from calc.jobs import Training
+from calc.model_spec import ModelSpec
+from calc.parallel import Parallelism, layers_per_stage
+from calc.tape import Event, Tape, Tensor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StagePlan:
+    """What one pipeline rank runs (the structure of its replay)."""
+
+    stage: int
+    """This rank's stage index, 0 (embedding) to ``stages - 1`` (loss)."""
+    stages: int
+    """Pipeline degree ``pp``."""
+    n_layers: int
+    """Layers held by this stage."""
+    microbatches: int
+    """Micro-batches per step, ``m``."""
+    schedule: str
+    """``gpipe`` or ``1f1b``."""
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> None:
+    """Raise ``ValueError`` for a layout the schedule cannot run and ``NotImplementedError``
+    for one this module does not replay."""
+    m = parallel.pp_microbatches
+    if job.micro_batch % m:
+        raise ValueError(
+            f"pp_microbatches={m} must divide micro_batch={job.micro_batch} (the schedule "
+            "splits the batch into equal micro-batches)"
+        )
+    if parallel.pp_schedule == "1f1b" and m < parallel.pp:
+        raise ValueError(
+            f"pp_microbatches={m} must be >= pp={parallel.pp} for 1F1B "
+            "(torch.distributed.pipelining.Schedule1F1B)"
+        )
+    if parallel.pp_schedule == "interleaved-1f1b":
+        raise NotImplementedError("the interleaved 1F1B schedule is not replayed yet")
+    if model.model_type == "gpt2" or model.tied_embeddings:
+        raise NotImplementedError("pipeline stages are modelled for untied llama-family models")
+    if job.implementation != "reference" or job.precision.startswith("amp"):
+        raise NotImplementedError(
+            "pipeline parallelism is modelled for implementation='reference' without autocast"
+        )
+    if job.grad_accum != 1 or job.recompute != "none":
+        raise NotImplementedError("pipeline parallelism with grad_accum > 1 or recomputation")
+
+
+def stage_plans(model: ModelSpec, job: Training, parallel: Parallelism) -> list[StagePlan]:
+    """The plan of every pipeline stage (uneven layer counts as `layers_per_stage` splits)."""
+    check_pipeline(model, job, parallel)
+    counts = layers_per_stage(model.n_layers, parallel)
+    return [
+        StagePlan(stage=r, stages=parallel.pp, n_layers=counts[r],
+                  microbatches=parallel.pp_microbatches, schedule=parallel.pp_schedule)
+        for r in range(parallel.pp)
+    ]  # fmt: skip
+
+
+def microbatch_job(job: Training, parallel: Parallelism) -> Training:
+    """The job of one micro-batch (``micro_batch / pp_microbatches`` sequences): the symbol
+    ``b`` of a stage replay is the micro-batch's size."""
+    return replace(job, micro_batch=job.micro_batch // parallel.pp_microbatches)
+
+
+def schedule_actions(plan: StagePlan) -> list[tuple[str, int]]:
+    """``("F", i)`` / ``("B", i)`` in the order the stage runs them.
+
+    GPipe: ``F0 .. F(m-1), B0 .. B(m-1)``. 1F1B (``Schedule1F1B._step_microbatches``):
+    ``w = min(m, pp - r)`` warm-up forwards, then ``B, F`` pairs until every forward ran, then
+    the remaining backwards."""
+    m = plan.microbatches
+    if plan.schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(m, plan.stages - plan.stage)
+    out = [("F", i) for i in range(warmup)]
+    f, b = warmup, 0
+    while True:
+        out.append(("B", b))
+        b += 1
+        if f == m:
+            break
+        out.append(("F", f))
+        f += 1
+    out.extend(("B", i) for i in range(b, m))
+    return out
+
+
+def in_flight(plan: StagePlan) -> int:
+    """Most micro-batches whose activations the stage holds at once (forwards run, backwards
+    not yet): ``m`` for GPipe, ``min(m, pp - r)`` for 1F1B (Narayanan et al. 2021, §2.2)."""
+    live = peak = 0
+    for kind, _ in schedule_actions(plan):
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def replay_stage(
+    model: ModelSpec,
+    job: Training,
+    plan: StagePlan,
+    device: str,
+    n_layers: int | None = None,
+    tp_comm: bool = False,
+) -> list[Event]:
+    """Replay two optimizer steps of one pipeline stage; ``job`` is the micro-batch job
+    (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences.
+    ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
+    `calc.timeline` generalises). ``tp_comm``: the stage's layers are one tensor-parallel
+    rank's (`calc.tensor_parallel`)."""
+    from calc import step as step_mod
+    from calc.optimizer import optimizer_step
+
+    layers = plan.n_layers if n_layers is None else n_layers
+    sh = step_mod.shape_for(model, job, device, layers, tp_comm)
+    m = plan.microbatches
+    tape = Tape(inplace_accumulate=device == "cuda")
+    w = reference.Weights(tape, sh)
+    keep = _stage_params(w, plan)
+    kept = {id(p.storage) for p in keep}
+    for p in w.parameters():  # the other stages' parameters are not on this rank
+        if id(p.storage) not in kept:
+            tape.live.pop(id(p.storage), None)
+    shapes = [s for p, s in zip(w.parameters(), w.shapes(sh), strict=True)
+              if id(p.storage) in kept]  # fmt: skip
+    idx = step_mod.INDEX_ITEMSIZE
+    tape.existing(m * sh.b * sh.s, idx, "input_ids", "input")
+    tape.existing(m * sh.b * sh.s, idx, "targets", "input")
+    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer")
+    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer")
+    act = sh.b * sh.s * sh.h
+    recv_act: list[Tensor] = []
+    recv_grad: list[Tensor] = []
+    chunks: list[Tensor] = []
+    states = None
+    for step in (1, 2):
+        tape.phase = f"step{step}/forward"
+        tape.segment = "pipeline"
+        tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
+        chunks = []
+        if step == 1:
+            for _ in range(m if not plan.first else 0):
+                t = tape.new(act, sh.act_itemsize, "pp.recv_act", "buffer")
+                t.leaf = True
+                tape.leaves[id(t.storage)] = t
+                recv_act.append(t)
+            for _ in range(m if not plan.last else 0):
+                recv_grad.append(tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer"))
+        cache: dict[int, Tensor] = {}
+        losses: dict[int, Tensor] = {}
+        sent: list[Tensor] = []  # input gradients still held by the schedule's send lists
+        for kind, i in schedule_actions(plan):
+            if kind == "F":
+                out = _stage_forward(tape, sh, w, plan, cos, sin, recv_act[i] if recv_act else None)
+                cache[i] = out
+                if plan.last:
+                    chunks.append(tape.alias(out))
+                    tape.segment = "head"
+                    flat = ops.view(tape, out)
+                    losses[i] = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, out.itemsize)
+                    tape.drop(flat)
+                continue
+            out = cache.pop(i)
+            if plan.last:
+                tape.segment = "head"
+                tape.backward(losses[i])
+            else:
+                tape.segment = "pipeline"
+                tape.backward(out, seed=recv_grad[i])
+            tape.drop(out)
+            if recv_act:  # the input's gradient: read from .grad, set to None, sent
+                sent.append(tape.grads.pop(id(recv_act[i].storage)))
+                if plan.schedule == "1f1b" and len(sent) > 1:
+                    tape.drop(sent.pop(0))  # the previous send's ops are replaced
+        tape.drop(*sent)  # the schedule returns: its send lists die
+        tape.drop(*losses.values())
+        if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
+            tape.segment = "head"
+            merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
+            tape.drop(merged)
+        tape.phase = f"step{step}/optimizer"
+        tape.segment = "optimizer"
+        states = optimizer_step(
+            tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
+            device=device, states=states, shapes=shapes,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
+    return tape.events
+
+
+def _stage_params(w: reference.Weights, plan: StagePlan) -> list[Tensor]:
+    out = [w.embed] if plan.first else []
+    for lw in w.layers:
+        out.extend(t for t in lw.values() if t is not None)
+    if plan.last:
+        out.extend([w.norm, w.head])
+    return out
+
+
+def _stage_forward(
+    tape: Tape, sh: reference.Shape, w: reference.Weights, plan: StagePlan, cos: Tensor,
+    sin: Tensor, received: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """``StageModule.forward`` (verify/pp_plans.py): embedding (first stage), the layers,
+    norm and head (last stage); returns the stage output."""
+    n = sh.b * sh.s
+    if plan.first:
+        tape.segment = "embed"
+        x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+    else:
+        x = tape.alias(received)
+        x.leaf = True  # the receive buffer is a leaf that requires grad
+    for j, lw in enumerate(w.layers):
+        tape.segment = j
+        x_next = reference.block(tape, sh, x, lw, cos, sin)
+        tape.drop(x)
+        x = x_next
+    if not plan.last:
+        return x
+    tape.segment = "head"
+    hid = reference.norm(tape, sh, x, w.norm, None, n)
+    tape.drop(x)
+    logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    tape.drop(hid)
+    return logits
+
+
+def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device: str) -> list:
+    """``[(RankClass, Estimate)]``, one per pipeline stage: each stage's replay compiled and
+    evaluated at the micro-batch's size (`calc.ranks` takes the most-loaded one).
+
+    Pipeline parallelism combined with dp, tp or cp is not modelled yet
+    (``NotImplementedError``)."""
+    from calc.data_parallel import ReplayPlan
+    from calc.estimate import ReplayOptions, compiled_for, evaluate
+    from calc.parallel import RankClass, global_rank
+
+    if parallel.dp > 1 or parallel.cp > 1 or parallel.sp or parallel.vocab_parallel:
+        raise NotImplementedError("pipeline parallelism combined with dp, cp, sp or vocab_parallel")
+    if parallel.shard_level or parallel.offload != "none":
+        raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
+    from calc.tensor_parallel import rank_model
+
+    mb_job = microbatch_job(job, parallel)
+    tp_model = rank_model(model, parallel)  # the model itself when tp == 1
+    opts = {"tp_comm": parallel.tp > 1}
+    out = []
+    for plan in stage_plans(model, job, parallel):
+        local = tp_model.with_overrides(n_layers=plan.n_layers)
+        comp, key = compiled_for(local, mb_job, device, ReplayOptions(stage=plan, **opts))
+        role = "embedding" if plan.first else "loss" if plan.last else "middle"
+        note = (
+            f"pipeline stage {plan.stage} ({role}): {plan.n_layers} layers, "
+            f"{plan.schedule}, {plan.microbatches} micro-batches of "
+            f"{mb_job.micro_batch}, at most {in_flight(plan)} in flight"
+        )
+        ranks = tuple(global_rank(parallel, pp=plan.stage, tp=t) for t in range(parallel.tp))
+        rc = RankClass(ranks, f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))
+        out.append((rc, evaluate(comp, key, local, mb_job, device, (), (note,))))
+    return out
