@@ -98,7 +98,7 @@ def plan(
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     gpu_obj = gpu_of(gpu)
     ctx = context(kind, seq_len, global_batch, gpu_count)
-    base_fields = base_fields_of(kind, base)
+    base_fields = base_fields_of(kind, base, task)
     grid_axes = axis_values(kind, ctx, fixed, base_fields)
     entries = grid_entries(kind, ctx, grid_axes, base_fields)
     ev = Evaluator(model, ctx, gpu_obj, device, verified_cases_of(report, error_bars), progress)
@@ -133,7 +133,7 @@ def precompile(
     check_choice("device", device, DEVICES)
     check_size("workers", workers, 1, 1024)
     ctx = context(kind, seq_len, global_batch, 1)
-    base_fields = base_fields_of(kind, base)
+    base_fields = base_fields_of(kind, base, task)
     entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields), base_fields)
     keys = {plan_grid.structure_id(model, j): j for _, j in entries if not isinstance(j, str)}
     if kind == TRAINING:  # grad_accum 1 and >= 2 are two structures: compile both

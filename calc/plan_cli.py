@@ -196,7 +196,7 @@ def _changes(
 
     ctx = context(kind, args.seq_len, args.global_batch, args.gpus)
     want = parse_assignments(args.what_to_change, kind, allow_many=False)
-    fields = base_fields_of(kind, None)
+    fields = base_fields_of(kind, None, args.task)
     for axis in axes_for(kind):
         value = want.get(axis.name, ctx.per_gpu_batch if axis.size else None)
         if value is not None:

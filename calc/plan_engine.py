@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict
 
 import numpy as np
 
@@ -30,14 +29,20 @@ from calc.throughput import throughput_proxy
 KIND_OF_TASK = {
     "pretrain": TRAINING,
     "full-finetune": TRAINING,
+    "lora": TRAINING,
+    "qlora": TRAINING,
     "inference": INFERENCE,
 }
-"""Job kind of each modelled task (pretraining and full fine-tuning hold the same tensors)."""
-NOT_MODELLED_TASKS = {
-    "lora": "task='lora' is not modelled yet (LoRA adapters arrive with the compression issue)",
-    "qlora": "task='qlora' is not modelled yet (4-bit base weights and LoRA adapters arrive "
-    "with the compression issue)",
-}
+"""Job kind of each task (pretraining and full fine-tuning hold the same tensors; LoRA and
+QLoRA are training jobs with ``lora`` (and ``quant``) set, ``task_fields``)."""
+NOT_MODELLED_TASKS: dict[str, str] = {}
+"""Tasks of ``plan_result.TASKS`` the cost model does not cover (none today)."""
+LORA_RANK = 16
+"""Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
+default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
+QLORA_METHOD = "nf4"
+"""Base-weight quantization of ``task="qlora"`` unless ``base`` sets ``quant``: 4-bit
+NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314, §3)."""
 MULTI_GPU_TRAINING = (
     "not modelled: training on 2+ GPUs (data parallel gradient buckets, ZeRO, tensor or "
     "pipeline parallelism) arrives with the parallelism issue"
@@ -77,16 +82,36 @@ def context(kind: str, seq_len: object, global_batch: object, gpu_count: object)
     return Context(kind=kind, seq_len=seq_len, global_batch=global_batch, gpu_count=gpu_count)
 
 
-def base_fields_of(kind: str, base: Training | Inference | None) -> dict:
-    if base is None:
-        return {}
-    want = Training if kind == TRAINING else Inference
-    if not isinstance(base, want):
-        raise ValueError(f"base must be a calc.{want.__name__} for this task, got {base!r}")
-    fields = asdict(base)
-    for size in ("micro_batch", "seq_len", "grad_accum", "batch", "context", "prompt"):
-        fields.pop(size, None)
-    return fields
+def base_fields_of(kind: str, base: Training | Inference | None, task: str = "") -> dict:
+    """The fields every job of the grid shares: ``base``'s, less the sizes, plus the task's
+    (``task_fields``)."""
+    fields: dict = {}
+    if base is not None:
+        want = Training if kind == TRAINING else Inference
+        if not isinstance(base, want):
+            raise ValueError(f"base must be a calc.{want.__name__} for this task, got {base!r}")
+        fields = {f: getattr(base, f) for f in base.__slots__}  # type: ignore[attr-defined]
+        for size in ("micro_batch", "seq_len", "grad_accum", "batch", "context", "prompt"):
+            fields.pop(size, None)
+    return task_fields(task, fields)
+
+
+def task_fields(task: str, fields: dict) -> dict:
+    """``fields`` with what ``task`` implies: ``lora`` gets ``calc.LoRA(rank=LORA_RANK)``,
+    ``qlora`` also ``calc.Quant(method=QLORA_METHOD)``, unless ``fields`` (the base job) set
+    them; ``pretrain``/``full-finetune`` refuse a base with adapters or quantized weights."""
+    from calc.compression import LoRA, Quant
+
+    out = dict(fields)
+    if task in ("lora", "qlora") and out.get("lora") is None:
+        out["lora"] = LoRA(rank=LORA_RANK)
+    if task == "qlora" and out.get("quant") is None:
+        out["quant"] = Quant(method=QLORA_METHOD)
+    if task == "lora" and out.get("quant") is not None:
+        raise ValueError("base.quant is set: quantized-base adapters are task='qlora'")
+    if task in ("pretrain", "full-finetune") and out.get("lora") is not None:
+        raise ValueError(f"base.lora is set: adapters are task='lora'/'qlora', not {task!r}")
+    return out
 
 
 def make_job(kind: str, fields: Mapping, ctx: Context) -> Training | Inference:
@@ -172,6 +197,8 @@ class Evaluator:
         out: list[Evaluated | None] = [None] * len(entries)
         groups: dict = {}
         for i, (choices, job) in enumerate(entries):
+            if not isinstance(job, str) and job.quant is not None:
+                job = _check_quant(self.model, job)
             if isinstance(job, str):
                 out[i] = self._row(choices, None, reason=job)
                 continue
@@ -225,6 +252,18 @@ class Evaluator:
         if self.progress is not None:
             self.progress(len(groups), len(groups))
         return [e for e in out if e is not None]
+
+
+def _check_quant(model: ModelSpec, job: Training | Inference) -> Training | Inference | str:
+    """``job``, or an ``invalid:`` reason when its quantization's group size does not divide
+    the model's linears (``calc.quant.check_fits``, as ``calc.estimate`` checks)."""
+    from calc.quant import check_fits
+
+    try:
+        check_fits(model, job.quant)  # type: ignore[arg-type]
+    except ValueError as exc:
+        return f"invalid: {exc}"
+    return job
 
 
 def sizes_of(job: Training | Inference) -> tuple[int, int, int]:

@@ -59,7 +59,7 @@ def least_hardware(
     check_size("max_count", max_count, 1, 1 << 16)
     gpu_obj = gpu_of(gpu)
     cases = verified_cases_of(report, error_bars)
-    base_fields = base_fields_of(kind, base)
+    base_fields = base_fields_of(kind, base, task)
 
     def rows_at(count: int, target: GPU) -> list[Evaluated]:
         ctx = context(kind, seq_len, global_batch, count)

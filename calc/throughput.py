@@ -11,7 +11,9 @@ It is a ranking aid, not a prediction of step time, built from three documented 
   per layer for ``f = 4h`` and multi-head attention), which Korthikanti et al. 2022, "Reducing
   Activation Recomputation in Large Transformer Models", use for recomputation overheads.
   ``full`` reruns every layer's forward; ``selective`` reruns the attention core only (their
-  selective recomputation). The head's ``2 h V`` per token is never recomputed.
+  selective recomputation). The head's ``2 h V`` per token is never recomputed. With LoRA/QLoRA
+  (``job.lora``) the base weights are frozen: the backward computes input gradients only, so
+  a step costs 2 forward passes (adapter matmuls, ``r << h``, not counted).
 * **communication**: a factor ``>= 1`` per configuration from the parallelism axes
   (``calc.plan_axes``); 1 while no parallelism is modelled.
 * **micro-batch size**: kernels run closer to peak on more tokens per call; the score uses
@@ -48,13 +50,15 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, 
 def recompute_factor(model: ModelSpec, job: Training | Inference) -> float:
     """Training FLOPs with ``job.recompute`` over those without (1 for inference and for
     ``recompute="none"``): ``(3F + R) / 3F`` with ``F`` the forward FLOPs per token (layers
-    and head) and ``R`` the recomputed ones."""
+    and head) and ``R`` the recomputed ones; ``(2F + R) / 2F`` with LoRA (frozen base: no
+    weight gradients)."""
     if isinstance(job, Inference) or job.recompute == "none":
         return 1.0
     matmul, core = layer_forward_flops_per_token(model, job.seq_len)
     forward = model.n_layers * (matmul + core) + 2 * model.hidden * model.vocab
     rerun = model.n_layers * ((matmul + core) if job.recompute == "full" else core)
-    return (3 * forward + rerun) / (3 * forward)
+    passes = 2 if job.lora is not None else 3
+    return (passes * forward + rerun) / (passes * forward)
 
 
 def microbatch_efficiency(tokens: int) -> float:

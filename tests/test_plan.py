@@ -60,8 +60,8 @@ def _plan(usable: int, **kw: object) -> P.Plan:
     return P.plan(TINY, **args)  # type: ignore[arg-type]
 
 
-def _peak(job: calc.Training | calc.Inference) -> int:
-    return int(calc.estimate(TINY, job).peak_bytes)
+def _peak(job: calc.Training | calc.Inference, model: calc.ModelSpec = TINY) -> int:
+    return int(calc.estimate(model, job).peak_bytes)
 
 
 def test_grid_enumerates_every_combination() -> None:
@@ -152,6 +152,9 @@ def test_throughput_proxy_by_hand() -> None:
     # 24 tokens per micro-batch: 24 / (24 + 1024)
     assert throughput_proxy(TINY, none) == pytest.approx(24 / 1048)
     assert throughput_proxy(TINY, full) == pytest.approx((8 / 1032) / (43712 / 33984))
+    # LoRA: frozen base, no weight gradients: a step is 2 x 11328 = 22656 per token
+    lora_full = calc.Training(micro_batch=1, seq_len=8, recompute="full", lora=calc.LoRA(rank=4))
+    assert recompute_factor(TINY, lora_full) == pytest.approx((22656 + 2 * 4864) / 22656)
 
 
 def test_changes_to_fit_fit_when_re_estimated() -> None:
@@ -265,10 +268,56 @@ def test_bad_input_names_the_field(changes: dict, match: str) -> None:
         _plan(1 << 40, **changes)
 
 
+# TINY with h=64, d=32, f=128: nf4's blocks of 64 divide every quantized linear's input width
+TINY64 = calc.ModelSpec(**{
+    **{f: getattr(TINY, f) for f in TINY.__slots__}, "hidden": 64, "head_dim": 32, "ffn": 128,
+})  # fmt: skip
+ONE_RECIPE = {"optimizer": ("adamw",), "recompute": ("none",)}
+
+
 @pytest.mark.parametrize("task", ["lora", "qlora"])
-def test_lora_tasks_are_not_modelled_yet(task: str) -> None:
-    with pytest.raises(NotImplementedError, match=task):
-        _plan(1 << 40, task=task)
+def test_lora_and_qlora_plans_match_estimate(task: str) -> None:
+    p = P.plan(TINY64, task=task, seq_len=8, global_batch=2, gpu=_gpu(1 << 40), fixed=ONE_RECIPE,
+               base=BASE, report={"cases": []})  # fmt: skip
+    # 5 precisions x micro-batch 1, 2
+    assert p.n_configurations == 10
+    for e in p.fitting + p.excluded:
+        job = e.config.job
+        assert job.lora == calc.LoRA(rank=16)
+        assert job.quant == (calc.Quant(method="nf4") if task == "qlora" else None)
+        if e.modelled:
+            assert e.peak_bytes == _peak(job, TINY64)
+    if task == "lora":
+        assert len(p.fitting) == 10
+    else:  # a quantized base under autocast is not modelled (calc.step._compress)
+        reasons = [e.reason for e in p.excluded]
+        assert len(reasons) == 4 and all("quantized base" in r for r in reasons)
+
+
+def test_qlora_base_is_smaller_than_lora_base() -> None:
+    # Same recipe; nf4 stores 4 bits (plus one absmax per 64) for the 16-bit weights of
+    # q,k,v,o (4 x 64*64) and gate, up, down (3 x 64*128) per layer: the peak drops.
+    fixed = {**ONE_RECIPE, "precision": ("bf16",), "micro_batch": (1,)}
+    peaks = [
+        P.plan(TINY64, task=t, seq_len=8, global_batch=1, gpu=_gpu(1 << 40), fixed=fixed,
+               base=BASE, report={"cases": []}).fitting[0].peak_bytes
+        for t in ("lora", "qlora")
+    ]  # fmt: skip
+    assert peaks[1] < peaks[0]
+
+
+def test_qlora_group_size_that_does_not_divide_is_invalid() -> None:
+    # int4's groups of 128 along a row: TINY's q projection has in_features 16
+    base = calc.Training(micro_batch=1, seq_len=8, implementation="reference",
+                         lora=calc.LoRA(rank=2), quant=calc.Quant(method="int4"))  # fmt: skip
+    p = _plan(1 << 40, task="qlora", base=base, fixed={**ONE_RECIPE, "precision": ("bf16",)})
+    assert not p.fitting and len(p.excluded) == 3  # micro-batch 1, 2, 4
+    assert all(e.reason.startswith("invalid: group_size=128") for e in p.excluded)
+
+
+def test_task_and_base_must_agree() -> None:
+    with pytest.raises(ValueError, match="lora"):
+        _plan(1 << 40, base=calc.Training(micro_batch=1, seq_len=8, lora=calc.LoRA(rank=2)))
 
 
 def test_parallel_precompile_fills_the_cache_for_the_plan() -> None:

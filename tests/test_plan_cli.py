@@ -67,7 +67,6 @@ def test_plan_table_with_least_hardware_and_changes(
         (["--gpu", "h300"], "gpu"),
         (["--task", "pretraining"], "task"),
         (["--global-batch", "3", "--gpus", "2"], "global_batch"),
-        (["--task", "lora"], "lora"),
     ],
 )
 def test_bad_input_exits_2_naming_the_field(
