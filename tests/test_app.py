@@ -8,6 +8,7 @@ a wrong mapping from widget to job field shows up as a different peak.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -71,16 +72,28 @@ def _messages(at: AppTest) -> str:
     return "\n".join(str(e.value) for e in [*at.error, *at.warning, *at.success, *at.info])
 
 
-def _check_page(at: AppTest, model: calc.ModelSpec, job: object, gpu_id: str) -> None:
-    """No exception; the peak, the verdict and the breakdown table agree with calc.estimate."""
+def _check_page(
+    at: AppTest,
+    model: calc.ModelSpec,
+    job: object,
+    gpu_id: str,
+    parallel: calc.Parallelism | None = None,
+) -> None:
+    """No exception; the peak, the verdict and the breakdown table agree with calc.estimate;
+    with ``parallel``, the most-loaded rank and every rank's peak too."""
     assert not at.exception, [e.value for e in at.exception]
     try:
-        est = calc.estimate(model, job)
+        est = calc.estimate(model, job, parallel)
     except (ValueError, NotImplementedError) as exc:
         assert str(exc) in _messages(at)
+        assert not at.metric  # no number for a job the cost model refuses
         return
     assert _metric(at, "peak per GPU") == _expected_gib(est.peak_bytes)
     assert _metric(at, "peak phase") == est.peak_phase
+    if parallel is not None:
+        assert _metric(at, "most-loaded rank") == str(est.rank)
+        ranks = at.dataframe[1].value
+        assert dict(zip(ranks["rank"], ranks["bytes"], strict=True)) == est.rank_peaks
     usable = gpus.get_gpu(gpu_id).usable_bytes
     if est.peak_bytes <= usable:
         assert any(str(s.value).startswith("fits with") for s in at.success), _messages(at)
@@ -88,14 +101,18 @@ def _check_page(at: AppTest, model: calc.ModelSpec, job: object, gpu_id: str) ->
         assert any(str(e.value).startswith("does not fit:") for e in at.error), _messages(at)
     table = at.dataframe[0].value
     assert Counter(int(b) for b in table["bytes"]) == Counter(
-        int(v) for v in est.breakdown.values()
+        int(v) for k, v in est.breakdown.items() if not k.startswith("ranks/")
     )
     assert at.latex, "the formula is shown"
 
 
 def test_every_widget_is_driven_here() -> None:
-    assert set(TRAIN_CHANGES) == {f.key for f in form.fields_of("train")}
-    assert set(INFER_CHANGES) == {f.key for f in form.fields_of("infer")}
+    # scalar job fields: TRAIN_CHANGES / INFER_CHANGES; the options of the object-valued fields
+    # (LoRA, quantization, pruning, distillation, KV cache) and of the parallel layout: CASES
+    assert set(TRAIN_CHANGES) == {f.key for f in form.fields_of("train") if not f.of}
+    assert set(INFER_CHANGES) == {f.key for f in form.fields_of("infer") if not f.of}
+    options = {f.key for f in form.FIELDS if f.of}
+    assert options == {k for case in CASES for k in case.values[0]} & options
 
 
 def test_default_page_shows_the_default_job_of_the_readme() -> None:
@@ -115,6 +132,17 @@ def _query_value(at: AppTest, name: str) -> str | None:
 
 def _set(at: AppTest, key: str, value: object) -> None:
     at.get_by_key(key).set_value(value)  # type: ignore[attr-defined]
+
+
+def _set_widgets(at: AppTest, widgets: dict[str, object]) -> None:
+    """Set widgets as a user would: a switch (LoRA rank, quant, pruning, teacher) first, since
+    it enables its options' widgets; then the rest; the page reruns after each round."""
+    switches = {f"{f.task}.{f.needs}" for f in form.FIELDS if f.needs}
+    for first in (True, False):
+        for key, value in widgets.items():
+            if (key in switches) == first:
+                _set(at, key, value)
+        at.run()
 
 
 @pytest.mark.parametrize(("task", "changes"), [("train", TRAIN_CHANGES), ("infer", INFER_CHANGES)])
@@ -139,6 +167,138 @@ def test_every_widget_changes_the_job_as_calc_estimate_sees_it(
         kwargs[name] = value
         _check_page(at, model, job_class(**kwargs), "h100-80gb")
         assert _query_value(at, name) == str(value), f"{name} not in the link"
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """Widgets set on a fresh page (card qwen2.5-0.5b) and the job they must mean, built here
+    from plain keyword arguments."""
+
+    name: str
+    values: tuple[dict[str, object], dict[str, object], dict[str, object] | None]
+    """(widget key -> value, job keywords, ``calc.Parallelism`` keywords or None)."""
+
+    @property
+    def task(self) -> str:
+        return next(iter(self.values[0])).split(".")[0]
+
+
+REF16 = {"train.precision": "bf16", "train.implementation": "reference"}
+REF16_JOB = {"precision": "bf16", "implementation": "reference"}
+CASES: tuple[Case, ...] = (
+    Case("qlora-nf4", ({**REF16, "train.lora_rank": 16, "train.lora_alpha": 32.0,
+                        "train.lora_modules": ["q", "v"], "train.quant": "nf4",
+                        "train.group_size": 128, "train.double_quant": False},
+                       {**REF16_JOB, "lora": calc.LoRA(rank=16, alpha=32.0, modules=("q", "v")),
+                        "quant": calc.Quant(method="nf4", group_size=128, double_quant=False)},
+                       None)),
+    Case("qlora-int4", ({**REF16, "train.lora_rank": 8, "train.quant": "int4",
+                         "train.zero_point": "no", "train.scale_dtype": "bf16"},
+                        {**REF16_JOB, "lora": calc.LoRA(rank=8),
+                         "quant": calc.Quant(method="int4", zero_point=False, scale_dtype="bf16")},
+                        None)),
+    Case("qlora-fp8", ({**REF16, "train.lora_rank": 8, "train.quant": "fp8",
+                        "train.fp8_scaling": "row"},
+                       {**REF16_JOB, "lora": calc.LoRA(rank=8),
+                        "quant": calc.Quant(method="fp8", fp8_scaling="row")}, None)),
+    Case("lora-hf-refused", ({"train.lora_rank": 4}, {"lora": calc.LoRA(rank=4)}, None)),
+    Case("prune", ({"train.implementation": "reference", "train.prune": "unstructured",
+                    "train.prune_amount": 0.3, "train.prune_modules": ["q", "up"]},
+                   {"implementation": "reference",
+                    "pruning": calc.Pruning(amount=0.3, modules=("q", "up"))}, None)),
+    Case("prune-2:4-removed", ({"train.implementation": "reference", "train.prune": "2:4",
+                                "train.prune_removed": True},
+                               {"implementation": "reference",
+                                "pruning": calc.Pruning(kind="2:4", removed=True)}, None)),
+    Case("distill", ({**REF16, "train.teacher": "qwen2.5-0.5b", "train.teacher_precision": "fp32",
+                      "train.teacher_quant": "int8", "train.distill_temperature": 2.0,
+                      "train.distill_hard_weight": 0.5},
+                     {**REF16_JOB, "distill": calc.Distill(
+                         teacher=calc.load_card("qwen2.5-0.5b"), teacher_precision="fp32",
+                         teacher_quant=calc.Quant(method="int8"), temperature=2.0,
+                         hard_weight=0.5)}, None)),
+    Case("infer-int8", ({"infer.implementation": "reference", "infer.quant": "int8",
+                         "infer.zero_point": "yes", "infer.scale_dtype": "bf16",
+                         "infer.kv_quant": "int8"},
+                        {"implementation": "reference", "kv_quant": "int8",
+                         "quant": calc.Quant(method="int8", zero_point=True, scale_dtype="bf16")},
+                        None)),
+    Case("infer-nf4", ({"infer.quant": "nf4", "infer.group_size": 128,
+                        "infer.double_quant": False},
+                       {"quant": calc.Quant(method="nf4", group_size=128, double_quant=False)},
+                       None)),
+    Case("infer-fp8", ({"infer.quant": "fp8", "infer.fp8_scaling": "row"},
+                       {"quant": calc.Quant(method="fp8", fp8_scaling="row")}, None)),
+    Case("dp2-zero3", ({"train.dp": 2, "train.zero": 3}, {}, {"dp": 2, "zero": 3})),
+    Case("tp2", ({"train.tp": 2}, {}, {"tp": 2})),
+    Case("tp2-sp-vocab", ({"train.tp": 2, "train.sp": True, "train.vocab_parallel": True}, {},
+                          {"tp": 2, "sp": True, "vocab_parallel": True})),
+    Case("pp2-interleaved", ({"train.micro_batch": 2, "train.pp": 2,
+                              "train.pp_schedule": "interleaved-1f1b",
+                              "train.pp_virtual_stages": 2, "train.pp_microbatches": 2},
+                             {"micro_batch": 2},
+                             {"pp": 2, "pp_schedule": "interleaved-1f1b", "pp_virtual_stages": 2,
+                              "pp_microbatches": 2})),
+    Case("fsdp", ({"train.dp": 2, "train.fsdp": True, "train.reshard_after_forward": False}, {},
+                  {"dp": 2, "fsdp": True, "reshard_after_forward": False})),
+    Case("ddp-buckets", ({"train.dp": 2, "train.ddp_bucket_mib": 4,
+                          "train.gradient_as_bucket_view": True}, {},
+                         {"dp": 2, "ddp_bucket_mib": 4, "gradient_as_bucket_view": True})),
+    Case("zero1-by-parameter", ({"train.dp": 2, "train.zero": 1,
+                                 "train.zero_partition": "by-parameter"}, {},
+                                {"dp": 2, "zero": 1, "zero_partition": "by-parameter"})),
+    Case("cp-offload", ({"train.cp": 2, "train.dp": 2, "train.zero": 2,
+                         "train.offload": "optimizer"}, {},
+                        {"cp": 2, "dp": 2, "zero": 2, "offload": "optimizer"})),
+    Case("parallel-lora-refused", ({**REF16, "train.lora_rank": 8, "train.dp": 2},
+                                   {**REF16_JOB, "lora": calc.LoRA(rank=8)}, {"dp": 2})),
+)  # fmt: skip
+"""Most give numbers; ``lora-hf-refused`` (LoRA needs the reference code),
+``tp2-sp-vocab`` (sequence parallelism), ``zero1-by-parameter`` (24 layers) and
+``parallel-lora-refused`` are combinations the cost model refuses: the page shows its message."""
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_compression_and_parallel_widgets_give_calc_estimate_of_the_same_job(case: Case) -> None:
+    widgets, job_kwargs, parallel_kwargs = case.values
+    at = _app({"card": CARD})
+    if case.task == "infer":
+        at.radio(key="task").set_value("infer").run()
+    _set_widgets(at, widgets)
+    model = calc.load_card(CARD)
+    if case.task == "train":
+        job: object = calc.Training(**{"micro_batch": 1, "seq_len": 2048, **job_kwargs})
+    else:
+        job = calc.Inference(batch=1, context=4096, **job_kwargs)
+    parallel = calc.Parallelism(**parallel_kwargs) if parallel_kwargs else None
+    _check_page(at, model, job, "h100-80gb", parallel)
+    for key, value in widgets.items():  # every option is in the shareable link
+        text = ",".join(value) if isinstance(value, list) else str(value)
+        text = text.lower() if isinstance(value, bool) else text
+        assert _query_value(at, key.split(".", 1)[1]) == text, key
+
+
+def test_bad_compression_and_parallel_values_are_messages_not_exceptions() -> None:
+    at = _app({"card": CARD, "lora_rank": "abc", "quant": "int3", "dp": "0", "fsdp": "maybe",
+               "lora_modules": "q,x"})  # fmt: skip
+    warnings = "\n".join(str(w.value) for w in at.warning)
+    for name in ("lora_rank", "quant", "dp", "fsdp", "lora_modules"):
+        assert name in warnings
+    _check_page(at, calc.load_card(CARD), calc.Training(micro_batch=1, seq_len=2048), "h100-80gb")
+    # valid widgets, invalid combinations: the message of the class that refuses them
+    for changes, words in (
+        ({"train.sp": True}, "sp=True needs tp > 1"),
+        ({"train.sp": False, "train.tp": 3}, "tp=3 does not divide"),
+        ({"train.tp": 1, "train.lora_rank": 8, "train.lora_modules": []}, "lora_modules"),
+        ({"train.lora_modules": ["q"], "train.quant": "nf4", "train.group_size": 100},
+         "group_size=100 must be one of"),
+        ({"train.lora_rank": None, "train.quant": "int8", "train.group_size": None},
+         "needs lora=calc.LoRA"),
+    ):  # fmt: skip
+        _set_widgets(at, changes)
+        assert not at.exception, (changes, [e.value for e in at.exception])
+        assert words in _messages(at), (changes, _messages(at))
+        assert not at.metric
 
 
 def test_gpu_choice_moves_the_verdict_for_every_catalog_gpu() -> None:

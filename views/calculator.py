@@ -5,6 +5,7 @@ import dataclasses
 import pandas as pd
 import streamlit as st
 
+import calc
 from calc import display
 from calc.sweep import SWEEP_FIELDS
 from webapp import cached, charts, widgets
@@ -15,18 +16,45 @@ for error in inputs.errors:
 if inputs.model is None or inputs.job is None:
     st.stop()
 
-model, job, gpu = inputs.model, inputs.job, inputs.gpu
+MAX_CHART_RANKS = 64
+"""More ranks than this: the table only (one bar per rank would not fit the page)."""
+model, job, gpu, parallel = inputs.model, inputs.job, inputs.gpu, inputs.parallel
 key = cached.model_key(model)
+
+
+def _short(value: object) -> str:
+    if isinstance(value, calc.Distill):  # the teacher's spec is long: name it
+        changed = [
+            f"{f.name}={getattr(value, f.name)}"
+            for f in dataclasses.fields(value)[1:]
+            if getattr(value, f.name) != f.default
+        ]
+        return f"Distill(teacher={value.teacher.name}{''.join(', ' + c for c in changed)})"
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _changed(obj: object) -> str:
+    """``field=value`` for the fields of a job or layout that differ from the class default."""
+    return ", ".join(
+        f"{f.name}={_short(getattr(obj, f.name))}"
+        for f in dataclasses.fields(obj)  # type: ignore[arg-type]
+        if f.default is dataclasses.MISSING or getattr(obj, f.name) != f.default
+    )
+
+
 st.title("vramplan")
 st.caption(
     f"**{model.label}**, {model.spec.n_params:,} parameters · "
-    f"{type(job).__name__}("
-    + ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(job).items())
-    + f") · predicting {'torch.cuda.max_memory_allocated' if inputs.device == 'cuda' else 'the CPU tracker'}"
+    f"{type(job).__name__}({_changed(job)})"
+    + (f" · Parallelism({_changed(parallel)}), {parallel.world_size} GPUs" if parallel else "")
+    + f" · predicting {'torch.cuda.max_memory_allocated' if inputs.device == 'cuda' else 'the CPU tracker'}"
 )
 try:
-    est = cached.estimate(model, key, job, inputs.device)
-except (ValueError, NotImplementedError) as exc:
+    est = cached.estimate(model, key, job, parallel, inputs.device)
+except ValueError as exc:  # e.g. a layout that does not divide the model
+    st.error(str(exc), icon=":material/error:")
+    st.stop()
+except NotImplementedError as exc:
     st.warning(f"not modelled yet: {exc}", icon=":material/construction:")
     st.stop()
 except OverflowError:
@@ -37,13 +65,23 @@ except OverflowError:
     )
     st.stop()
 
-verdict = cached.evaluate(model, key, job, gpu.id, inputs.device)
-left, mid, right = st.columns(3)
-left.metric("peak per GPU", f"{display.gib(est.peak_bytes):.2f} GiB")
-mid.metric(f"{gpu.name}, usable", f"{gpu.usable_gib:.2f} GiB")
-right.metric("peak phase", est.peak_phase, help=f"at the allocation of {est.peak_event}")
-(st.success if verdict.fits else st.error)(
-    verdict.verdict(), icon=":material/check_circle:" if verdict.fits else ":material/cancel:"
+if parallel is None:
+    evaluated = cached.evaluate(model, key, job, gpu.id, inputs.device)
+    fits, verdict = evaluated.fits, evaluated.verdict()
+else:  # calc.plan.evaluate is single-GPU: the verdict of the most-loaded rank's estimate
+    fits, verdict = cached.parallel_verdict(model, job, est, gpu)
+columns = st.columns(4 if parallel else 3)
+columns[0].metric(
+    "peak per GPU",
+    f"{display.gib(est.peak_bytes):.2f} GiB",
+    help="the most-loaded rank's peak" if parallel else None,
+)
+columns[1].metric(f"{gpu.name}, usable", f"{gpu.usable_gib:.2f} GiB")
+columns[2].metric("peak phase", est.peak_phase, help=f"at the allocation of {est.peak_event}")
+if parallel:
+    columns[3].metric("most-loaded rank", str(est.rank), help=f"of {parallel.world_size} GPUs")
+(st.success if fits else st.error)(
+    verdict, icon=":material/check_circle:" if fits else ":material/cancel:"
 )
 
 gpu_label = f"{gpu.name}: {gpu.usable_gib:.1f} GiB"
@@ -72,6 +110,28 @@ with st.expander("breakdown table"):
         },
     )
 
+if parallel and est.rank_peaks:
+    st.subheader("Peak of every rank")
+    peaks = sorted(est.rank_peaks.items())
+    ranks = pd.DataFrame(
+        {
+            "rank": [r for r, _ in peaks],
+            "GiB": [display.gib(b) for _, b in peaks],
+            "bytes": [b for _, b in peaks],
+        }
+    )
+    if len(peaks) <= MAX_CHART_RANKS:
+        st.vega_lite_chart(
+            charts.rank_chart(ranks.to_dict("records"), gpu.usable_gib, gpu_label),
+            width="stretch",
+        )
+    with st.expander("rank table"):
+        st.dataframe(
+            ranks,
+            hide_index=True,
+            width="stretch",
+            column_config={"GiB": st.column_config.NumberColumn(format="%.3f")},
+        )
 st.subheader("Phases of the step")
 st.vega_lite_chart(
     charts.phases_chart(display.phase_rows(est), gpu.usable_gib, gpu_label), width="stretch"
@@ -93,6 +153,9 @@ if est.notes:
     st.caption("Assumptions: " + "; ".join(est.notes))
 
 st.subheader("Sweeps")
+if parallel:
+    st.caption("sweeps are of one GPU: not shown for a parallel layout")
+    st.stop()
 seq_field, batch_field = SWEEP_FIELDS[type(job)]
 columns = st.columns(2)
 for column, field, title, high in (

@@ -9,7 +9,9 @@ import json
 import streamlit as st
 
 import calc
-from calc import plan
+from calc import display, evidence, gpus, plan
+from calc.cards import load_verify_report
+from calc.evidence import VerifiedCase
 from calc.sweep import Sweep, doubling_values, sweep
 from webapp.model_source import Model
 
@@ -23,10 +25,49 @@ def model_key(model: Model) -> str:
 
 @st.cache_resource(max_entries=256, show_spinner="compiling the expressions of this job...")
 def estimate(
-    _model: Model, key: str, job: calc.Training | calc.Inference, device: str
+    _model: Model,
+    key: str,
+    job: calc.Training | calc.Inference,
+    parallel: calc.Parallelism | None,
+    device: str,
 ) -> calc.Estimate:
-    """``calc.estimate`` of the job (``key`` names the model for the cache)."""
-    return calc.estimate(_model.spec, job, device=device)
+    """``calc.estimate`` of the job (``key`` names the model for the cache); with ``parallel``
+    the most-loaded rank's, every rank's peak in ``rank_peaks``."""
+    return calc.estimate(_model.spec, job, parallel, device=device)
+
+
+@st.cache_resource(show_spinner=False)
+def verified_cases() -> tuple[VerifiedCase, ...]:
+    """The compared cases of the committed verify report (read once per server)."""
+    return evidence.verified_cases(load_verify_report())
+
+
+def parallel_verdict(
+    model: Model, job: calc.Training, est: calc.Estimate, gpu: gpus.GPU
+) -> tuple[bool, str]:
+    """Whether the most-loaded rank's peak fits one GPU, in the words of a planner row
+    (``calc.plan_result.Evaluated.verdict``), with the error ``python -m verify`` observed on
+    the nearest verified cases (``calc.evidence.error_bar``: chosen by the job's fields; the
+    parallel layout is not one of the similarity fields)."""
+    gib = display.gib
+    headroom = gpu.usable_bytes - est.peak_bytes
+    fits = headroom >= 0
+    if fits:
+        pct = 100.0 * headroom / gpu.usable_bytes
+        text = (
+            f"fits with {pct:.1f}% headroom ({gib(headroom):.2f} GiB of "
+            f"{gib(gpu.usable_bytes):.2f} GiB usable on {gpu.id}) on every rank"
+        )
+    else:
+        text = (
+            f"does not fit: peak of rank {est.rank} {gib(est.peak_bytes):.2f} GiB > "
+            f"{gib(gpu.usable_bytes):.2f} GiB usable on {gpu.id}, needs {gib(-headroom):.2f} "
+            "GiB more"
+        )
+    bar = evidence.error_bar(job, model.spec, verified_cases())
+    if bar is not None:
+        text += f"; {bar.text()} (cases chosen by the job's fields, not the layout)"
+    return fits, text
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

@@ -31,6 +31,27 @@ def _gpu_rule(usable_gib: float, label: str, axis: str) -> list[Spec]:
     return [rule, text]
 
 
+def rank_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:
+    """One horizontal bar per rank (``rank``, ``GiB``), with the GPU's line."""
+    bars = {
+        "data": {"values": list(rows)},
+        "mark": {"type": "bar"},
+        "encoding": {
+            "x": {"field": "GiB", "type": "quantitative", "title": "peak GiB"},
+            "y": {"field": "rank", "type": "ordinal", "title": "rank"},
+            "tooltip": [
+                {"field": "rank", "type": "ordinal"},
+                {"field": "GiB", "type": "quantitative", "format": ".3f"},
+            ],
+        },
+    }
+    return {
+        "height": {"step": 18},
+        "padding": {"left": 12},
+        "layer": [bars, *_gpu_rule(usable_gib, gpu_label, "x")],
+    }
+
+
 def breakdown_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:
     """Horizontal stacked bars, one per level of the breakdown tree, with the GPU's line."""
     bars = {

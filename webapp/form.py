@@ -1,10 +1,13 @@
 """Every input of the web calculator in one table: widget key, URL query parameter, allowed values.
 
-A job field (a field of ``calc.Training`` or ``calc.Inference``) is one ``FormField``; the page
-draws a widget per entry and builds the job from the values, so an option that another issue
-adds to the job classes needs one entry here (``PARALLELISM`` for dp/tp/pp/ZeRO/offload,
-``COMPRESSION`` for LoRA/QLoRA/quantisation) and nothing else. ``tests/test_app_form.py`` fails
-while a job field has no entry.
+Each ``FormField`` is one flat option, one widget and one URL parameter. A scalar job field
+(a field of ``calc.Training`` or ``calc.Inference``) is one ``FormField`` of the same name; a job
+field holding an object (``lora``, ``quant``, ``pruning``, ``distill``, ``kv_quant``) is several
+flat options (``of`` names the field) and one builder in ``OBJECT_BUILDERS`` that makes the
+object from them with the CLI's helpers (``calc.cli_compression``, ``calc.cli_prune_distill``);
+``PARALLELISM`` holds one option per ``calc.Parallelism`` field (``of="parallel"``,
+``build_parallel``). ``tests/test_app_form.py`` fails while a job field or a ``Parallelism``
+field has no option.
 
 The state of the page is a flat ``dict`` keyed by widget key; ``to_query`` and ``from_query``
 turn it into the URL query string and back (every value parsed and validated, never evaluated),
@@ -13,18 +16,31 @@ so a result can be shared by link.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 import calc
-from calc import jobs, plan
+from calc import cli_compression, cli_prune_distill, jobs, plan
+from calc.compression import (
+    FP8_SCALINGS,
+    KV_QUANTS,
+    LORA_MODULES,
+    MAX_GROUP,
+    MAX_RANK,
+    QUANT_METHODS,
+    SCALE_DTYPES,
+)
+from calc.distill import MAX_TEMPERATURE, TEACHER_PRECISIONS
+from calc.parallel import MAX_DEGREE, OFFLOADS, PIPELINE_SCHEDULES, ZERO_PARTITIONS
 from calc.plan_axes import AXES
+from calc.pruning import GPT2_MODULES, LLAMA_MODULES, PRUNING_KINDS, Pruning
 
-Kind = Literal["choice", "int", "float", "optional_int", "optional_float"]
+Kind = Literal["choice", "int", "float", "optional_int", "optional_float", "bool", "multi"]
 TASKS: tuple[str, ...] = ("train", "infer")
 TASK_LABELS: dict[str, str] = {"train": "training step", "infer": "inference prefill"}
 JOB_CLASS: dict[str, type] = {"train": calc.Training, "infer": calc.Inference}
@@ -51,7 +67,8 @@ class FormField:
     """What the widget says."""
     kind: Kind
     """``choice`` (selectbox), ``int``/``float`` (number input), ``optional_*`` (may be empty:
-    the job class's default, None, applies)."""
+    the job class's default, None, applies), ``bool`` (checkbox), ``multi`` (a tuple of
+    ``choices``, in their order; multiselect; comma-separated in the URL)."""
     default: object
     """Value when neither the URL nor the user set one."""
     choices: tuple[str, ...] = ()
@@ -64,6 +81,18 @@ class FormField:
     """Where the widget goes: ``job``, ``parallelism``, ``compression`` or ``advanced``."""
     help: str = ""
     """Tooltip."""
+    of: str = ""
+    """What the option is part of: empty, the job field ``name`` itself; a job field holding an
+    object (``lora``, ``quant``, ``kv_quant``, ``pruning``, ``distill``), built from its flat
+    options by ``OBJECT_BUILDERS``; or ``parallel``, a field of ``calc.Parallelism``."""
+    needs: str = ""
+    """The option (``name``) that switches this one on: the widget is disabled, and the value
+    ignored, while that option is ``none`` or empty."""
+
+    @property
+    def target(self) -> str:
+        """The job field this option sets (``parallel`` for a ``calc.Parallelism`` field)."""
+        return self.of or self.name
 
     @property
     def key(self) -> str:
@@ -130,13 +159,195 @@ INFERENCE: tuple[FormField, ...] = (
               section="advanced"),
 )  # fmt: skip
 
-PARALLELISM: tuple[FormField, ...] = ()
-"""Issue 4 (dp / tp / pp / ZeRO stage / offload): one ``FormField(section="parallelism")`` per
-new job field; the sidebar shows the section as soon as it has an entry."""
+_PAR = "parallel"
+PARALLELISM: tuple[FormField, ...] = (
+    FormField(task="train", name="dp", label="data parallel (dp)", kind="int", default=1,
+              high=MAX_DEGREE, section="parallelism", of=_PAR,
+              help="replicas (or shards, with ZeRO/FSDP) of the model"),
+    FormField(task="train", name="tp", label="tensor parallel (tp)", kind="int", default=1,
+              high=MAX_DEGREE, section="parallelism", of=_PAR,
+              help="Megatron column/row splits of attention and MLP"),
+    FormField(task="train", name="pp", label="pipeline parallel (pp)", kind="int", default=1,
+              high=MAX_DEGREE, section="parallelism", of=_PAR, help="pipeline stages"),
+    FormField(task="train", name="cp", label="context parallel (cp)", kind="int", default=1,
+              high=MAX_DEGREE, section="parallelism", of=_PAR,
+              help="every activation's sequence split over cp ranks"),
+    FormField(task="train", name="zero", label="ZeRO stage", kind="int", default=0, low=0,
+              high=3, section="parallelism", of=_PAR,
+              help="over dp: 0 DDP, 1 optimizer states, 2 + gradients, 3 + parameters sharded"),
+    FormField(task="train", name="fsdp", label="FSDP2 fully_shard", kind="bool", default=False,
+              section="parallelism", of=_PAR, help="per layer and root (ZeRO-3 sharding)"),
+    FormField(task="train", name="reshard_after_forward", label="FSDP reshard after forward",
+              kind="bool", default=True, section="parallelism", of=_PAR),
+    FormField(task="train", name="sp", label="sequence parallel (with tp)", kind="bool",
+              default=False, section="parallelism", of=_PAR),
+    FormField(task="train", name="vocab_parallel", label="vocabulary parallel (with tp)",
+              kind="bool", default=False, section="parallelism", of=_PAR),
+    FormField(task="train", name="pp_schedule", label="pipeline schedule", kind="choice",
+              default="1f1b", choices=PIPELINE_SCHEDULES, section="parallelism", of=_PAR),
+    FormField(task="train", name="pp_microbatches", label="pipeline micro-batches", kind="int",
+              default=1, high=1 << 16, section="parallelism", of=_PAR,
+              help="micro-batches per optimizer step through the pipeline"),
+    FormField(task="train", name="pp_virtual_stages", label="virtual stages per rank",
+              kind="int", default=1, high=1 << 10, section="parallelism", of=_PAR,
+              help="model chunks per pipeline rank (interleaved-1f1b)"),
+    FormField(task="train", name="offload", label="CPU offload", kind="choice", default="none",
+              choices=OFFLOADS, section="parallelism", of=_PAR),
+    FormField(task="train", name="ddp_bucket_mib", label="DDP bucket (MiB)",
+              kind="optional_int", default=None, high=1 << 20, section="parallelism", of=_PAR,
+              help="bucket_cap_mb; empty = PyTorch's (1 MiB first bucket, then 25 MiB)"),
+    FormField(task="train", name="gradient_as_bucket_view", label="DDP gradient_as_bucket_view",
+              kind="bool", default=False, section="parallelism", of=_PAR),
+    FormField(task="train", name="zero_partition", label="ZeRO-1 partition", kind="choice",
+              default="shard", choices=ZERO_PARTITIONS, section="parallelism", of=_PAR,
+              help="shard: every state split over dp; by-parameter: ZeroRedundancyOptimizer"),
+)  # fmt: skip
+"""Issue 4: one option per field of ``calc.Parallelism`` (training only); all at their defaults
+is one GPU (``build_parallel`` returns None)."""
 
-COMPRESSION: tuple[FormField, ...] = ()
-"""Issue 5 (LoRA / QLoRA / quantisation): one ``FormField(section="compression")`` per new job
-field."""
+NONE = "none"
+"""The choice that leaves an object-valued job field at None."""
+AUTO = "auto"
+"""The choice that leaves an option at the class's default (None)."""
+ZERO_POINTS: dict[str, bool | None] = {AUTO: None, "yes": True, "no": False}
+
+
+def _quant_fields(task: str) -> tuple[FormField, ...]:
+    sec, of = "compression", "quant"
+    return (
+        FormField(task=task, name="quant", label="weight quantization", kind="choice",
+                  default=NONE, choices=(NONE, *QUANT_METHODS), section=sec, of=of,
+                  help="weight-only quantization of the decoder linears"
+                  + (" (the frozen base of QLoRA: needs a LoRA rank)" if task == "train" else "")),
+        FormField(task=task, name="group_size", label="quantization group size",
+                  kind="optional_int", default=None, high=MAX_GROUP, section=sec, of=of,
+                  needs="quant", help="elements per scale; empty = int8 per row, int4 128, nf4 64"),
+        FormField(task=task, name="zero_point", label="zero points (int8/int4)", kind="choice",
+                  default=AUTO, choices=tuple(ZERO_POINTS), section=sec, of=of, needs="quant",
+                  help="auto: int8 symmetric, int4 asymmetric"),
+        FormField(task=task, name="scale_dtype", label="scale dtype (int8/int4)", kind="choice",
+                  default=AUTO, choices=(AUTO, *SCALE_DTYPES), section=sec, of=of,
+                  needs="quant", help="auto: int8 fp32, int4 fp16"),
+        FormField(task=task, name="double_quant", label="nf4 double quantization", kind="bool",
+                  default=True, section=sec, of=of, needs="quant"),
+        FormField(task=task, name="fp8_scaling", label="fp8 scaling", kind="choice",
+                  default="tensor", choices=FP8_SCALINGS, section=sec, of=of, needs="quant"),
+    )  # fmt: skip
+
+
+COMPRESSION: tuple[FormField, ...] = (
+    FormField(task="train", name="lora_rank", label="LoRA rank", kind="optional_int",
+              default=None, high=MAX_RANK, section="compression", of="lora",
+              help="empty = train every weight; a rank trains LoRA adapters on a frozen base"),
+    FormField(task="train", name="lora_alpha", label="LoRA alpha", kind="optional_float",
+              default=None, low=1e-6, high=1e6, section="compression", of="lora",
+              needs="lora_rank", help="empty = the rank (changes values, not memory)"),
+    FormField(task="train", name="lora_modules", label="LoRA modules", kind="multi",
+              default=LORA_MODULES, choices=LORA_MODULES, section="compression", of="lora",
+              needs="lora_rank", help="projections of each layer that get an adapter"),
+    *_quant_fields("train"),
+    FormField(task="train", name="prune", label="pruning", kind="choice", default=NONE,
+              choices=(NONE, *PRUNING_KINDS), section="compression", of="pruning",
+              help="torch.nn.utils.prune reparameterisation of the layers' linears"),
+    FormField(task="train", name="prune_amount", label="pruned fraction",
+              kind="optional_float", default=None, low=0.0, high=1.0, section="compression",
+              of="pruning", needs="prune", help="empty = 0.5 (2:4 is always 0.5)"),
+    FormField(task="train", name="prune_modules", label="pruned modules", kind="multi",
+              default=(), choices=LLAMA_MODULES + GPT2_MODULES, section="compression",
+              of="pruning", needs="prune",
+              help="empty = every linear (llama: q k v o gate up down; GPT-2: qkv o fc proj)"),
+    FormField(task="train", name="prune_removed", label="prune.remove ran", kind="bool",
+              default=False, section="compression", of="pruning", needs="prune",
+              help="the weights are dense again (zeros included)"),
+    FormField(task="train", name="teacher", label="distillation teacher", kind="choice",
+              default=NONE, choices=(NONE, *calc.list_cards()), section="compression",
+              of="distill", help="knowledge distillation from a frozen teacher (a model card)"),
+    FormField(task="train", name="teacher_precision", label="teacher precision", kind="choice",
+              default="bf16", choices=TEACHER_PRECISIONS, section="compression", of="distill",
+              needs="teacher"),
+    FormField(task="train", name="teacher_quant", label="teacher quantization", kind="choice",
+              default=NONE, choices=(NONE, *QUANT_METHODS), section="compression",
+              of="distill", needs="teacher"),
+    FormField(task="train", name="distill_temperature", label="distillation temperature",
+              kind="float", default=1.0, low=1e-3, high=MAX_TEMPERATURE, section="compression",
+              of="distill", needs="teacher"),
+    FormField(task="train", name="distill_hard_weight", label="hard-label CE weight",
+              kind="float", default=0.0, low=0.0, high=MAX_TEMPERATURE, section="compression",
+              of="distill", needs="teacher"),
+    *_quant_fields("infer"),
+    FormField(task="infer", name="kv_quant", label="KV-cache quantization", kind="choice",
+              default=NONE, choices=(NONE, *KV_QUANTS), section="compression", of="kv_quant",
+              help="int8: a scale per token and head; fp8: e4m3, a scale per layer"),
+)  # fmt: skip
+"""Issue 5 (LoRA / QLoRA / quantization / pruning / distillation): flat options, each part of
+one object-valued job field (``of``), built by ``OBJECT_BUILDERS`` with the CLI's helpers
+(``calc.cli_compression``, ``calc.cli_prune_distill``): a link and a command line mean the
+same job."""
+
+
+def _quant(v: Mapping[str, object]) -> calc.Quant | None:
+    if v["quant"] == NONE:
+        return None
+    args = argparse.Namespace(
+        quant=v["quant"],
+        group_size=v["group_size"],
+        zero_point=ZERO_POINTS[str(v["zero_point"])],
+        scale_dtype=None if v["scale_dtype"] == AUTO else v["scale_dtype"],
+        fp8_scaling=v["fp8_scaling"],
+        no_double_quant=not v["double_quant"],
+    )
+    return cli_compression.quant_of(args)
+
+
+def _lora(v: Mapping[str, object]) -> calc.LoRA | None:
+    if v["lora_rank"] is None:
+        return None
+    modules = v["lora_modules"]
+    if not modules:
+        raise ValueError(f"lora_modules=() must name at least one of {', '.join(LORA_MODULES)}")
+    args = argparse.Namespace(
+        lora_rank=v["lora_rank"], lora_alpha=v["lora_alpha"], lora_modules=",".join(modules)
+    )
+    return cli_compression.lora_of(args)
+
+
+def _kv_quant(v: Mapping[str, object]) -> str | None:
+    return None if v["kv_quant"] == NONE else str(v["kv_quant"])
+
+
+def _pruning(v: Mapping[str, object]) -> Pruning | None:
+    if v["prune"] == NONE:
+        return None
+    args = argparse.Namespace(
+        prune=v["prune"],
+        prune_amount=v["prune_amount"],
+        prune_modules=",".join(v["prune_modules"]),  # type: ignore[arg-type]
+        prune_removed=bool(v["prune_removed"]),
+    )
+    return cli_prune_distill.pruning_of(args)
+
+
+def _distill(v: Mapping[str, object]) -> calc.Distill | None:
+    if v["teacher"] == NONE:
+        return None
+    quant = None if v["teacher_quant"] == NONE else calc.Quant(method=v["teacher_quant"])
+    return calc.Distill(
+        teacher=calc.load_card(str(v["teacher"])),
+        teacher_precision=v["teacher_precision"],  # type: ignore[arg-type]
+        temperature=v["distill_temperature"],  # type: ignore[arg-type]
+        hard_weight=v["distill_hard_weight"],  # type: ignore[arg-type]
+        teacher_quant=quant,
+    )
+
+
+OBJECT_BUILDERS: dict[str, Callable[[Mapping[str, object]], object]] = {
+    "lora": _lora,
+    "quant": _quant,
+    "kv_quant": _kv_quant,
+    "pruning": _pruning,
+    "distill": _distill,
+}
+"""Job field -> the function building its value from its flat options (name -> value)."""
 
 FIELDS: tuple[FormField, ...] = TRAINING + INFERENCE + PARALLELISM + COMPRESSION
 SECTIONS: tuple[str, ...] = ("job", "parallelism", "compression", "advanced")
@@ -172,6 +383,8 @@ EXPLORE_AXES: tuple[str, ...] = tuple(a.name for a in AXES if a.enumerated and n
 default, not a size; an axis another issue registers there appears here); the others hold the
 sidebar job's value. Fewer axes, fewer structures to compile on first use (~1.6 s each)."""
 MAX_GPU_COUNT = 4096
+BOOL_TEXT: dict[str, bool] = {"true": True, "false": False}
+"""How a ``bool`` option is written in the URL."""
 
 
 def fields_of(task: str) -> tuple[FormField, ...]:
@@ -184,12 +397,41 @@ def defaults() -> dict[str, object]:
     return {**PAGE_DEFAULTS, **{f.key: f.default for f in FIELDS}}
 
 
+def _values(task: str, target: str, state: Mapping[str, object]) -> dict[str, object]:
+    """The options of one job field (or ``parallel``) by name; an option whose switch
+    (``needs``) is off takes its default."""
+    fields = [f for f in fields_of(task) if f.target == target]
+    values = {f.name: state.get(f.key, f.default) for f in fields}
+    for f in fields:
+        if f.needs and values[f.needs] in (None, NONE):
+            values[f.name] = f.default
+    return values
+
+
 def build_job(task: str, state: Mapping[str, object]) -> calc.Training | calc.Inference:
-    """The ``calc.Training`` or ``calc.Inference`` the state describes (the job class validates
-    every field and raises ``ValueError`` naming it)."""
+    """The ``calc.Training`` or ``calc.Inference`` the state describes (the job class and the
+    compression configs validate every field and raise ``ValueError`` naming it)."""
     jobs.check_choice("task", task, TASKS)
-    kwargs = {f.name: state.get(f.key, f.default) for f in fields_of(task)}
+    kwargs: dict[str, object] = {}
+    for target in dict.fromkeys(f.target for f in fields_of(task)):
+        if target == _PAR:
+            continue
+        values = _values(task, target, state)
+        kwargs[target] = (
+            OBJECT_BUILDERS[target](values) if target in OBJECT_BUILDERS else values[target]
+        )
     return JOB_CLASS[task](**kwargs)
+
+
+def build_parallel(task: str, state: Mapping[str, object]) -> calc.Parallelism | None:
+    """The ``calc.Parallelism`` the state describes (training), or None for one GPU (every
+    option at its default, or inference); ``ValueError`` naming a bad field."""
+    if task != "train":
+        return None
+    values = _values(task, _PAR, state)
+    if all(values[f.name] == f.default for f in PARALLELISM):
+        return None
+    return calc.Parallelism(**values)  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- URL
@@ -202,6 +444,15 @@ def parse_value(field: FormField, text: str) -> object:
     if field.kind == "choice":
         jobs.check_choice(field.name, text, field.choices)
         return text
+    if field.kind == "bool":
+        if text not in BOOL_TEXT:
+            raise ValueError(f"{field.name}={text!r} is not one of 'true', 'false'")
+        return BOOL_TEXT[text]
+    if field.kind == "multi":
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        for item in items:
+            jobs.check_choice(field.name, item, field.choices)
+        return tuple(c for c in field.choices if c in items)
     if field.kind.startswith("optional") and text in ("", "none", "None"):
         return None
     is_int = field.kind in ("int", "optional_int")
@@ -298,6 +549,10 @@ def from_query(
 
 
 def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return ",".join(map(str, value))
     if isinstance(value, float):
         return repr(value)
     return str(value)

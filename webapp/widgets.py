@@ -31,6 +31,8 @@ class Inputs:
     """The model; None when the user's config is missing or invalid (see ``errors``)."""
     job: calc.Training | calc.Inference | None
     """The job; None when a field is invalid (see ``errors``)."""
+    parallel: calc.Parallelism | None
+    """The parallel layout (training); None for one GPU or when a field is invalid."""
     task: str
     """``train`` or ``infer``."""
     gpu: gpus.GPU
@@ -90,8 +92,22 @@ def bind(key: str, state: dict) -> None:
 def _field_widget(field: form.FormField, state: dict) -> None:
     key = field.key
     bind(key, state)
+    switch = f"{field.task}.{field.needs}" if field.needs else ""
+    disabled = bool(switch) and state.get(switch) in (None, form.NONE)
     if field.kind == "choice":
-        st.selectbox(field.label, field.choices, key=key, help=field.help or None)
+        st.selectbox(
+            field.label, field.choices, key=key, help=field.help or None, disabled=disabled
+        )
+    elif field.kind == "bool":
+        st.checkbox(field.label, key=key, help=field.help or None, disabled=disabled)
+    elif field.kind == "multi":
+        if isinstance(st.session_state[key], tuple):
+            st.session_state[key] = list(st.session_state[key])
+        st.multiselect(
+            field.label, field.choices, key=key, help=field.help or None, disabled=disabled
+        )
+        state[key] = tuple(c for c in field.choices if c in st.session_state[key])
+        return
     elif field.kind in ("int", "optional_int"):
         st.number_input(
             field.label,
@@ -100,6 +116,7 @@ def _field_widget(field: form.FormField, state: dict) -> None:
             step=1,
             key=key,
             help=field.help or None,
+            disabled=disabled,
             **({"value": None} if field.kind == "optional_int" else {}),
         )
     else:
@@ -111,6 +128,7 @@ def _field_widget(field: form.FormField, state: dict) -> None:
             format="%.3f",
             key=key,
             help=field.help or None,
+            disabled=disabled,
             **({"value": None} if field.kind == "optional_float" else {}),
         )
     state[key] = st.session_state[key]
@@ -207,15 +225,18 @@ def sidebar() -> Inputs:
                             "cpu: what verify's CPU storage tracker measures",
                         )
                         state["device"] = st.session_state["device"]
-    job = None
+    job = parallel = None
     try:
         job = form.build_job(task, state)
+        parallel = form.build_parallel(task, state)
     except ValueError as exc:
         errors.append(str(exc))
+        job = None
     st.query_params.from_dict(form.to_query(state, model.config if model else None))
     inputs = Inputs(
         model=model,
         job=job,
+        parallel=parallel,
         task=task,
         gpu=catalog[state["gpu"]],
         device=state["device"],
