@@ -26,6 +26,8 @@ from calc.jobs import (
     Inference,
     Training,
 )
+from calc.plan_layouts import default_layout, layout_of, layouts
+from calc.throughput import communication_factor
 
 TRAINING = "training"
 INFERENCE = "inference"
@@ -81,7 +83,10 @@ class Axis:
     """The throughput proxy's communication factor of a value (>= 1), if the axis has one."""
 
     def current(self, job: Training | Inference) -> object:
-        """The value ``job`` has on this axis."""
+        """The value ``job`` has on this axis (None for ``parallel``: a job does not carry its
+        layout; the evaluator takes the default, ``calc.plan_layouts.default_layout``)."""
+        if self.name == "parallel":
+            return None
         if self.name == "micro_batch":
             return job.micro_batch if isinstance(job, Training) else job.batch
         return getattr(job, self.name)
@@ -90,9 +95,11 @@ class Axis:
         """Set the job fields for ``value`` (``fields`` is the job's field dict)."""
         if self.name != "micro_batch":
             fields[self.name] = value
-        elif ctx.kind == TRAINING:
+        elif ctx.kind == TRAINING:  # grad_accum per data-parallel replica (tp shares one)
+            label = fields.get("parallel") or default_layout(ctx.gpu_count)
+            dp = layout_of(label, ctx.gpu_count).dp
             fields["micro_batch"] = value
-            fields["grad_accum"] = max(1, ctx.per_gpu_batch // int(value))  # type: ignore[call-overload]
+            fields["grad_accum"] = max(1, ctx.global_batch // (dp * int(value)))  # type: ignore[call-overload]
         else:
             fields["batch"] = value
 
@@ -102,6 +109,14 @@ def _training_or_inference(train: tuple, infer: tuple) -> Callable[[Context], tu
 
 
 AXES: tuple[Axis, ...] = (
+    Axis(
+        name="parallel",
+        kinds=(TRAINING,),
+        values=lambda ctx: tuple(layouts(ctx.gpu_count)),
+        knob=False,  # changes_to_fit keeps the job's layout (a job does not carry one)
+        shards=True,
+        communication=lambda value, ctx: communication_factor(layout_of(value, ctx.gpu_count)),
+    ),
     Axis(
         name="precision",
         kinds=(TRAINING, INFERENCE),
@@ -135,7 +150,8 @@ AXES: tuple[Axis, ...] = (
         size=True,
     ),
 )
-"""Every axis, in the order tables show them. The size axis (micro-batch) comes last."""
+"""Every axis, in the order tables show them. The layout (``parallel``, training: how the GPUs
+share the job, ``calc.plan_layouts``) comes first, the size axis (micro-batch) last."""
 
 
 def axes_for(kind: str) -> tuple[Axis, ...]:

@@ -21,10 +21,10 @@ from calc.plan_axes import (
     Axis,
     Context,
     axes_for,
-    multi_gpu_training_modelled,
 )
+from calc.plan_layouts import default_layout, layout_of
 from calc.plan_result import TASKS, Config, Evaluated, RankBy, rank
-from calc.throughput import throughput_proxy
+from calc.throughput import communication_factor, throughput_proxy
 
 KIND_OF_TASK = {
     "pretrain": TRAINING,
@@ -37,16 +37,17 @@ KIND_OF_TASK = {
 QLoRA are training jobs with ``lora`` (and ``quant``) set, ``task_fields``)."""
 NOT_MODELLED_TASKS: dict[str, str] = {}
 """Tasks of ``plan_result.TASKS`` the cost model does not cover (none today)."""
+HELD_ON_MANY_GPUS = ("precision", "optimizer")
+"""Axes held at the base job's value for training on 2+ GPUs unless ``fixed`` lists values:
+each multi-GPU configuration compiles one replay per rank class and layout (seconds each for a
+7B model, ``calc.plan_layouts``), so the default grid there is layouts x recompute x
+micro-batch."""
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
 QLORA_METHOD = "nf4"
 """Base-weight quantization of ``task="qlora"`` unless ``base`` sets ``quant``: 4-bit
 NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314, §3)."""
-MULTI_GPU_TRAINING = (
-    "not modelled: training on 2+ GPUs (data parallel gradient buckets, ZeRO, tensor or "
-    "pipeline parallelism) arrives with the parallelism issue"
-)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,6 +117,7 @@ def task_fields(task: str, fields: dict) -> dict:
 
 def make_job(kind: str, fields: Mapping, ctx: Context) -> Training | Inference:
     """The job of ``fields`` at the request's sizes (raises ``ValueError`` if invalid)."""
+    fields = {k: v for k, v in fields.items() if k != "parallel"}  # the layout: in choices
     if kind == TRAINING:
         return Training(**{"micro_batch": 1, "seq_len": ctx.seq_len, **fields})
     return Inference(**{"batch": 1, "context": ctx.seq_len, **fields})
@@ -144,7 +146,9 @@ def axis_values(
                     )
             if not values:
                 raise ValueError(f"fixed[{axis.name!r}] is empty; allowed: {allowed}")
-        elif axis.enumerated:
+        elif axis.enumerated and not (
+            axis.name in HELD_ON_MANY_GPUS and ctx.gpu_count > 1 and kind == TRAINING
+        ):
             values = allowed
         else:
             values = (axis.current(make_job(kind, base_fields, ctx)),)
@@ -170,7 +174,10 @@ class Evaluator:
         self._bars: dict = {}
 
     def choices(self, job: Training | Inference) -> dict[str, object]:
-        return {a.name: a.current(job) for a in axes_for(self.ctx.kind)}
+        out = {a.name: a.current(job) for a in axes_for(self.ctx.kind)}
+        if "parallel" in out:  # a job does not carry its layout: the default one
+            out["parallel"] = default_layout(self.ctx.gpu_count)
+        return out
 
     def _row(self, choices: Mapping, job: Training | Inference | None, **kw: object) -> Evaluated:
         grad_accum = job.grad_accum if isinstance(job, Training) else 1
@@ -192,6 +199,37 @@ class Evaluator:
             self._bars[key] = error_bar(job, self.model, self.cases)
         return self._bars[key]
 
+    def _verdict(self, peak: int) -> tuple[int, bool, str]:
+        headroom = self.gpu.usable_bytes - peak
+        reason = "" if headroom >= 0 else (
+            f"peak {peak / 2**30:.2f} GiB > {self.gpu.usable_bytes / 2**30:.2f} GiB "
+            f"usable on {self.gpu.id}: needs {-headroom / 2**30:.2f} GiB more"
+        )  # fmt: skip
+        return headroom, headroom >= 0, reason
+
+    def _parallel_row(self, choices: Mapping, job: Training | Inference) -> Evaluated:
+        """One multi-GPU training configuration through ``calc.estimate(model, job, parallel)``
+        (``calc.ranks``: its rank classes' compiled replays plus constant extras), one call
+        per configuration: not vectorised (``calc.plan_layouts``)."""
+        from calc.estimate import estimate
+
+        label = choices.get("parallel") or default_layout(self.ctx.gpu_count)
+        parallel = layout_of(label, self.ctx.gpu_count)
+        try:
+            est = estimate(self.model, job, parallel, self.device)
+        except NotImplementedError as exc:
+            return self._row(choices, job, reason=f"not modelled: {exc}")
+        except ValueError as exc:
+            return self._row(choices, job, reason=f"invalid: {exc}")
+        headroom, fits, reason = self._verdict(est.peak_bytes)
+        key = ("parallel", label, plan_grid.structure_id(self.model, job))
+        comm = communication_factor(parallel)
+        return self._row(
+            choices, job, peak_bytes=est.peak_bytes, fits=fits, headroom_bytes=headroom,
+            throughput_proxy=throughput_proxy(self.model, job, comm), reason=reason,
+            error_bar=self._bar(key, job), peak_phase=est.peak_phase,
+        )  # fmt: skip
+
     def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
         """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
         out: list[Evaluated | None] = [None] * len(entries)
@@ -202,12 +240,10 @@ class Evaluator:
             if isinstance(job, str):
                 out[i] = self._row(choices, None, reason=job)
                 continue
+            if self.ctx.kind == TRAINING and self.ctx.gpu_count > 1:
+                out[i] = self._parallel_row(choices, job)
+                continue
             groups.setdefault(plan_grid.structure_id(self.model, job), []).append(i)
-        multi_gpu = (
-            self.ctx.kind == TRAINING
-            and self.ctx.gpu_count > 1
-            and not multi_gpu_training_modelled()
-        )
         points: dict = {}  # sizes evaluated once per set of points, shared by structures
         for n_done, (key, idx) in enumerate(groups.items()):
             if self.progress is not None:
@@ -215,10 +251,6 @@ class Evaluator:
             jobs = [entries[i][1] for i in idx]
             exemplar = jobs[0]
             assert not isinstance(exemplar, str)
-            if multi_gpu:
-                for i in idx:
-                    out[i] = self._row(entries[i][0], entries[i][1], reason=MULTI_GPU_TRAINING)  # type: ignore[arg-type]
-                continue
             table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
             self.compiled_now += int(fresh)
             if table.not_modelled:
@@ -238,12 +270,7 @@ class Evaluator:
                 job = entries[i][1]
                 assert not isinstance(job, str)
                 peak = int(peaks.peak_bytes[n])
-                headroom = self.gpu.usable_bytes - peak
-                fits = headroom >= 0
-                reason = "" if fits else (
-                    f"peak {peak / 2**30:.2f} GiB > {self.gpu.usable_bytes / 2**30:.2f} GiB "
-                    f"usable on {self.gpu.id}: needs {-headroom / 2**30:.2f} GiB more"
-                )  # fmt: skip
+                headroom, fits, reason = self._verdict(peak)
                 out[i] = self._row(
                     entries[i][0], job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
                     throughput_proxy=throughput_proxy(self.model, job), reason=reason,

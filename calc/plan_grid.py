@@ -30,7 +30,7 @@ CACHE_FORMAT = 2
 NOT_IN_TABLES = frozenset(
     {
         "cards.py", "cli.py", "display.py", "evidence.py", "gpus.py", "plan.py",
-        "plan_axes.py", "plan_cli.py", "plan_engine.py", "plan_eval.py", "plan_result.py",
+        "plan_axes.py", "plan_cli.py", "plan_layouts.py", "plan_engine.py", "plan_eval.py", "plan_result.py",
         "plan_search.py", "result.py", "sweep.py", "throughput.py", "user_config.py",
     }
 )  # fmt: skip

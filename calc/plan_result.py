@@ -13,6 +13,7 @@ from typing import Literal, get_args
 from calc.evidence import ErrorBar
 from calc.gpus import GPU
 from calc.jobs import Inference, Training
+from calc.parallel import Parallelism
 from calc.result import GIB
 
 Task = Literal["pretrain", "full-finetune", "lora", "qlora", "inference"]
@@ -30,17 +31,28 @@ class Config:
     """One point of the planner's grid: a complete job for ``calc.estimate`` on some GPUs."""
 
     job: Training | Inference | None
-    """The per-GPU job; ``calc.estimate(model, job)`` gives the same peak as the planner. None
-    only for an invalid combination, which no job class accepts (``Evaluated.reason`` says
-    why)."""
+    """The per-GPU job; ``calc.estimate(model, job, config.parallel)`` gives the same peak as
+    the planner. None only for an invalid combination, which no job class accepts
+    (``Evaluated.reason`` says why)."""
     gpu_count: int
     """GPUs the job runs on."""
     choices: Mapping[str, object]
     """The value of each axis (``{"precision": "bf16-master", ..., "micro_batch": 2}``), in
     axis order (``calc.plan_axes.AXES``): what a table of configurations shows."""
     grad_accum: int = 1
-    """Micro-batches per optimizer step per GPU: ``global_batch / (gpu_count x micro_batch)``
-    (training); 1 for inference."""
+    """Micro-batches per optimizer step per data-parallel replica: ``global_batch / (dp x
+    micro_batch)`` (training); 1 for inference."""
+
+    @property
+    def parallel(self) -> Parallelism | None:
+        """The training layout over ``gpu_count`` GPUs (``calc.plan_layouts``); None for
+        inference (each GPU serves its own share)."""
+        label = self.choices.get("parallel")
+        if label is None:
+            return None
+        from calc.plan_layouts import layout_of
+
+        return layout_of(label, self.gpu_count)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -12,9 +12,8 @@ from collections.abc import Mapping, Sequence
 from calc.gpus import GPU, gpu_catalog
 from calc.jobs import DEVICES, Inference, Training, check_choice, check_size
 from calc.model_spec import ModelSpec
-from calc.plan_axes import TRAINING, Axis, Context, axes_for, multi_gpu_training_modelled
+from calc.plan_axes import TRAINING, Axis, Context, axes_for
 from calc.plan_engine import (
-    MULTI_GPU_TRAINING,
     Evaluator,
     axis_values,
     base_fields_of,
@@ -30,8 +29,14 @@ from calc.plan_result import Change, Evaluated, LeastHardware, Task, rank
 
 
 def _counts(global_batch: int, max_count: int) -> list[int]:
-    """GPU counts tried: divisors of the global batch (each GPU takes whole sequences)."""
-    return [n for n in range(1, min(global_batch, max_count) + 1) if global_batch % n == 0]
+    """GPU counts tried: powers of two that divide the global batch (each GPU takes whole
+    sequences; every count compiles its layouts' replays, so only the counts clusters come in)."""
+    out, n = [], 1
+    while n <= min(global_batch, max_count):
+        if global_batch % n == 0:
+            out.append(n)
+        n *= 2
+    return out
 
 
 def least_hardware(
@@ -48,12 +53,10 @@ def least_hardware(
     report: Mapping | None = None,
     error_bars: bool = True,
 ) -> LeastHardware:
-    """The smallest count of ``gpu`` on which some configuration of the grid fits (counts that
-    divide ``global_batch``, up to ``max_count``), and the smallest single GPU: the least
-    peak over the grid on one GPU, and the catalog GPU with the least usable memory above it.
-
-    Training on 2+ GPUs is not modelled until a parallelism axis exists
-    (``calc.plan_axes``): then only one GPU is tried and ``note`` says so."""
+    """The smallest count of ``gpu`` on which some configuration of the grid fits (powers of
+    two that divide ``global_batch``, up to ``max_count``; training on 2+ GPUs enumerates the
+    parallel layouts of ``calc.plan_layouts``), and the smallest single GPU: the least peak
+    over the grid on one GPU, and the catalog GPU with the least usable memory above it."""
     kind = kind_of(task)
     check_choice("device", device, DEVICES)
     check_size("max_count", max_count, 1, 1 << 16)
@@ -75,9 +78,6 @@ def least_hardware(
         smallest = next((g for g in gpu_catalog().values() if g.usable_bytes >= min_peak), None)
     notes = []
     counts = _counts(global_batch, max_count)
-    if kind == TRAINING and not multi_gpu_training_modelled():
-        counts = [1]
-        notes.append(f"only 1 GPU tried: {MULTI_GPU_TRAINING.removeprefix('not modelled: ')}")
     min_count, min_count_best = None, None
     for count in counts:
         rows = one if count == 1 else rows_at(count, gpu_obj)

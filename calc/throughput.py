@@ -14,8 +14,14 @@ It is a ranking aid, not a prediction of step time, built from three documented 
   selective recomputation). The head's ``2 h V`` per token is never recomputed. With LoRA/QLoRA
   (``job.lora``) the base weights are frozen: the backward computes input gradients only, so
   a step costs 2 forward passes (adapter matmuls, ``r << h``, not counted).
-* **communication**: a factor ``>= 1`` per configuration from the parallelism axes
-  (``calc.plan_axes``); 1 while no parallelism is modelled.
+* **communication**: a factor ``>= 1`` of the training layout (``communication_factor``), from
+  the communication volume per step relative to the compute: DDP and ZeRO-1/2 move ``2 x``
+  the parameters per step (all-reduce, or reduce-scatter + all-gather), ZeRO-3/FSDP ``3 x``
+  (parameters gathered in forward and backward; Rajbhandari et al. 2020, "ZeRO", §7.2-7.3);
+  tensor parallelism all-reduces activations 4 times per layer per micro-batch on the
+  critical path (Shoeybi et al. 2019, "Megatron-LM", §3); CPU offload adds the optimizer step
+  on the CPU and PCIe traffic (Ren et al. 2021, "ZeRO-Offload"). The weights of these effects
+  (``DP_COST_PER_VOLUME``, ``TP_COST``, ``OFFLOAD_COST``) are assumed, not measured.
 * **micro-batch size**: kernels run closer to peak on more tokens per call; the score uses
   ``t / (t + TOKENS_HALF_EFFICIENCY)`` for ``t = micro_batch x seq_len`` tokens, a saturating
   curve with an assumed half-efficiency point (not a measurement).
@@ -34,6 +40,34 @@ from calc.model_spec import ModelSpec
 
 TOKENS_HALF_EFFICIENCY = 1024
 """Tokens per micro-batch at which the proxy's efficiency term is 1/2 (an assumed scale)."""
+
+
+DP_COST_PER_VOLUME = 0.025
+"""Assumed slowdown per parameter-volume moved over data parallelism (mostly overlapped with
+the backward): DDP/ZeRO-1/2 ``1 + 2 x 0.025``, ZeRO-3/FSDP ``1 + 3 x 0.025``."""
+TP_COST = 0.08
+"""Assumed slowdown per doubling of the tensor-parallel degree (exposed all-reduces)."""
+OFFLOAD_COST = 0.3
+"""Assumed slowdown of offloading the optimizer to the CPU."""
+
+
+def communication_factor(parallel: object) -> float:
+    """The layout's communication factor (``>= 1``, module docstring), from a
+    ``calc.Parallelism``: ``(1 + DP_COST_PER_VOLUME x volume) x (1 + TP_COST x log2 tp) x
+    (1 + OFFLOAD_COST if offloading)``; 1 for one GPU."""
+    import math
+
+    from calc.parallel import Parallelism
+
+    assert isinstance(parallel, Parallelism)
+    factor = 1.0
+    if parallel.dp > 1:
+        factor *= 1 + DP_COST_PER_VOLUME * (3 if parallel.shard_level == 3 else 2)
+    if parallel.tp > 1:
+        factor *= 1 + TP_COST * math.log2(parallel.tp)
+    if parallel.offload != "none":
+        factor *= 1 + OFFLOAD_COST
+    return factor
 
 
 @lru_cache(maxsize=256)

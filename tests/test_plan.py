@@ -123,10 +123,38 @@ def test_not_modelled_and_invalid_configurations_say_why() -> None:
         calc.estimate(TINY, bad.config.job)
 
 
-def test_training_on_several_gpus_is_not_modelled_yet() -> None:
-    p = _plan(1 << 40, gpu_count=2)
-    assert not p.fitting
-    assert all(e.reason.startswith("not modelled: training on 2+ GPUs") for e in p.excluded)
+def test_training_on_two_gpus_enumerates_layouts_and_matches_estimate() -> None:
+    # 2 GPUs: tp 1 (dp 2: DDP, ZeRO-1/2/3, FSDP2, ZeRO-3 + optimizer offload) or tp 2 (dp 1);
+    # precision and optimizer held at the base (amp-bf16, adamw); recompute none;
+    # micro-batch divides the per-GPU batch 2: {1, 2} -> 7 x 2 = 14 configurations
+    p = _plan(1 << 40, gpu_count=2, fixed={"recompute": ("none",)})
+    assert p.axes[0] == "parallel" and p.n_configurations == 14 and len(p.fitting) == 14
+    labels = {e.config.choices["parallel"] for e in p.fitting}
+    assert labels == {"dp2-zero0", "dp2-zero1", "dp2-zero2", "dp2-zero3", "dp2-fsdp",
+                      "dp2-zero3-offload", "tp2"}  # fmt: skip
+    for e in p.fitting:
+        par = e.config.parallel
+        assert par is not None and par.dp * par.tp == 2
+        job = e.config.job
+        assert job.precision == "amp-bf16" and job.optimizer == "adamw"
+        # global batch 4 = dp x micro_batch x grad_accum
+        assert par.dp * job.micro_batch * job.grad_accum == 4
+        assert e.peak_bytes == calc.estimate(TINY, job, par).peak_bytes
+    tp = next(e for e in p.fitting if e.config.choices["parallel"] == "tp2")
+    assert tp.config.parallel == calc.Parallelism(tp=2)
+
+
+def test_communication_factor_by_hand() -> None:
+    from calc.throughput import communication_factor as cf
+
+    # DDP/ZeRO-1/2 move 2x the parameters, ZeRO-3/FSDP 3x (0.025 each); tp: 0.08 per
+    # doubling; offload x 1.3
+    assert cf(calc.Parallelism()) == 1.0
+    assert cf(calc.Parallelism(dp=4, zero=2)) == pytest.approx(1.05)
+    assert cf(calc.Parallelism(dp=4, fsdp=True)) == pytest.approx(1.075)
+    assert cf(calc.Parallelism(tp=4)) == pytest.approx(1.16)
+    off = calc.Parallelism(dp=2, zero=3, offload="optimizer")
+    assert cf(off) == pytest.approx(1.075 * 1.3)
 
 
 def test_inference_plan_and_gpus() -> None:
@@ -217,9 +245,21 @@ def test_least_hardware() -> None:
         for g in catalog
         if g.usable_bytes < lh.smallest_gpu.usable_bytes
     )
-    none = P.least_hardware(TINY, task="full-finetune", seq_len=8, global_batch=4,
-                            gpu=_gpu(least_peak - 1), fixed=FIXED, base=BASE, report={})  # fmt: skip
-    assert none.min_count is None and "2+ GPUs" in none.note
+
+
+def test_least_hardware_searches_gpu_counts() -> None:
+    # One recipe; a GPU one byte smaller than its least single-GPU peak: 1 GPU fails, and on
+    # 2 GPUs sharding (ZeRO/FSDP/offload) takes some per-rank bytes off, so 2 is the least.
+    fixed = {"precision": ("bf16",), "optimizer": ("adamw",), "recompute": ("none",)}
+    one = _plan(1 << 40, fixed=fixed)
+    least_one = min(e.peak_bytes for e in one.fitting)
+    lh = P.least_hardware(TINY, task="full-finetune", seq_len=8, global_batch=4,
+                          gpu=_gpu(least_one - 1), fixed=fixed, base=BASE, report={})  # fmt: skip
+    assert lh.min_count == 2 and lh.min_count_best is not None
+    best = lh.min_count_best
+    assert best.config.gpu_count == 2 and best.config.parallel is not None
+    assert calc.estimate(TINY, best.config.job, best.config.parallel).peak_bytes == best.peak_bytes
+    assert best.peak_bytes <= least_one - 1
 
 
 def test_error_bar_comes_from_the_nearest_verified_cases() -> None:
