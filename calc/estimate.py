@@ -64,9 +64,11 @@ class ReplayOptions:
     """How one rank's replay differs from the single-GPU step (part of the compile key)."""
 
     tp_comm: bool = False
+    """The model is one tensor-parallel rank's, with its all-reduces (`calc.tensor_parallel`)."""
     tp_vocab: bool = False
     """The embedding and head are split over the vocabulary (`calc.tensor_parallel`)."""
-    """The model is one tensor-parallel rank's, with its all-reduces (`calc.tensor_parallel`)."""
+    sp: int = 1
+    """Sequence parallelism over this many ranks (tp), or 1: `calc.sequence_parallel`."""
     dp: ReplayPlan | None = None
     """Data-parallel changes to the step (`calc.data_parallel`)."""
     exact_layers: bool = False
@@ -141,6 +143,7 @@ def _compile(key: tuple, device: str, branch: int) -> Compiled:
             branch,
             tp_comm=opts.tp_comm,
             tp_vocab=opts.tp_vocab,
+            sp=opts.sp,
             dp=opts.dp,
             grad_order=order,
         )

@@ -66,6 +66,7 @@ def _estimate_class(
     opts = ReplayOptions(
         tp_comm=parallel.tp > 1,
         tp_vocab=parallel.tp > 1 and parallel.vocab_parallel,
+        sp=parallel.tp if parallel.sp else 1,
         dp=plan,
         exact_layers=plan.optimizer_params is not None,
     )

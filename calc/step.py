@@ -28,6 +28,7 @@ def shape_for(
     n_layers: int,
     tp_comm: bool = False,
     tp_vocab: bool = False,
+    sp: int = 1,
 ) -> reference.Shape:
     """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
     model is one tensor-parallel rank's (`calc.tensor_parallel`), with its all-reduces."""
@@ -37,6 +38,11 @@ def shape_for(
     p_hidden = model.hidden_dropout if job.dropout is None else job.dropout
     p_embed = model.embedding_dropout if job.dropout is None else job.dropout
     w = WEIGHT_ITEMSIZE[job.precision]
+    if sp > 1 and job.seq_len % sp:
+        raise ValueError(
+            f"seq_len={job.seq_len} is not divisible by tp={sp} (sequence parallelism splits "
+            f"the sequence over tp): allowed seq_len: multiples of {sp}"
+        )
     return reference.Shape(
         b=S.b, s=S.s, h=S.h, a=S.a, f=S.f, V=S.V, P=S.P,
         # a * d == h (most models): d is written h / a so that shapes the code compares are
@@ -53,7 +59,7 @@ def shape_for(
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
         attention=kernel, recompute=job.recompute,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
-        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab,
+        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab, sp=sp,
     )  # fmt: skip
 
 
@@ -64,6 +70,7 @@ def replay_training(
     n_layers: int,
     tp_comm: bool = False,
     tp_vocab: bool = False,
+    sp: int = 1,
     dp: ReplayPlan | None = None,
     grad_order: list | None = None,
 ) -> list[Event]:
@@ -77,7 +84,7 @@ def replay_training(
 
     opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
 
-    sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab)
+    sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     hf = job.implementation == "hf"

@@ -93,10 +93,10 @@ def rank_model(model: ModelSpec, parallel: Parallelism) -> ModelSpec:
         raise NotImplementedError(
             "tensor parallelism of gpt2's fused c_attn is not modelled (llama family only)"
         )
-    if parallel.sp:
+    if parallel.sp and parallel.vocab_parallel:
         raise NotImplementedError(
-            "sequence parallelism (sp=True) is not modelled yet: verify measures it "
-            "(SequenceParallel norms, all-gathered linear inputs saved whole)"
+            "sequence parallelism with vocab_parallel is not modelled yet (sp alone is: "
+            "calc.sequence_parallel)"
         )
     check_tensor_parallel(model, tp)
     vocab = model.vocab

@@ -30,6 +30,14 @@ LATE = (
     "alive across the peak on some ranks/steps"
 )
 
+SP_NOTE = (
+    "sequence parallel (calc.sequence_parallel); 3 %: gloo's late release (module docstring) "
+    "may keep the head's logits all-gather (its [b*s, V/tp] input and [b*s, V] output) or a "
+    "backward all-gather buffer alive across the peak on some ranks/steps (measured with "
+    "vocab 512: +393216 B, 6 % of the peak, on one rank in one of three steps; hence the "
+    "small vocabulary)"
+)
+
 
 def _tp(
     name: str,
@@ -80,7 +88,10 @@ CASES: tuple[DistCase, ...] = (
         note=f"{LATE} (here 262144 B, 2.5 % of the peak)"),
     _tp("tp4-gqa-kv1", TP4, scale={"kv_heads": 4, "head_dim": 8},
         note=f"one kv head per rank (GQA groups kept whole); {LATE}"),
-    _tp("tp2-sp", Parallelism(tp=2, sp=True), tags=("sp",)),
+    _tp("tp2-sp", Parallelism(tp=2, sp=True), tags=("sp",), scale={"vocab": 128}, note=SP_NOTE),
+    _tp("tp4-sp", Parallelism(tp=4, sp=True), tags=("sp",), scale={"vocab": 128}, note=SP_NOTE),
+    _tp("tp2-sp-amp-bf16", Parallelism(tp=2, sp=True), tags=("sp",), scale={"vocab": 128},
+        precision="amp-bf16", note=SP_NOTE),
     _tp("tp2-vocab-parallel", Parallelism(tp=2, vocab_parallel=True), tags=("vocab",),
         note="embedding row-parallel over the vocabulary, head column-parallel, loss_parallel; "
         f"its max/sum all-reduces and masks run inside DTensor's dispatch (unseen); {LATE}"),

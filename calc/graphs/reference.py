@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from calc import ops, tensor_parallel
+from calc import ops, sequence_parallel, tensor_parallel
 from calc.graphs import attention_core
 from calc.tape import Size, Tape, Tensor
 
@@ -59,6 +59,21 @@ class Shape:
     tp_vocab: bool = False
     """The embedding and the head split over the vocabulary (``V`` is then one rank's share):
     the embedding's partial output all-reduced, the head column-parallel."""
+    sp: int = 1
+    """Sequence parallelism over ``sp`` (= tp) ranks, or 1 (`calc.sequence_parallel`): the
+    norms and the residual stream hold ``b*s/sp`` rows, the attention and MLP inputs are
+    all-gathered, row-parallel outputs reduce-scattered, the head column-parallel."""
+
+    @property
+    def head_split(self) -> int:
+        """Ranks the head's rows are split over beyond ``V`` (``V`` already one rank's share
+        under ``tp_vocab``): ``sp`` for a sequence-parallel head, else 1."""
+        return self.sp if self.sp > 1 and not self.tp_vocab else 1
+
+    @property
+    def local_rows(self) -> Size:
+        """Rows of the residual stream on one rank: ``b*s``, or ``b*s/sp``."""
+        return self.b * self.s / self.sp if self.sp > 1 else self.b * self.s
 
 
 def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
@@ -72,6 +87,8 @@ def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size,
 def _row(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
          name: str) -> Tensor:  # fmt: skip
     """A row-parallel linear under tensor parallelism, else ``F.linear``."""
+    if sh.sp > 1:
+        return sequence_parallel.row_linear(tape, x, w, b, n, out, name, sh.sp)
     if sh.tp_comm:
         return tensor_parallel.row_linear(tape, x, w, b, n, out, name)
     return ops.linear(tape, x, w, b, n, out, name)
@@ -127,13 +144,13 @@ class Weights:
             self.layers.append(lw)
         self.norm = leaf(h, "norm", "head")
         self.norm_b = leaf(h, "norm.b", "head") if gpt2 and sh.norm_bias else None
-        self.head = self.embed if sh.tied else leaf(V * h, "lm_head", "head")
+        self.head = self.embed if sh.tied else leaf(V * h / sh.head_split, "lm_head", "head")
 
     def shapes(self, sh: Shape) -> list[tuple]:
         """Each parameter's shape (``nn.Linear`` weights are [out, in]), in parameters() order."""
         h, a, k, d, f, V, P = sh.h, sh.a, sh.k, sh.d, sh.f, sh.V, sh.P
         two_d = {
-            "embed": (V, h), "lm_head": (V, h), "wpe": (P, h), "q_proj": (a * d, h),
+            "embed": (V, h), "lm_head": (V / sh.head_split, h), "wpe": (P, h), "q_proj": (a * d, h),
             "k_proj": (k * d, h), "v_proj": (k * d, h), "o_proj": (h, a * d),
             "gate_proj": (f, h), "up_proj": (f, h), "down_proj": (h, f), "c_attn": (3 * h, h),
             "attn.c_proj": (h, h), "c_fc": (f, h), "mlp.c_proj": (h, f),
@@ -304,17 +321,26 @@ def _maybe_dropout(tape: Tape, sh: Shape, x: Tensor, p: float, name: str) -> Ten
     return out
 
 
+def _gather(tape: Tape, sh: Shape, x: Tensor, name: str) -> Tensor:
+    """``PrepareModuleInput(Shard(1) -> Replicate)`` under sequence parallelism, else ``x``."""
+    if sh.sp == 1:
+        return ops.view(tape, x)
+    return sequence_parallel.gather(tape, x, sh.b * sh.s * sh.h, name)
+
+
 def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) -> Tensor:
-    n = sh.b * sh.s
+    n = sh.local_rows
     n1 = norm(tape, sh, x, lw["norm1"], lw.get("norm1.b"), n)
-    att = attention(tape, sh, n1, lw, cos, sin)
-    tape.drop(n1)
+    g1 = _gather(tape, sh, n1, "sp.attn_in")
+    att = attention(tape, sh, g1, lw, cos, sin)
+    tape.drop(n1, g1)
     att = _maybe_dropout(tape, sh, att, sh.hidden_dropout, "attn.drop")
     x2 = ops.add(tape, x, att, "resid1")
     tape.drop(att)
     n2 = norm(tape, sh, x2, lw["norm2"], lw.get("norm2.b"), n)
-    ff = mlp(tape, sh, n2, lw)
-    tape.drop(n2)
+    g2 = _gather(tape, sh, n2, "sp.mlp_in")
+    ff = mlp(tape, sh, g2, lw)
+    tape.drop(n2, g2)
     ff = _maybe_dropout(tape, sh, ff, sh.hidden_dropout, "mlp.drop")
     x3 = ops.add(tape, x2, ff, "resid2")
     tape.drop(ff, x2)
@@ -352,6 +378,12 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
         tape.drop(part)
     else:
         x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+    if sh.sp > 1:  # the replicated output cut to the local sequence (PrepareModuleOutput)
+        if sh.tp_vocab:
+            raise NotImplementedError("sequence parallelism with vocab_parallel is not modelled")
+        full = x
+        x = sequence_parallel.local_slice(tape, full, sh.local_rows * sh.h, "sp.embed_local")
+        tape.drop(full)
     x = _maybe_dropout(tape, sh, x, sh.embed_dropout, "embed.drop")
     for j, lw in enumerate(w.layers):
         tape.segment = j
@@ -362,8 +394,14 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
         tape.drop(x)
         x = x_next
     tape.segment = "head"
-    hid = norm(tape, sh, x, w.norm, w.norm_b, n)
+    hid = norm(tape, sh, x, w.norm, w.norm_b, sh.local_rows)
     tape.drop(x)
+    if sh.sp > 1:  # ColwiseParallel(input_layouts=Shard(1)) head, logits all-gathered
+        g = sequence_parallel.gather(tape, hid, n * sh.h, "sp.head_in", grad="reduce_scatter")
+        part = ops.linear(tape, g, w.head, None, n, sh.V / sh.sp, "logits.local")
+        out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
+        tape.drop(part, hid, g)
+        return out
     if sh.tp_vocab:  # ColwiseParallel head: logits [n, V / tp]
         out = tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
     else:
