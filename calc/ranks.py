@@ -63,6 +63,11 @@ def _estimate_class(
 ) -> Estimate:
     local = rc.model
     plan = rc.replay
+    if parallel.sp and job.seq_len % parallel.tp:
+        raise ValueError(
+            f"seq_len={job.seq_len} is not divisible by tp={parallel.tp} (sequence parallelism "
+            f"splits the sequence over tp): allowed seq_len: multiples of {parallel.tp}"
+        )
     opts = ReplayOptions(
         tp_comm=parallel.tp > 1,
         tp_vocab=parallel.tp > 1 and parallel.vocab_parallel,

@@ -28,18 +28,11 @@ torch 2.13, ``_c10d_functional.all_reduce`` = clone + in-place all-reduce):
   ``Partial -> Replicate``): `enter_column`. q, k and v (and gate and up) each do it: one
   all-reduce per linear, their results then summed as usual.
 
-Sequence parallelism and GPT-2's fused ``c_attn`` are not modelled here yet: `rank_model` raises ``NotImplementedError`` naming them. What verify
-measured of PyTorch's sequence parallelism (torchtitan's plan, gloo, torch 2.13), for whoever
-models it: the norms run on ``[b, s/tp, h]`` shards and the residual stream is a local
-``[b, s/tp, h]`` tensor, but the attention and MLP inputs are all-gathered
-(``all_gather_into_tensor`` gathers along dim 0, then ``split`` + ``cat`` rebuild
-``[b, s, h]``: two full-size tensors at once) and the full ``[b, s, h]`` result is what
-q/k/v and gate/up save, unlike Megatron-LM, which re-gathers it in the backward (Korthikanti
-et al. 2022 §4.2.2 count it as ``sbh/t``); a row-parallel output is reduce-scattered after a
-``cat`` copy of the partial ``[b, s, h]``; the replicated embedding's output is cut to the
-local sequence by a ``clone``. The gathered buffer's release is tied to gloo's work object
-(see verify/cases_model_parallel.py, "gloo's late release"), so on the CPU tracker its lifetime
-varies from run to run.
+GPT-2's fused ``c_attn`` is not modelled: `rank_model` raises ``NotImplementedError``
+naming it. Sequence parallelism (``sp=True``) keeps this rank model (the head's rows are
+then split too: torchtitan's plan makes the head ``ColwiseParallel``) and replaces the
+communication: `calc.sequence_parallel`, measured against PyTorch's ``SequenceParallel``
+plan; with ``vocab_parallel`` it is not modelled yet.
 """
 
 from __future__ import annotations
