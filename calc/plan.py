@@ -2,11 +2,13 @@
 
 Given a model, a task, a sequence length, a global batch and a hardware budget (a GPU from the
 catalog, ``calc.gpus``, and a count), the planner enumerates every configuration the cost model
-covers (the axes of ``calc.plan_axes``: precision x optimizer x recompute x micro-batch by
-default; parallelism and compression add axes there), evaluates the peak of all of them with
-compiled, vectorised expressions (``calc.plan_grid``: the same timelines as ``calc.estimate``,
-so every peak equals ``calc.estimate(model, config.job).peak_bytes``), and returns those that
-fit, ranked by a throughput proxy (``calc.throughput``) or by headroom, with the reason each
+covers (the axes of ``calc.plan_axes``: precision x optimizer x recompute x micro-batch on one
+GPU; on 2+ GPUs training adds the parallel layout, ``calc.plan_layouts``; tasks ``lora`` and
+``qlora`` train LoRA adapters over a 16-bit or nf4 base), evaluates the peak of all of them,
+on one GPU with compiled, vectorised expressions (``calc.plan_grid``: the same timelines as
+``calc.estimate``), on 2+ GPUs per configuration with ``calc.estimate(model, job, parallel)``,
+so every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
+returns those that fit, ranked by a throughput proxy (``calc.throughput``) or by headroom, with the reason each
 other one fails and the error observed on the nearest verified cases (``calc.evidence``).
 
 >>> import calc
@@ -88,8 +90,13 @@ def plan(
     ``micro_batch``. Error bars come from ``report`` (default: the latest verify report, read
     through ``calc.cards``). ``progress(done, total)`` is called per compiled structure.
 
-    Raises ``ValueError`` for bad input (naming the field), ``NotImplementedError`` for a task
-    the cost model does not cover yet (LoRA, QLoRA).
+    ``task="lora"``/``"qlora"``: the jobs get ``calc.LoRA(rank=16)`` (and ``calc.Quant(
+    method="nf4")``) unless ``base`` sets them. Training on 2+ GPUs enumerates the layouts of
+    ``calc.plan_layouts`` (axis ``parallel``) and holds ``precision`` and ``optimizer`` at
+    ``base``'s values unless ``fixed`` lists them (each layout compiles its own replays).
+    Configurations the cost model does not cover are returned as excluded, ``not modelled:``.
+
+    Raises ``ValueError`` for bad input (naming the field).
     """
     kind = kind_of(task)
     check_choice("device", device, DEVICES)
@@ -189,13 +196,17 @@ def evaluate(
     device: str = "cuda",
     report: Mapping | None = None,
     error_bars: bool = True,
+    parallel: str | None = None,
 ) -> Evaluated:
     """One job against a GPU: the same ``Evaluated`` (peak, verdict, error bar) as a plan row.
 
-    The peak is ``calc.estimate(model, job, device).peak_bytes``."""
+    ``parallel``: a layout label of ``calc.plan_layouts`` for training on 2+ GPUs (default:
+    DDP over all of them). The peak is ``calc.estimate(model, job, config.parallel,
+    device).peak_bytes``."""
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
     check_choice("device", device, DEVICES)
-    ctx = job_context(job, gpu_count)
-    ev = Evaluator(model, ctx, gpu_of(gpu), device, verified_cases_of(report, error_bars))
+    ctx = job_context(job, gpu_count, parallel)
+    cases = verified_cases_of(report, error_bars)
+    ev = Evaluator(model, ctx, gpu_of(gpu), device, cases, layout=parallel)
     return ev.run([(ev.choices(job), job)])[0]

@@ -48,8 +48,9 @@ class Context:
 
     @property
     def per_gpu_batch(self) -> int:
-        """Sequences each GPU processes per step (``global_batch / gpu_count``)."""
-        return self.global_batch // self.gpu_count
+        """Sequences each GPU processes per step (``global_batch / gpu_count``; at least 1:
+        a tensor-parallel group shares its sequences)."""
+        return max(1, self.global_batch // self.gpu_count)
 
 
 def divisors(n: int) -> tuple[int, ...]:

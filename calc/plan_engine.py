@@ -166,8 +166,14 @@ class Evaluator:
     def __init__(
         self, model: ModelSpec, ctx: Context, gpu: GPU, device: str,
         cases: Sequence[VerifiedCase], progress: Callable[[int, int], None] | None = None,
+        layout: str | None = None,
     ) -> None:  # fmt: skip
+        """``layout``: the training layout of jobs given without one (``choices``); default
+        ``calc.plan_layouts.default_layout``."""
         self.model, self.ctx, self.gpu, self.device = model, ctx, gpu, device
+        if layout is not None:
+            layout_of(layout, ctx.gpu_count)  # ValueError naming the allowed labels
+        self.layout = layout
         self.cases = cases
         self.progress = progress
         self.compiled_now = 0
@@ -176,7 +182,7 @@ class Evaluator:
     def choices(self, job: Training | Inference) -> dict[str, object]:
         out = {a.name: a.current(job) for a in axes_for(self.ctx.kind)}
         if "parallel" in out:  # a job does not carry its layout: the default one
-            out["parallel"] = default_layout(self.ctx.gpu_count)
+            out["parallel"] = self.layout or default_layout(self.ctx.gpu_count)
         return out
 
     def _row(self, choices: Mapping, job: Training | Inference | None, **kw: object) -> Evaluated:
@@ -337,11 +343,14 @@ def verified_cases_of(report: Mapping | None, use_report: bool) -> tuple[Verifie
     return verified_cases(report)
 
 
-def job_context(job: Training | Inference, gpu_count: int) -> Context:
+def job_context(job: Training | Inference, gpu_count: int, layout: str | None = None) -> Context:
+    """The request a single job stands for: training's global batch is ``micro_batch x
+    grad_accum x dp`` (``dp`` of ``layout``, default DDP over every GPU)."""
     check_size("gpu_count", gpu_count, 1, 1 << 16)
     if isinstance(job, Training):
-        per_gpu = job.micro_batch * job.grad_accum
-        return Context(kind=TRAINING, seq_len=job.seq_len, global_batch=per_gpu * gpu_count,
+        dp = layout_of(layout or default_layout(gpu_count), gpu_count).dp
+        per_replica = job.micro_batch * job.grad_accum
+        return Context(kind=TRAINING, seq_len=job.seq_len, global_batch=per_replica * dp,
                        gpu_count=gpu_count)  # fmt: skip
     return Context(kind=INFERENCE, seq_len=job.context, global_batch=job.batch * gpu_count,
                    gpu_count=gpu_count)  # fmt: skip

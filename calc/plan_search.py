@@ -124,6 +124,7 @@ def changes_to_fit(
     device: str = "cuda",
     report: Mapping | None = None,
     error_bars: bool = True,
+    parallel: str | None = None,
 ) -> tuple[Change, ...]:
     """The smallest changes that make ``job`` fit on ``gpu``: first one knob at a time, then
     pairs of knobs (only pairs neither of whose single changes fits alone), each with its new
@@ -134,15 +135,17 @@ def changes_to_fit(
     ``precision``, ``optimizer``, ``recompute``, ``micro_batch``, whose structures a plan of the
     same job has already compiled; add e.g. ``attention`` or ``optimizer_impl``). The global
     batch is kept (``micro_batch x grad_accum x gpu_count``): a smaller micro-batch means more
-    accumulation steps. A job that already fits returns ``()``."""
+    accumulation steps. ``parallel``: the job's layout on 2+ GPUs (``calc.plan_layouts``
+    label; default DDP), kept by every change. A job that already fits returns ``()``."""
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
     check_choice("device", device, DEVICES)
     check_size("max_results", max_results, 1, 1 << 16)
     gpu_obj = gpu_of(gpu)
     kind = TRAINING if isinstance(job, Training) else "inference"
-    ctx = job_context(job, gpu_count)
-    ev = Evaluator(model, ctx, gpu_obj, device, verified_cases_of(report, error_bars))
+    ctx = job_context(job, gpu_count, parallel)
+    cases = verified_cases_of(report, error_bars)
+    ev = Evaluator(model, ctx, gpu_obj, device, cases, layout=parallel)
     current = ev.run([(ev.choices(job), job)])[0]
     if current.fits:
         return ()
