@@ -79,3 +79,18 @@ def test_bad_input_exits_2_naming_the_field(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert match in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_on_two_gpus_fixes_a_layout(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([
+        "plan", "--config", str(config), "--seq-len", "8", "--global-batch", "4", "--gpus", "2",
+        "--fix", "parallel=dp2-zero3,tp2", "--fix", "precision=bf16", "--fix", "optimizer=sgd",
+        "--fix", "recompute=none", "--json", "--no-error-bars", "--workers", "1",
+    ])  # fmt: skip
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    # 2 layouts x micro-batches {1, 2}; dp2: grad_accum 4 / (2 x mb), tp2 (dp 1): 4 / mb
+    assert out["n_configurations"] == 4 and len(out["fitting"]) == 4  # a toy fits a T4
+    for row in out["fitting"]:
+        dp = 2 if row["choices"]["parallel"] == "dp2-zero3" else 1
+        assert dp * row["choices"]["micro_batch"] * row["grad_accum"] == 4
