@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -221,6 +222,11 @@ class Evaluator:
 
         label = choices.get("parallel") or default_layout(self.ctx.gpu_count)
         parallel = layout_of(label, self.ctx.gpu_count)
+        if parallel.tp > 1 and isinstance(job, Training) and job.implementation == "hf":
+            # tensor parallelism is replayed for the reference modeling code only (Megatron-
+            # style column/row splits, calc.tensor_parallel): the row says so in its choices
+            job = replace(job, implementation="reference")
+            choices = {**choices, "implementation": "reference"}
         try:
             est = estimate(self.model, job, parallel, self.device)
         except NotImplementedError as exc:

@@ -94,3 +94,6 @@ def test_plan_on_two_gpus_fixes_a_layout(config: Path, capsys: pytest.CaptureFix
     for row in out["fitting"]:
         dp = 2 if row["choices"]["parallel"] == "dp2-zero3" else 1
         assert dp * row["choices"]["micro_batch"] * row["grad_accum"] == 4
+        # tensor parallelism is replayed for the reference modeling code only
+        want = "reference" if dp == 1 else "hf"
+        assert row["choices"]["implementation"] == want
