@@ -413,3 +413,23 @@ def test_evaluate_and_changes_keep_a_layout() -> None:
         assert c.evaluated.peak_bytes == calc.estimate(TINY, cfg.job, zero3).peak_bytes
     with pytest.raises(ValueError, match="parallel"):
         P.evaluate(TINY, job, gpu=tight, gpu_count=2, parallel="dp3", report={})
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    # the 2-GPU peaks of this recipe lie between about 65,600 and 65,720 KiB (64 MiB of them
+    # the two cuBLAS workspaces): sizes around them split the layouts
+    usable_kib=st.integers(65_600, 65_720),
+    global_batch=st.sampled_from([2, 4]),
+)
+def test_property_two_gpu_split_agrees_with_estimate(usable_kib: int, global_batch: int) -> None:
+    usable = usable_kib * 1024
+    fixed = {"precision": ("amp-bf16",), "optimizer": ("adamw",), "recompute": ("none",)}
+    p = _plan(usable, gpu_count=2, global_batch=global_batch, fixed=fixed)
+    assert len(p.fitting) + len(p.excluded) == p.n_configurations
+    for e in p.fitting + p.excluded:
+        par = e.config.parallel
+        assert par is not None and par.dp * par.tp == 2
+        assert par.dp * e.config.job.micro_batch * e.config.grad_accum == global_batch
+        peak = calc.estimate(TINY, e.config.job, par).peak_bytes
+        assert e.peak_bytes == peak and e.fits == (peak <= usable)
