@@ -109,3 +109,21 @@ def row_linear(
     r = reduce_scatter(tape, y, rows * out / tp, f"{name}.reduce_scatter")
     tape.drop(y)
     return r
+
+
+def vocab_embedding(tape: Tape, w: Tensor, rows: Size, hidden: Size, name: str, tp: int) -> Tensor:
+    """The vocabulary-parallel embedding (``RowwiseParallel(output_layouts=Shard(1))``): the
+    masked local lookup ``[rows, hidden]`` as `calc.ops.embedding`, but its gradient is the
+    size of the *whole* table, ``tp`` times the rank's ``[V/tp, h]`` share, and it is what
+    ``.grad`` keeps until ``zero_grad`` (measured: ``embedding_dense_backward`` allocates
+    ``[V, h]`` on every rank of tp2-sp-vocab-parallel and tp4-sp-vocab-parallel; DTensor's
+    sharding propagation of the backward, after the all-gathered sequence gradient, picks a
+    strategy with a partial whole-table gradient; without sp the gradient is the share)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(w.numel * tp, w.itemsize, f"d{w.name}.whole_table")]
+
+    n = tape.node("Embedding", rule, [w])
+    n.info["in_meta"] = None  # the whole-table gradient is not reduced to the share
+    tape.grad_any_size.add(id(w.storage))
+    return tape.output(tape.new(rows * hidden, w.itemsize, name), n)

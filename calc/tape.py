@@ -159,6 +159,9 @@ class Tape:
         self.grad_enabled = True
         self._seq = 0
         self.grads: dict[int, Tensor] = {}  # id(leaf storage) -> its .grad
+        self.grad_any_size: set[int] = set()
+        """Leaves (``id`` of their storage) whose ``.grad`` is the first gradient as it comes, even
+        when its size differs from the leaf's (`calc.sequence_parallel.vocab_embedding`)."""
         self.autocast_itemsize = 0  # > 0 inside torch.autocast (2 for bf16/fp16)
         self.autocast_cache: dict[int, Tensor] = {}  # id(leaf storage) -> its cached cast
         self.region: Region | None = None  # the checkpointed forward being recorded
@@ -516,7 +519,8 @@ class Tape:
         if key in self.grads:
             return
         st = g.storage
-        if st.refs == 1 and st.saved == 0 and st.size == leaf.size:
+        same = st.size == leaf.size or key in self.grad_any_size
+        if st.refs == 1 and st.saved == 0 and same:
             st.kind, st.name, st.tag = "grad", f"grad:{leaf.name}", leaf.storage.tag
             self.grads[key] = self.alias(g)
         else:

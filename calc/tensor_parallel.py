@@ -32,7 +32,7 @@ GPT-2's fused ``c_attn`` is not modelled: `rank_model` raises ``NotImplementedEr
 naming it. Sequence parallelism (``sp=True``) keeps this rank model (the head's rows are
 then split too: torchtitan's plan makes the head ``ColwiseParallel``) and replaces the
 communication: `calc.sequence_parallel`, measured against PyTorch's ``SequenceParallel``
-plan; with ``vocab_parallel`` it is not modelled yet.
+plan (with ``vocab_parallel`` too: the embedding's partial output reduce-scattered).
 """
 
 from __future__ import annotations
@@ -85,11 +85,6 @@ def rank_model(model: ModelSpec, parallel: Parallelism) -> ModelSpec:
     if model.model_type == "gpt2":
         raise NotImplementedError(
             "tensor parallelism of gpt2's fused c_attn is not modelled (llama family only)"
-        )
-    if parallel.sp and parallel.vocab_parallel:
-        raise NotImplementedError(
-            "sequence parallelism with vocab_parallel is not modelled yet (sp alone is: "
-            "calc.sequence_parallel)"
         )
     check_tensor_parallel(model, tp)
     vocab = model.vocab

@@ -92,6 +92,28 @@ def test_rank_weights_by_hand_with_a_column_parallel_head() -> None:
     assert est.breakdown["weights"] == 174592
 
 
+def test_rank_weights_by_hand_with_vocab_parallel() -> None:
+    """tp=2, sp and vocab_parallel (torchtitan's full plan): embedding and head both [32, 64]
+    fp32, 8192 B each, final norm 512, two layers 149504: 166400."""
+    par = calc.Parallelism(tp=2, sp=True, vocab_parallel=True)
+    est = calc.estimate(_llama(), _job(), par, device="cpu")
+    assert est.breakdown["weights"] == 166400
+
+
+def test_vocab_parallel_embedding_gradient_is_the_whole_table() -> None:
+    """Measured (tp2-sp-vocab-parallel, tp4-sp-vocab-parallel): with sp the vocabulary-parallel
+    embedding's ``.grad`` is ``[V, h]`` on every rank (``embedding_dense_backward`` of the
+    whole table), without sp it is the rank's ``[V/tp, h]``. In the optimizer phase nothing
+    else differs (same weights, states and Adam temporaries; activations freed), so the phase
+    peaks differ by 64*64*4 - 32*64*4 = 8192 B on the tiny model."""
+    job = _job()
+    base = calc.Parallelism(tp=2, vocab_parallel=True)
+    with_sp = calc.Parallelism(tp=2, sp=True, vocab_parallel=True)
+    plain = calc.estimate(_llama(), job, base, device="cpu").phases["step2/optimizer"]
+    seq = calc.estimate(_llama(), job, with_sp, device="cpu").phases["step2/optimizer"]
+    assert seq - plain == 8192
+
+
 def test_sequence_not_divisible_by_tp_names_seq_len() -> None:
     with pytest.raises(ValueError, match="seq_len=9"):
         calc.estimate(_llama(), _job(seq_len=9), calc.Parallelism(tp=2, sp=True), device="cpu")

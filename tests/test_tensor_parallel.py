@@ -110,12 +110,6 @@ def test_divisibility_errors_name_the_field(field: str, changes: dict) -> None:
         rank_model(_llama(**changes), calc.Parallelism(tp=tp))
 
 
-def test_sequence_parallel_with_vocab_parallel_is_named_not_modelled() -> None:
-    par = calc.Parallelism(tp=2, sp=True, vocab_parallel=True)
-    with pytest.raises(NotImplementedError, match="sequence parallelism with vocab_parallel"):
-        calc.estimate(_llama(), _job(), par, device="cpu")
-
-
 def test_model_states_shrink_as_tp_grows() -> None:
     """Weights, gradients and optimizer states of a rank never grow with tp (Megatron-LM's
     theoretical memory: the split parameters are divided by tp, the rest replicated)."""

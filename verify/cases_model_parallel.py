@@ -98,7 +98,11 @@ CASES: tuple[DistCase, ...] = (
     _tp("tp4-vocab-parallel-sgd", Parallelism(tp=4, vocab_parallel=True), tags=("vocab",),
         optimizer="sgd", seq_len=128, note=f"as tp2-vocab-parallel on 4 ranks; {LATE}"),
     _tp("tp2-sp-vocab-parallel", Parallelism(tp=2, sp=True, vocab_parallel=True),
-        tags=("sp", "vocab"), note="torchtitan's full plan (calc does not model it yet)"),
+        tags=("sp", "vocab"), note=f"torchtitan's full plan: embedding reduce-scattered over "
+        f"the sequence, vocabulary-sharded logits under loss_parallel; {LATE}"),
+    _tp("tp4-sp-vocab-parallel", Parallelism(tp=4, sp=True, vocab_parallel=True),
+        tags=("sp", "vocab"), note=f"as tp2-sp-vocab-parallel on 4 ranks (the embedding's "
+        f"gradient is the whole [V, h] table on every rank: calc.sequence_parallel); {LATE}"),
 )  # fmt: skip
 
 

@@ -373,14 +373,20 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
         x = ops.add(tape, tok, pe, "embed_out")
         tape.drop(tok, pe)
     elif sh.tp_vocab:  # RowwiseParallel embedding: masked local lookup, then all-reduce
-        part = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
-        x = tensor_parallel.all_reduce(tape, part, "embed.all_reduce")
+        if sh.sp > 1:
+            part = sequence_parallel.vocab_embedding(tape, w.embed, n, sh.h, "embed_out", sh.sp)
+        else:
+            part = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+        if sh.sp > 1:  # output_layouts=Shard(1): reduce-scattered over the sequence instead
+            x = sequence_parallel.reduce_scatter(
+                tape, part, sh.local_rows * sh.h, "embed.reduce_scatter"
+            )
+        else:
+            x = tensor_parallel.all_reduce(tape, part, "embed.all_reduce")
         tape.drop(part)
     else:
         x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
-    if sh.sp > 1:  # the replicated output cut to the local sequence (PrepareModuleOutput)
-        if sh.tp_vocab:
-            raise NotImplementedError("sequence parallelism with vocab_parallel is not modelled")
+    if sh.sp > 1 and not sh.tp_vocab:  # replicated output cut to the local sequence
         full = x
         x = sequence_parallel.local_slice(tape, full, sh.local_rows * sh.h, "sp.embed_local")
         tape.drop(full)
@@ -398,6 +404,10 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
     tape.drop(x)
     if sh.sp > 1:  # ColwiseParallel(input_layouts=Shard(1)) head, logits all-gathered
         g = sequence_parallel.gather(tape, hid, n * sh.h, "sp.head_in", grad="reduce_scatter")
+        if sh.tp_vocab:  # logits stay vocabulary-sharded for loss_parallel
+            out = ops.linear(tape, g, w.head, None, n, sh.V, "logits")
+            tape.drop(hid, g)
+            return out
         part = ops.linear(tape, g, w.head, None, n, sh.V / sh.sp, "logits.local")
         out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
         tape.drop(part, hid, g)
