@@ -90,6 +90,11 @@ CASES: tuple[DistCase, ...] = (
         note=f"one kv head per rank (GQA groups kept whole); {LATE}"),
     _tp("tp2-sp", Parallelism(tp=2, sp=True), tags=("sp",), scale={"vocab": 128}, note=SP_NOTE),
     _tp("tp4-sp", Parallelism(tp=4, sp=True), tags=("sp",), scale={"vocab": 128}, note=SP_NOTE),
+    _tp("tp2-sp-recompute-full", Parallelism(tp=2, sp=True), tags=("sp",), optimizer="sgd",
+        recompute="full", scale={"vocab": 16, "layers": 3},
+        note="peak inside a recomputed layer's backward (small vocabulary); 3 %: gloo's late "
+        "release (module docstring): measured up to 98304 B (an all-gather's [b, s, h] buffer "
+        "and its shard, 2.9 % of the peak) on one rank in one step"),
     _tp("tp2-sp-amp-bf16", Parallelism(tp=2, sp=True), tags=("sp",), scale={"vocab": 128},
         precision="amp-bf16", note=SP_NOTE),
     _tp("tp2-vocab-parallel", Parallelism(tp=2, vocab_parallel=True), tags=("vocab",),
