@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from calc.compression import KV_QUANTS, QUANT_METHODS, Quant
 from calc.jobs import (
     ATTENTIONS,
     IMPLEMENTATIONS,
@@ -88,13 +89,23 @@ class Axis:
         layout; the evaluator takes the default, ``calc.plan_layouts.default_layout``)."""
         if self.name == "parallel":
             return None
+        if self.name == "quant":
+            return "none" if job.quant is None else job.quant.method
+        if self.name == "kv_quant":
+            return getattr(job, "kv_quant", None) or "none"
         if self.name == "micro_batch":
             return job.micro_batch if isinstance(job, Training) else job.batch
         return getattr(job, self.name)
 
     def apply(self, fields: dict, value: object, ctx: Context) -> None:
         """Set the job fields for ``value`` (``fields`` is the job's field dict)."""
-        if self.name != "micro_batch":
+        if self.name == "quant":  # a method name; the base's Quant kept if it is that method
+            old = fields.get("quant")
+            keep = old is not None and old.method == value
+            fields["quant"] = old if keep else None if value == "none" else Quant(method=value)  # type: ignore[arg-type]
+        elif self.name == "kv_quant":
+            fields["kv_quant"] = None if value == "none" else value
+        elif self.name != "micro_batch":
             fields[self.name] = value
         elif ctx.kind == TRAINING:  # grad_accum per data-parallel replica (tp shares one)
             label = fields.get("parallel") or default_layout(ctx.gpu_count)
@@ -143,6 +154,18 @@ AXES: tuple[Axis, ...] = (
         values=lambda ctx: IMPLEMENTATIONS,
         enumerated=False,
         knob=False,
+    ),
+    Axis(
+        name="quant",
+        kinds=(INFERENCE,),
+        values=lambda ctx: ("none", *QUANT_METHODS),
+        enumerated=False,
+    ),
+    Axis(
+        name="kv_quant",
+        kinds=(INFERENCE,),
+        values=lambda ctx: ("none", *KV_QUANTS),
+        enumerated=False,
     ),
     Axis(
         name="micro_batch",

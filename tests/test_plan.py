@@ -433,3 +433,24 @@ def test_property_two_gpu_split_agrees_with_estimate(usable_kib: int, global_bat
         assert par.dp * e.config.job.micro_batch * e.config.grad_accum == global_batch
         peak = calc.estimate(TINY, e.config.job, par).peak_bytes
         assert e.peak_bytes == peak and e.fits == (peak <= usable)
+
+
+def test_inference_weight_and_kv_quant_axes_match_estimate() -> None:
+    base = calc.Inference(batch=1, context=16, implementation="reference")
+    fixed = {"quant": ("none", "int8", "nf4"), "kv_quant": ("none", "fp8"), "precision": ("bf16",)}
+    p = P.plan(TINY64, task="inference", seq_len=16, global_batch=2, gpu=_gpu(1 << 40),
+               base=base, report={"cases": []}, fixed=fixed)  # fmt: skip
+    # 3 weight formats x 2 KV formats x batches {1, 2}
+    assert p.n_configurations == 12 and len(p.fitting) == 12
+    for e in p.fitting:
+        job, ch = e.config.job, e.config.choices
+        assert job.quant == (None if ch["quant"] == "none" else calc.Quant(method=ch["quant"]))
+        assert job.kv_quant == (None if ch["kv_quant"] == "none" else ch["kv_quant"])
+        assert e.peak_bytes == _peak(job, TINY64)
+    # held at the base's value (not enumerated by default), a custom Quant stays as given
+    custom = calc.Quant(method="int4", group_size=32)
+    held = P.plan(TINY64, task="inference", seq_len=16, global_batch=1, gpu=_gpu(1 << 40),
+                  base=calc.Inference(batch=1, context=16, implementation="reference",
+                                      quant=custom), report={"cases": []},
+                  fixed={"precision": ("bf16",)})  # fmt: skip
+    assert {e.config.job.quant for e in held.fitting} == {custom}
