@@ -148,6 +148,11 @@ CASES += (
         note="5 layers per stage: the replay of 5 layers generalised (calc.timeline)"),
     _pp("pp4-gpipe-m4", _pl(4, "gpipe", 4), note="middle stages: both receive buffers"),
     _pp("pp4-1f1b-m4", _pl(4, "1f1b", 4), note=ONE_F_ONE_B),
+    _pp("pp2-interleaved-v2-m4",
+        Parallelism(pp=2, pp_schedule="interleaved-1f1b", pp_microbatches=4,
+                    pp_virtual_stages=2),
+        note="ScheduleInterleaved1F1B, 2 chunks per rank (loop placement): measured; calc "
+        "does not replay the interleaved schedule yet"),
 )  # fmt: skip
 
 

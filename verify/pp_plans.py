@@ -7,7 +7,9 @@ take the extra ones). A stage is a `StageModule` around the rank's modules (the 
 deleted, so a rank holds only its parameters), wrapped in ``PipelineStage`` and driven by
 ``ScheduleGPipe`` or ``Schedule1F1B`` (``pp_schedule``), ``pp_microbatches`` micro-batches per
 step, each ``micro_batch / pp_microbatches`` sequences. Runs on gloo (CPU) with one stage per
-rank; the interleaved schedule (several stages per rank) is not planned here.
+rank, or, for ``interleaved-1f1b``, ``pp_virtual_stages`` stages per rank in the loop placement
+(rank ``r`` runs stages ``r, r + pp, ...``; layers split evenly over all ``pp * v`` stages,
+the first ones taking the extra) driven by ``ScheduleInterleaved1F1B``.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
     from verify.scale import with_dropout
 
     par = case.parallel
+    if par.pp_schedule == "interleaved-1f1b":
+        return _interleaved_engine(case, spec, ctx)
     if par.pp * par.tp != ctx.world or par.pp_virtual_stages != 1 or par.dp * par.cp != 1:
         raise ValueError(f"pp engine: one stage per pp rank (pp={par.pp}, tp={par.tp})")
     spec = with_dropout(spec, case.job.dropout)
@@ -99,6 +103,60 @@ def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
 
     return Built(
         model=stage_mod,
+        loss_fn=lambda ids, targets: None,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        train_step=train_step,
+    )
+
+
+def _interleaved_engine(case: Any, spec: Any, ctx: Any) -> Any:
+    """``pp`` with ``interleaved-1f1b``: ``pp_virtual_stages`` `StageModule` chunks per rank
+    (loop placement), one ``PipelineStage`` each, ``ScheduleInterleaved1F1B``."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    from verify.build import build_model, build_optimizer
+    from verify.distributed import Built
+    from verify.scale import with_dropout
+
+    par = case.parallel
+    if par.pp != ctx.world or par.tp * par.dp * par.cp != 1:
+        raise ValueError(f"pp engine (interleaved): pp only, one rank per pp rank (pp={par.pp})")
+    spec = with_dropout(spec, case.job.dropout)
+    model, _ = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    if spec.tied_embeddings:
+        raise ValueError("pp engine: a tied head is not planned (untied models only)")
+    model.set_rope(case.job.seq_len)
+    n_stages = par.pp * par.pp_virtual_stages
+    base, extra = divmod(spec.n_layers, n_stages)
+    counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
+    r = ctx.rank
+    ids = [r + k * par.pp for k in range(par.pp_virtual_stages)]
+    chunks = []
+    for i in ids:
+        start = sum(counts[:i])
+        chunks.append(StageModule(model, start, start + counts[i], is_first=i == 0,
+                                  is_last=i == n_stages - 1))  # fmt: skip
+    del model
+    holder = nn.ModuleList(chunks)  # the rank's parameters, for the optimizer and attribution
+    stages = [
+        PipelineStage(c, i, n_stages, torch.device(ctx.device))
+        for c, i in zip(chunks, ids, strict=True)
+    ]
+    schedule = ScheduleInterleaved1F1B(
+        stages, n_microbatches=par.pp_microbatches, loss_fn=pipeline_loss
+    )
+    bundle = build_optimizer(holder, case.job, device=ctx.device)
+    first, last = 0 in ids, n_stages - 1 in ids
+
+    def train_step(ids_: torch.Tensor, targets: torch.Tensor) -> None:
+        args = (ids_,) if first else ()
+        kwargs = {"target": targets} if last else {}
+        schedule.step(*args, **kwargs)
+
+    return Built(
+        model=holder,
         loss_fn=lambda ids, targets: None,
         optimizer=bundle.optimizer,
         step=bundle.step,
