@@ -3,11 +3,10 @@
 An axis names the job field(s) it sets, the values it can take for a request, whether the
 planner enumerates it unless told otherwise, and whether it is a *size* (evaluated in bulk
 within a compiled structure, like the micro-batch) or a *structural* choice (each value is its
-own compiled structure, like the optimizer). Parallelism (data/tensor/pipeline parallel, ZeRO
-stage, offload) and compression (LoRA, quantization) join by appending their ``Axis`` to
-``AXES`` once ``calc.Training``/``calc.Inference`` have the fields: ``shards=True`` marks an
-axis that models how several GPUs share a training job, and ``communication`` gives the
-throughput proxy's communication factor (``calc.throughput``).
+own compiled structure, like the optimizer). Training on 2+ GPUs adds the ``parallel`` axis
+(``calc.plan_layouts``: dp x ZeRO stage / FSDP2 / offload x tp; ``shards=True``; its
+``communication`` factor feeds the throughput proxy, ``calc.throughput``); LoRA and QLoRA are
+tasks (``calc.plan_engine.task_fields``), weight and KV-cache quantization are inference axes.
 """
 
 from __future__ import annotations
