@@ -124,7 +124,6 @@ AXES: tuple[Axis, ...] = (
         name="parallel",
         kinds=(TRAINING,),
         values=lambda ctx: tuple(layouts(ctx.gpu_count)),
-        knob=False,  # changes_to_fit keeps the job's layout (a job does not carry one)
         shards=True,
         communication=lambda value, ctx: communication_factor(layout_of(value, ctx.gpu_count)),
     ),

@@ -94,13 +94,16 @@ def least_hardware(
 
 
 def _changed(
-    kind: str, job: Training | Inference, ctx: Context, changes: Mapping[Axis, object]
-) -> Training | Inference | str:
+    kind: str, job: Training | Inference, ctx: Context, changes: Mapping[Axis, object],
+    layout: object = None,
+) -> Training | Inference | str:  # fmt: skip
     fields = {
         f: getattr(job, f)
         for f in job.__slots__  # type: ignore[attr-defined]
         if f not in ("micro_batch", "seq_len", "grad_accum", "batch", "context")
     }
+    if layout is not None:  # the (new) layout first: grad_accum is per data-parallel replica
+        fields["parallel"] = next((v for a, v in changes.items() if a.name == "parallel"), layout)
     for axis in axes_for(kind):  # keep the job's micro-batch unless it is changed
         if axis.size:
             axis.apply(fields, changes.get(axis, axis.current(job)), ctx)
@@ -132,8 +135,9 @@ def changes_to_fit(
     headroom, is kept; singles come before pairs, each group ranked by proxy then headroom.
 
     ``knobs`` names the axes that may change (default: the axes a plan enumerates by default,
-    ``precision``, ``optimizer``, ``recompute``, ``micro_batch``, whose structures a plan of the
-    same job has already compiled; add e.g. ``attention`` or ``optimizer_impl``). The global
+    ``parallel`` (the layout, on 2+ GPUs), ``precision``, ``optimizer``, ``recompute``,
+    ``micro_batch``, whose structures a plan of the same job has already compiled; add e.g.
+    ``attention`` or ``optimizer_impl``). The global
     batch is kept (``micro_batch x grad_accum x gpu_count``): a smaller micro-batch means more
     accumulation steps. ``parallel``: the job's layout on 2+ GPUs (``calc.plan_layouts``
     label; default DDP), kept by every change. A job that already fits returns ``()``."""
@@ -158,13 +162,18 @@ def changes_to_fit(
                 raise ValueError(f"knobs: {name!r} is not one of {', '.join(allowed)}")
         chosen = [a for a in allowed.values() if a.name in knobs]
     active = chosen
-    options = {a: [v for v in a.values(ctx) if v != a.current(job)] for a in active}
+    now = ev.choices(job)  # the job's value on each axis (its layout resolved)
+    options = {a: [v for v in a.values(ctx) if v != now[a.name]] for a in active}
 
     def run(combos: list[dict]) -> list[tuple[dict, Evaluated]]:
         entries = []
         for combo in combos:
-            new = _changed(kind, job, ctx, combo)
-            entries.append((ev.choices(new) if not isinstance(new, str) else {}, new))
+            new = _changed(kind, job, ctx, combo, now.get("parallel"))
+            choices = ev.choices(new) if not isinstance(new, str) else {}
+            for a, v in combo.items():
+                if a.name == "parallel":  # a job does not carry its layout: the row does
+                    choices["parallel"] = v
+            entries.append((choices, new))
         return list(zip(combos, ev.run(entries), strict=True)) if entries else []
 
     single_rows = run([{a: v} for a in active for v in options[a]])
@@ -180,11 +189,11 @@ def changes_to_fit(
             if (a1.name, v1) not in fitting_alone and (a2.name, v2) not in fitting_alone
         ]
     )
-    ordered = _order(_best_per_axes(job, single_rows)) + _order(_best_per_axes(job, pair_rows))
+    ordered = _order(_best_per_axes(now, single_rows)) + _order(_best_per_axes(now, pair_rows))
     return tuple(ordered[:max_results])
 
 
-def _best_per_axes(job: Training | Inference, rows: list[tuple[dict, Evaluated]]) -> list[Change]:
+def _best_per_axes(now: Mapping, rows: list[tuple[dict, Evaluated]]) -> list[Change]:
     """The fitting change of best proxy (then headroom) for each set of changed axes."""
     out: dict[tuple, Change] = {}
     for combo, row in rows:
@@ -193,7 +202,7 @@ def _best_per_axes(job: Training | Inference, rows: list[tuple[dict, Evaluated]]
         key = tuple(a.name for a in combo)
         if key not in out or _better(row, out[key].evaluated):
             out[key] = Change(
-                changes={a.name: (a.current(job), v) for a, v in combo.items()}, evaluated=row
+                changes={a.name: (now[a.name], v) for a, v in combo.items()}, evaluated=row
             )
     return list(out.values())
 

@@ -454,3 +454,22 @@ def test_inference_weight_and_kv_quant_axes_match_estimate() -> None:
                                       quant=custom), report={"cases": []},
                   fixed={"precision": ("bf16",)})  # fmt: skip
     assert {e.config.job.quant for e in held.fitting} == {custom}
+
+
+def test_changes_to_fit_offer_layouts_on_two_gpus() -> None:
+    job = calc.Training(micro_batch=2, seq_len=8, precision="bf16", optimizer="adamw",
+                        implementation="reference")  # fmt: skip
+    ddp = P.evaluate(TINY, job, gpu=_gpu(1 << 40), gpu_count=2, report={})
+    assert ddp.config.parallel == calc.Parallelism(dp=2)  # the default layout: DDP
+    changes = P.changes_to_fit(TINY, job, gpu=_gpu(ddp.peak_bytes - 1), gpu_count=2,
+                               report={}, knobs=("parallel", "micro_batch"))  # fmt: skip
+    # sharding optimizer states (ZeRO-1 and up) takes bytes off every rank: a layout fits
+    assert any(set(c.changes) == {"parallel"} for c in changes)
+    for c in changes:
+        cfg = c.evaluated.config
+        old, new = c.changes.get("parallel", ("dp2-zero0", "dp2-zero0"))
+        assert old == "dp2-zero0" and cfg.choices["parallel"] == new
+        par = cfg.parallel
+        assert par is not None and par.dp * cfg.job.micro_batch * cfg.job.grad_accum == 4
+        assert c.evaluated.peak_bytes == calc.estimate(TINY, cfg.job, par).peak_bytes
+        assert c.evaluated.peak_bytes <= ddp.peak_bytes - 1
