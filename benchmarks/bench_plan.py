@@ -79,7 +79,8 @@ def throughput_step(card: str, n_points: int) -> dict:
 
     model = calc.load_card(card)
     ctx = Context(kind=TRAINING, seq_len=2048, global_batch=2, gpu_count=1)
-    axes = [a for a in axes_for(TRAINING) if a.enumerated and not a.size]
+    # one GPU: the structural axes (the layout axis has the single value "single", no field)
+    axes = [a for a in axes_for(TRAINING) if a.enumerated and not a.size and not a.shards]
     jobs = []
     import itertools
 
