@@ -28,6 +28,12 @@ VIEWS: tuple[tuple[str, str, str], ...] = (
         browser.VERDICT,
     ),
     (
+        "app-parallel.png",
+        "/?card=qwen2.5-7b&gpu=h100-80gb&precision=bf16-master&implementation=reference"
+        "&micro_batch=4&pp=4&pp_microbatches=4",
+        browser.VERDICT,
+    ),
+    (
         "app-planner.png",
         "/planner?card=qwen2.5-7b&gpu=h200-141gb&explore=precision,recompute&global_batch=8",
         "configurations fit",

@@ -16,8 +16,7 @@ for error in inputs.errors:
 if inputs.model is None or inputs.job is None:
     st.stop()
 
-MAX_CHART_RANKS = 64
-"""More ranks than this: the table only (one bar per rank would not fit the page)."""
+MAX_CHART_RANKS = 64  # more ranks than this: the table only (a bar each would not fit)
 model, job, gpu, parallel = inputs.model, inputs.job, inputs.gpu, inputs.parallel
 key = cached.model_key(model)
 

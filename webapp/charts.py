@@ -38,7 +38,12 @@ def rank_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:
         "mark": {"type": "bar"},
         "encoding": {
             "x": {"field": "GiB", "type": "quantitative", "title": "peak GiB"},
-            "y": {"field": "rank", "type": "ordinal", "title": "rank"},
+            "y": {
+                "field": "rank",
+                "type": "ordinal",
+                "title": "rank",
+                "axis": {"labelOverlap": False},
+            },
             "tooltip": [
                 {"field": "rank", "type": "ordinal"},
                 {"field": "GiB", "type": "quantitative", "format": ".3f"},
@@ -46,10 +51,10 @@ def rank_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:
         },
     }
     return {
-        "height": {"step": 18},
+        "height": {"step": 22},
         "padding": {"left": 12},
         "layer": [bars, *_gpu_rule(usable_gib, gpu_label, "x")],
-    }
+    }  # fmt: skip
 
 
 def breakdown_chart(rows: Sequence[dict], usable_gib: float, gpu_label: str) -> Spec:

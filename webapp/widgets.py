@@ -211,7 +211,8 @@ def sidebar() -> Inputs:
                 for field in in_section:
                     _field_widget(field, state)
             else:
-                with st.expander(section):
+                changed = any(state.get(f.key, f.default) != f.default for f in in_section)
+                with st.expander(section, expanded=changed and section != "advanced"):
                     for field in in_section:
                         _field_widget(field, state)
                     if section == "advanced":
