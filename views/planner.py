@@ -58,11 +58,7 @@ request = planning.Request.make(
     explore=tuple(state["plan.explore"]),
 )
 pinned = (
-    ", ".join(
-        f"{axis}={getattr(request.base, axis)}"
-        for axis in planning.axis_names(state["plan.task"])
-        if request.base is not None and axis not in (*state["plan.explore"], "micro_batch")
-    )
+    ", ".join(f"{axis}={value}" for axis, value in request.fixed)
     or "nothing (the job classes' defaults)"
 )
 st.caption(

@@ -72,8 +72,12 @@ class Request:
         """A request whose unexplored axes hold the sidebar job's values."""
         same_kind = isinstance(job, calc.Inference) == (kind(task) == INFERENCE)
         base = job if same_kind else None
+        # ``Axis.current``: the job's value on each axis (None for the layout, which a job does
+        # not carry: the planner then enumerates the layouts of ``gpu_count`` GPUs).
+        pinned = [a for a in axes_for(kind(task)) if a.name in explorable(task)]
         fixed = tuple(
-            (axis, getattr(base, axis)) for axis in explorable(task) if axis not in explore
+            (a.name, a.current(base)) for a in pinned
+            if a.name not in explore and a.current(base) is not None
         ) if base is not None else ()  # fmt: skip
         return Request(
             model_key=model_key, task=task, seq_len=seq_len, global_batch=global_batch,
