@@ -29,8 +29,14 @@ and ``schedules.py``), each a tape event here:
   (``merge_chunks``: one ``[b, s, V]`` tensor, dropped by the caller); the losses are kept to
   the end of the step; the backward seed is ``ones_like(loss)``.
 
-The interleaved schedule (several stages per rank) is not replayed: `check_pipeline` raises
-``NotImplementedError`` naming it.
+Interleaved 1F1B (Narayanan et al. 2021, §2.2; ``ScheduleInterleaved1F1B``): rank ``r`` holds
+``v = pp_virtual_stages`` chunks of ``L / (pp * v)`` layers, the stages ``r, r + pp, ...`` (loop
+placement); the embedding is in stage 0 (rank 0), the loss in stage ``pp * v - 1`` (rank
+``pp - 1``). The rank runs its chunks' forwards and backwards in the order
+`interleaved_actions` derives from torch's ``_get_1f1b_rank_ops``. Each chunk has its own
+receive buffers (all ``m`` micro-batches, kept for the run). ``_PipelineScheduleRuntime`` keeps
+every send's work (``send_ops``) to the end of ``step()``: the chunk outputs sent forward and
+the input gradients sent back stay alive to the end of the step.
 """
 
 from __future__ import annotations
@@ -58,7 +64,22 @@ class StagePlan:
     microbatches: int
     """Micro-batches per step, ``m``."""
     schedule: str
-    """``gpipe`` or ``1f1b``."""
+    """``gpipe``, ``1f1b`` or ``interleaved-1f1b``."""
+    virtual: int = 1
+    """Chunks (virtual stages) on this rank, ``pp_virtual_stages``; ``n_layers / virtual``
+    layers each (interleaved 1F1B only)."""
+
+    def chunk_index(self, k: int) -> int:
+        """The global stage index of local chunk ``k`` (loop placement: ``stage + k * pp``)."""
+        return self.stage + k * self.stages
+
+    def chunk_first(self, k: int) -> bool:
+        """Whether local chunk ``k`` holds the embedding (global stage 0)."""
+        return self.chunk_index(k) == 0
+
+    def chunk_last(self, k: int) -> bool:
+        """Whether local chunk ``k`` holds the loss (global stage ``pp * v - 1``)."""
+        return self.chunk_index(k) == self.stages * self.virtual - 1
 
     @property
     def first(self) -> bool:
@@ -84,7 +105,19 @@ def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> No
             "(torch.distributed.pipelining.Schedule1F1B)"
         )
     if parallel.pp_schedule == "interleaved-1f1b":
-        raise NotImplementedError("the interleaved 1F1B schedule is not replayed yet")
+        chunks = parallel.pp * parallel.pp_virtual_stages
+        if model.n_layers % chunks:
+            raise ValueError(
+                f"n_layers={model.n_layers} must be a multiple of pp={parallel.pp} x "
+                f"pp_virtual_stages={parallel.pp_virtual_stages} = {chunks} for the interleaved "
+                "1F1B schedule (every chunk holds the same layers; uneven chunks not modelled)"
+            )
+        rounds = max(1, m // parallel.pp)
+        if m % rounds:  # ScheduleInterleaved1F1B.__init__
+            raise ValueError(
+                f"pp_microbatches={m} must be a multiple of the number of rounds "
+                f"max(1, pp_microbatches // pp) = {rounds} (ScheduleInterleaved1F1B)"
+            )
     if model.model_type == "gpt2" or model.tied_embeddings:
         raise NotImplementedError("pipeline stages are modelled for untied llama-family models")
     if job.implementation != "reference" or job.precision.startswith("amp"):
@@ -101,7 +134,8 @@ def stage_plans(model: ModelSpec, job: Training, parallel: Parallelism) -> list[
     counts = layers_per_stage(model.n_layers, parallel)
     return [
         StagePlan(stage=r, stages=parallel.pp, n_layers=counts[r],
-                  microbatches=parallel.pp_microbatches, schedule=parallel.pp_schedule)
+                  microbatches=parallel.pp_microbatches, schedule=parallel.pp_schedule,
+                  virtual=parallel.pp_virtual_stages)
         for r in range(parallel.pp)
     ]  # fmt: skip
 
@@ -135,11 +169,57 @@ def schedule_actions(plan: StagePlan) -> list[tuple[str, int]]:
     return out
 
 
+def interleaved_actions(plan: StagePlan) -> list[tuple[str, int, int]]:
+    """``(kind, micro-batch, local chunk)`` in the order rank ``plan.stage`` runs them under
+    ``ScheduleInterleaved1F1B`` (torch 2.13 ``_calculate_single_rank_operations`` and
+    ``_get_1f1b_rank_ops``, the idle slots left out).
+
+    ``rounds = max(1, m // pp)``, ``k = m / rounds`` micro-batches per round; the rank warms up
+    with ``w = min((v - 1) k + 2 (pp - 1 - r), m v)`` forwards; then each op runs a forward and
+    a backward, then the remaining ``w`` backwards. Op ``o``'s forward runs chunk
+    ``(o // k) % v``, its backward chunk ``v - 1 - ((o - w) // k) % v``; micro-batches are
+    numbered per chunk in order."""
+    pp, v, m, r = plan.stages, plan.virtual, plan.microbatches, plan.stage
+    per_round = m // max(1, m // pp)
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - r), total)
+    fwd_mb = [0] * v
+    bwd_mb = [0] * v
+    out: list[tuple[str, int, int]] = []
+
+    def forward(op: int) -> None:
+        k = (op // per_round) % v
+        out.append(("F", fwd_mb[k], k))
+        fwd_mb[k] += 1
+
+    def backward(op: int) -> None:
+        k = v - 1 - ((op - warmup) // per_round) % v
+        out.append(("B", bwd_mb[k], k))
+        bwd_mb[k] += 1
+
+    for op in range(total + warmup):
+        if op < warmup:
+            forward(op)
+        elif op < total:
+            forward(op)
+            backward(op)
+        else:
+            backward(op)
+    return out
+
+
 def in_flight(plan: StagePlan) -> int:
     """Most micro-batches whose activations the stage holds at once (forwards run, backwards
-    not yet): ``m`` for GPipe, ``min(m, pp - r)`` for 1F1B (Narayanan et al. 2021, §2.2)."""
+    not yet): ``m`` for GPipe, ``min(m, pp - r)`` for 1F1B (Narayanan et al. 2021, §2.2).
+    Interleaved 1F1B counts chunk micro-batches (each ``1 / v`` of the rank's layers): rank 0
+    holds ``v pp + pp - 1`` of them when ``pp`` divides ``m``, i.e. ``pp (1 + (pp - 1) /
+    (pp v))`` micro-batches of the rank's layers (Korthikanti et al. 2022, §4.2.3)."""
+    if plan.schedule == "interleaved-1f1b":
+        acts = [kind for kind, _, _ in interleaved_actions(plan)]
+    else:
+        acts = [kind for kind, _ in schedule_actions(plan)]
     live = peak = 0
-    for kind, _ in schedule_actions(plan):
+    for kind in acts:
         live += 1 if kind == "F" else -1
         peak = max(peak, live)
     return peak
@@ -161,6 +241,8 @@ def replay_stage(
     from calc import step as step_mod
     from calc.optimizer import optimizer_step
 
+    if plan.schedule == "interleaved-1f1b":
+        return _replay_interleaved(model, job, plan, device, tp_comm)
     layers = plan.n_layers if n_layers is None else n_layers
     sh = step_mod.shape_for(model, job, device, layers, tp_comm)
     m = plan.microbatches
@@ -240,6 +322,99 @@ def replay_stage(
     return tape.events
 
 
+def _replay_interleaved(
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool
+) -> list[Event]:
+    """`replay_stage` for interleaved 1F1B: every layer of the rank replayed (chunk ``k`` runs
+    layers ``k L_r / v .. (k + 1) L_r / v - 1`` of the rank's ``L_r``), the actions in
+    `interleaved_actions` order, every send held to the end of the step."""
+    from calc import step as step_mod
+    from calc.optimizer import optimizer_step
+
+    sh = step_mod.shape_for(model, job, device, plan.n_layers, tp_comm)
+    m, v = plan.microbatches, plan.virtual
+    per_chunk = plan.n_layers // v
+    tape = Tape(inplace_accumulate=device == "cuda")
+    w = reference.Weights(tape, sh)
+    keep = _stage_params(w, plan)
+    kept = {id(p.storage) for p in keep}
+    for p in w.parameters():  # the other ranks' parameters are not on this rank
+        if id(p.storage) not in kept:
+            tape.live.pop(id(p.storage), None)
+    shapes = [s for p, s in zip(w.parameters(), w.shapes(sh), strict=True)
+              if id(p.storage) in kept]  # fmt: skip
+    idx = step_mod.INDEX_ITEMSIZE
+    tape.existing(m * sh.b * sh.s, idx, "input_ids", "input")
+    tape.existing(m * sh.b * sh.s, idx, "targets", "input")
+    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer")
+    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer")
+    act = sh.b * sh.s * sh.h
+    recv_act: dict[tuple[int, int], Tensor] = {}
+    recv_grad: dict[tuple[int, int], Tensor] = {}
+    chunks: list[Tensor] = []
+    states = None
+    for step in (1, 2):
+        tape.phase = f"step{step}/forward"
+        tape.segment = "pipeline"
+        tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
+        chunks = []
+        if step == 1:  # each chunk's PipelineStage allocates its buffers
+            for k in range(v):
+                for i in range(m if not plan.chunk_first(k) else 0):
+                    t = tape.new(act, sh.act_itemsize, "pp.recv_act", "buffer")
+                    t.leaf = True
+                    tape.leaves[id(t.storage)] = t
+                    recv_act[k, i] = t
+                for i in range(m if not plan.chunk_last(k) else 0):
+                    recv_grad[k, i] = tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer")
+        cache: dict[tuple[int, int], Tensor] = {}
+        losses: dict[tuple[int, int], Tensor] = {}
+        sent: list[Tensor] = []  # send_ops: every send's tensor, to the end of step()
+        for kind, i, k in interleaved_actions(plan):
+            last = plan.chunk_last(k)
+            if kind == "F":
+                chunk = replace(plan, stage=plan.chunk_index(k), stages=plan.stages * v,
+                                n_layers=per_chunk, virtual=1)  # fmt: skip
+                layers = w.layers[k * per_chunk : (k + 1) * per_chunk]
+                out = _stage_forward(tape, sh, w, chunk, cos, sin, recv_act.get((k, i)), layers)
+                cache[k, i] = out
+                if last:
+                    chunks.append(tape.alias(out))
+                    tape.segment = "head"
+                    flat = ops.view(tape, out)
+                    losses[k, i] = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, out.itemsize)
+                    tape.drop(flat)
+                else:
+                    sent.append(tape.alias(out))
+                continue
+            out = cache.pop((k, i))
+            if last:
+                tape.segment = "head"
+                tape.backward(losses[k, i])
+            else:
+                tape.segment = "pipeline"
+                tape.backward(out, seed=recv_grad[k, i])
+            tape.drop(out)
+            if (k, i) in recv_act:  # the input's gradient: read from .grad, set to None, sent
+                sent.append(tape.grads.pop(id(recv_act[k, i].storage)))
+        tape.drop(*sent)
+        tape.drop(*losses.values())
+        if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
+            tape.segment = "head"
+            merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
+            tape.drop(merged)
+        tape.phase = f"step{step}/optimizer"
+        tape.segment = "optimizer"
+        states = optimizer_step(
+            tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
+            device=device, states=states, shapes=shapes,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
+    return tape.events
+
+
 def _stage_params(w: reference.Weights, plan: StagePlan) -> list[Tensor]:
     out = [w.embed] if plan.first else []
     for lw in w.layers:
@@ -251,10 +426,10 @@ def _stage_params(w: reference.Weights, plan: StagePlan) -> list[Tensor]:
 
 def _stage_forward(
     tape: Tape, sh: reference.Shape, w: reference.Weights, plan: StagePlan, cos: Tensor,
-    sin: Tensor, received: Tensor | None,
+    sin: Tensor, received: Tensor | None, layers: list | None = None,
 ) -> Tensor:  # fmt: skip
-    """``StageModule.forward`` (verify/pp_plans.py): embedding (first stage), the layers,
-    norm and head (last stage); returns the stage output."""
+    """``StageModule.forward`` (verify/pp_plans.py): embedding (first stage), the layers
+    (``layers``, default all of ``w``), norm and head (last stage); returns the stage output."""
     n = sh.b * sh.s
     if plan.first:
         tape.segment = "embed"
@@ -262,7 +437,7 @@ def _stage_forward(
     else:
         x = tape.alias(received)
         x.leaf = True  # the receive buffer is a leaf that requires grad
-    for j, lw in enumerate(w.layers):
+    for j, lw in enumerate(w.layers if layers is None else layers):
         tape.segment = j
         x_next = reference.block(tape, sh, x, lw, cos, sin)
         tape.drop(x)
@@ -296,6 +471,10 @@ def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device
     mb_job = microbatch_job(job, parallel)
     tp_model = rank_model(model, parallel)  # the model itself when tp == 1
     opts = {"tp_comm": parallel.tp > 1}
+    if parallel.pp_schedule == "interleaved-1f1b":
+        if parallel.tp > 1:
+            raise NotImplementedError("interleaved 1F1B combined with tensor parallelism")
+        opts["exact_layers"] = True  # the chunks' layers differ: every layer replayed
     out = []
     for plan in stage_plans(model, job, parallel):
         local = tp_model.with_overrides(n_layers=plan.n_layers)
@@ -303,8 +482,17 @@ def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device
         role = "embedding" if plan.first else "loss" if plan.last else "middle"
         note = (
             f"pipeline stage {plan.stage} ({role}): {plan.n_layers} layers, "
-            f"{plan.schedule}, {plan.microbatches} micro-batches of "
-            f"{mb_job.micro_batch}, at most {in_flight(plan)} in flight"
+            f"{plan.schedule}"
+            + (
+                f" ({plan.virtual} chunks: stages "
+                f"{', '.join(str(plan.chunk_index(k)) for k in range(plan.virtual))})"
+                if plan.virtual > 1
+                else ""
+            )
+            + f", {plan.microbatches} micro-batches of "
+            f"{mb_job.micro_batch}, at most {in_flight(plan)} "
+            + ("chunk micro-batches " if plan.virtual > 1 else "")
+            + "in flight"
         )
         ranks = tuple(global_rank(parallel, pp=plan.stage, tp=t) for t in range(parallel.tp))
         rc = RankClass(ranks, f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))

@@ -103,11 +103,99 @@ def test_microbatches_must_divide_the_batch() -> None:
         calc.estimate(_llama(), _job(), Parallelism(pp=2, pp_microbatches=3), device="cpu")
 
 
-def test_interleaved_is_named_not_modelled() -> None:
+def _iplan(rank: int, pp: int, v: int, m: int) -> pipeline.StagePlan:
+    return pipeline.StagePlan(stage=rank, stages=pp, n_layers=v, microbatches=m,
+                              schedule="interleaved-1f1b", virtual=v)  # fmt: skip
+
+
+def test_interleaved_order_pp2_v2_m4() -> None:
+    """Derived by hand from torch 2.13 ``ScheduleInterleaved1F1B`` (``_get_warmup_ops``,
+    ``_get_1f1b_rank_ops``): rounds = max(1, 4 // 2) = 2, 2 micro-batches per round.
+    Rank 0: warm-up (2 - 1) * 2 + 2 * (2 - 1 - 0) = 4 forwards, chunk (op // 2) % 2 =
+    0, 0, 1, 1; ops 4..7 a forward (chunks 0, 0, 1, 1) then a backward (chunk
+    1 - ((op - 4) // 2) % 2 = 1, 1, 0, 0); cooldown ops 8..11 backwards on chunks 1, 1, 0, 0.
+    Rank 1: warm-up 2 forwards (chunk 0), ops 2..7 forward chunks 1, 1, 0, 0, 1, 1 and backward
+    chunks 1, 1, 0, 0, 1, 1, cooldown 2 backwards on chunk 0. Tuples: (kind, micro-batch of
+    that chunk, local chunk)."""
+    assert pipeline.interleaved_actions(_iplan(0, 2, 2, 4)) == [
+        ("F", 0, 0), ("F", 1, 0), ("F", 0, 1), ("F", 1, 1),
+        ("F", 2, 0), ("B", 0, 1), ("F", 3, 0), ("B", 1, 1),
+        ("F", 2, 1), ("B", 0, 0), ("F", 3, 1), ("B", 1, 0),
+        ("B", 2, 1), ("B", 3, 1), ("B", 2, 0), ("B", 3, 0),
+    ]  # fmt: skip
+    assert pipeline.interleaved_actions(_iplan(1, 2, 2, 4)) == [
+        ("F", 0, 0), ("F", 1, 0),
+        ("F", 0, 1), ("B", 0, 1), ("F", 1, 1), ("B", 1, 1),
+        ("F", 2, 0), ("B", 0, 0), ("F", 3, 0), ("B", 1, 0),
+        ("F", 2, 1), ("B", 2, 1), ("F", 3, 1), ("B", 3, 1),
+        ("B", 2, 0), ("B", 3, 0),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+@pytest.mark.parametrize("v", [2, 3, 4])
+@pytest.mark.parametrize("rounds", [2, 4])
+def test_interleaved_in_flight_matches_published_factor(pp: int, v: int, rounds: int) -> None:
+    """Narayanan et al. 2021 §2.2 / Korthikanti et al. 2022 §4.2.3 (memory-facts.md §2.5):
+    interleaving multiplies the first stage's activation memory of 1F1B (pp micro-batches of
+    its L/pp layers) by 1 + (pp - 1) / (pp v). In chunk micro-batches (each L/(pp v) layers):
+    pp v (1 + (pp - 1) / (pp v)) = pp v + pp - 1. Applies when the warm-up is not capped
+    (m a multiple of pp, m >= 2 pp)."""
+    plan = _iplan(0, pp, v, rounds * pp)
+    assert pipeline.in_flight(plan) == pp * v + pp - 1
+
+
+def test_interleaved_each_chunk_runs_every_micro_batch_once() -> None:
+    for rank in range(4):
+        acts = pipeline.interleaved_actions(_iplan(rank, 4, 2, 8))
+        for kind in "FB":
+            for k in range(2):
+                assert [i for x, i, c in acts if x == kind and c == k] == list(range(8))
+        # a backward never runs before its forward
+        seen = set()
+        for x, i, c in acts:
+            if x == "F":
+                seen.add((i, c))
+            else:
+                assert (i, c) in seen
+
+
+def test_interleaved_chunk_ownership() -> None:
+    """Loop placement: rank r holds stages r, r + pp; the embedding and one layer on rank 0
+    (stage 0) and one layer (stage 2): 16384 + 2 * 164864 = 346112 B; rank 1 (stages 1, 3) two
+    layers, the final norm and the head: 2 * 164864 + 512 + 16384 = 346624 B."""
     par = Parallelism(pp=2, pp_microbatches=2, pp_schedule="interleaved-1f1b",
                       pp_virtual_stages=2)  # fmt: skip
-    with pytest.raises(NotImplementedError, match="interleaved"):
-        calc.estimate(_llama(n_layers=4), _job(), par, device="cpu")
+    res = pipeline.stage_results(_llama(n_layers=4), _job(), par, "cpu")
+    assert [est.breakdown["weights"] for _, est in res] == [346112, 346624]
+    plan = pipeline.stage_plans(_llama(n_layers=4), _job(), par)[1]
+    assert [plan.chunk_index(k) for k in range(2)] == [1, 3]
+    assert plan.chunk_last(1) and not plan.chunk_first(0)
+
+
+def test_interleaved_layers_must_divide_by_chunks() -> None:
+    par = Parallelism(pp=2, pp_microbatches=2, pp_schedule="interleaved-1f1b",
+                      pp_virtual_stages=2)  # fmt: skip
+    with pytest.raises(ValueError, match="n_layers=6 must be a multiple of"):
+        calc.estimate(_llama(n_layers=6), _job(), par, device="cpu")
+
+
+def test_interleaved_microbatches_multiple_of_pp() -> None:
+    with pytest.raises(ValueError, match="pp_microbatches=3"):
+        par = Parallelism(pp=2, pp_microbatches=3, pp_schedule="interleaved-1f1b",
+                          pp_virtual_stages=2)  # fmt: skip
+        calc.estimate(_llama(n_layers=4), _job(micro_batch=3), par, device="cpu")
+
+
+def test_interleaved_more_in_flight_than_1f1b() -> None:
+    """Same model, pp=2, m=4: interleaving (v=2) keeps 5 chunk micro-batches of 1 layer on
+    rank 0 where 1F1B keeps 2 micro-batches of 2 layers (4 layers' worth), and every sent
+    tensor is held to the end of the step: rank 0 peaks higher."""
+    model, job = _llama(n_layers=4), _job(seq_len=64)
+    one = calc.estimate(model, job, Parallelism(pp=2, pp_microbatches=4), device="cpu")
+    inter = calc.estimate(model, job, Parallelism(pp=2, pp_microbatches=4, pp_virtual_stages=2,
+                                                  pp_schedule="interleaved-1f1b"), device="cpu")  # fmt: skip
+    assert inter.rank_peaks[0] > one.rank_peaks[0]
 
 
 @pytest.mark.parametrize("m", [2, 4])

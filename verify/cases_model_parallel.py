@@ -151,8 +151,12 @@ CASES += (
     _pp("pp2-interleaved-v2-m4",
         Parallelism(pp=2, pp_schedule="interleaved-1f1b", pp_microbatches=4,
                     pp_virtual_stages=2),
-        note="ScheduleInterleaved1F1B, 2 chunks per rank (loop placement): measured; calc "
-        "does not replay the interleaved schedule yet"),
+        note="ScheduleInterleaved1F1B, 2 chunks per rank (loop placement), replayed by "
+        "calc.pipeline (interleaved_actions)"),
+    _pp("pp2-interleaved-v2-m8-l8",
+        Parallelism(pp=2, pp_schedule="interleaved-1f1b", pp_microbatches=8,
+                    pp_virtual_stages=2),
+        layers=8, micro_batch=8, note="2 layers per chunk, 4 rounds of 2 micro-batches"),
 )  # fmt: skip
 
 
