@@ -238,28 +238,13 @@ def replay_stage(
     ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
     `calc.timeline` generalises). ``tp_comm``: the stage's layers are one tensor-parallel
     rank's (`calc.tensor_parallel`)."""
-    from calc import step as step_mod
     from calc.optimizer import optimizer_step
 
     if plan.schedule == "interleaved-1f1b":
         return _replay_interleaved(model, job, plan, device, tp_comm)
     layers = plan.n_layers if n_layers is None else n_layers
-    sh = step_mod.shape_for(model, job, device, layers, tp_comm)
     m = plan.microbatches
-    tape = Tape(inplace_accumulate=device == "cuda")
-    w = reference.Weights(tape, sh)
-    keep = _stage_params(w, plan)
-    kept = {id(p.storage) for p in keep}
-    for p in w.parameters():  # the other stages' parameters are not on this rank
-        if id(p.storage) not in kept:
-            tape.live.pop(id(p.storage), None)
-    shapes = [s for p, s in zip(w.parameters(), w.shapes(sh), strict=True)
-              if id(p.storage) in kept]  # fmt: skip
-    idx = step_mod.INDEX_ITEMSIZE
-    tape.existing(m * sh.b * sh.s, idx, "input_ids", "input")
-    tape.existing(m * sh.b * sh.s, idx, "targets", "input")
-    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer")
-    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer")
+    tape, sh, w, keep, shapes, cos, sin = _stage_tape(model, job, plan, device, tp_comm, layers)
     act = sh.b * sh.s * sh.h
     recv_act: list[Tensor] = []
     recv_grad: list[Tensor] = []
@@ -322,23 +307,21 @@ def replay_stage(
     return tape.events
 
 
-def _replay_interleaved(
-    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool
-) -> list[Event]:
-    """`replay_stage` for interleaved 1F1B: every layer of the rank replayed (chunk ``k`` runs
-    layers ``k L_r / v .. (k + 1) L_r / v - 1`` of the rank's ``L_r``), the actions in
-    `interleaved_actions` order, every send held to the end of the step."""
+def _stage_tape(
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool, layers: int
+) -> tuple:
+    """The tape a pipeline rank starts from: only its stages' parameters live (with their
+    optimizer shapes), the token ids and targets of all ``m`` micro-batches, and the RoPE
+    buffers. Returns ``(tape, shape, weights, kept params, their shapes, cos, sin)``."""
     from calc import step as step_mod
-    from calc.optimizer import optimizer_step
 
-    sh = step_mod.shape_for(model, job, device, plan.n_layers, tp_comm)
-    m, v = plan.microbatches, plan.virtual
-    per_chunk = plan.n_layers // v
+    sh = step_mod.shape_for(model, job, device, layers, tp_comm)
+    m = plan.microbatches
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
     keep = _stage_params(w, plan)
     kept = {id(p.storage) for p in keep}
-    for p in w.parameters():  # the other ranks' parameters are not on this rank
+    for p in w.parameters():  # the other stages' parameters are not on this rank
         if id(p.storage) not in kept:
             tape.live.pop(id(p.storage), None)
     shapes = [s for p, s in zip(w.parameters(), w.shapes(sh), strict=True)
@@ -348,6 +331,22 @@ def _replay_interleaved(
     tape.existing(m * sh.b * sh.s, idx, "targets", "input")
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer")
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer")
+    return tape, sh, w, keep, shapes, cos, sin
+
+
+def _replay_interleaved(
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool
+) -> list[Event]:
+    """`replay_stage` for interleaved 1F1B: every layer of the rank replayed (chunk ``k`` runs
+    layers ``k L_r / v .. (k + 1) L_r / v - 1`` of the rank's ``L_r``), the actions in
+    `interleaved_actions` order, every send held to the end of the step."""
+    from calc.optimizer import optimizer_step
+
+    m, v = plan.microbatches, plan.virtual
+    per_chunk = plan.n_layers // v
+    tape, sh, w, keep, shapes, cos, sin = _stage_tape(
+        model, job, plan, device, tp_comm, plan.n_layers
+    )
     act = sh.b * sh.s * sh.h
     recv_act: dict[tuple[int, int], Tensor] = {}
     recv_grad: dict[tuple[int, int], Tensor] = {}
