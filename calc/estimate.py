@@ -10,7 +10,10 @@ matrix-vector product.
 
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
@@ -119,8 +122,28 @@ def _branch(n_layers: int) -> int:
 _EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference, ReplayOptions]] = {}
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a replay runs: a replay makes hundreds of
+    thousands of small objects and keeps nearly all of them, so each collection would walk a
+    growing heap (with it on, a 7B structure's replay took about three times as long; see
+    benchmarks/bench_compile.py). It is switched back on (if it was) afterwards."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 @lru_cache(maxsize=512)
 def _compile(key: tuple, device: str, branch: int) -> Compiled:
+    with _collector_paused():
+        return _compile_now(key, device, branch)
+
+
+def _compile_now(key: tuple, device: str, branch: int) -> Compiled:
     model, job, opts = _EXEMPLAR[key]
     from calc.step import replay_training
 

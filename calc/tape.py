@@ -23,9 +23,11 @@ The result is the ordered list of events with the multiset of live sizes after e
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import sympy as sp
 
@@ -39,22 +41,148 @@ def round_block(nbytes: Size) -> Size:
     """Bytes charged for a request of ``nbytes`` (``round_size`` in CUDACachingAllocator.cpp)."""
     if isinstance(nbytes, int):
         return 0 if nbytes == 0 else max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
+    return _round_symbolic(nbytes)
+
+
+@lru_cache(maxsize=8192)
+def _round_symbolic(nbytes: sp.Expr) -> sp.Expr:
+    """``round_block`` of a size expression (memoised: a replay asks for the same few sizes in
+    every layer, and building ``ceiling`` makes sympy simplify each time)."""
     return BLOCK_BYTES * sp.ceiling(nbytes / BLOCK_BYTES)
 
 
 class Storage:
-    """One allocation: its charged bytes, name, category, and who holds it."""
+    """One allocation: its charged bytes, name, category, and who holds it.
 
-    __slots__ = ("size", "name", "kind", "tag", "refs", "saved", "alive")
+    While it is live its tape counts it under ``key`` (``Tape._counts``); changing its name,
+    category, layer tag or saved count re-files it there, so the tape never has to walk its
+    live set to know it."""
+
+    __slots__ = ("size", "_name", "_kind", "_tag", "refs", "_saved", "alive", "_owner")
 
     def __init__(self, size: Size, name: str, kind: str, tag: object) -> None:
         self.size = size  # rounded bytes
-        self.name = name
-        self.kind = kind  # "weight", "grad", "state", "input", "act"
-        self.tag = tag  # the segment (layer) that allocated it, or "base"
+        self._name = name
+        self._kind = kind  # "weight", "grad", "state", "input", "act"
+        self._tag = tag  # the segment (layer) that allocated it, or "base"
         self.refs = 0  # tensors (Python references, views, gradient buffers) on it
-        self.saved = 0  # autograd saved-variable references
+        self._saved = 0  # autograd saved-variable references
         self.alive = True
+        self._owner: _LiveSet | None = None  # the live set counting it
+
+    @property
+    def key(self) -> tuple:
+        """How the live set counts it: (category, name, tag, size); an activation an autograd
+        node saves counts as ``saved``."""
+        kind = "saved" if self._saved > 0 and self._kind == "act" else self._kind
+        return (kind, self._name, self._tag, self.size)
+
+    def _refile(self, field_name: str, value: object) -> None:
+        owner = self._owner
+        if owner is None:
+            setattr(self, field_name, value)
+            return
+        owner._uncount(self)
+        setattr(self, field_name, value)
+        owner._count(self)
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._refile("_name", value)
+
+    @property
+    def kind(self) -> str:
+        return self._kind
+
+    @kind.setter
+    def kind(self, value: str) -> None:
+        self._refile("_kind", value)
+
+    @property
+    def tag(self) -> object:
+        return self._tag
+
+    @tag.setter
+    def tag(self, value: object) -> None:
+        self._refile("_tag", value)
+
+    @property
+    def saved(self) -> int:
+        return self._saved
+
+    @saved.setter
+    def saved(self, value: int) -> None:
+        if self._owner is None or self._kind != "act" or (value > 0) == (self._saved > 0):
+            self._saved = value  # the key does not change
+            return
+        self._refile("_saved", value)
+
+
+class _LiveSet(dict):
+    """The live storages by ``id``, with the count of each ``Storage.key`` kept up to date
+    (``counts``, by key number: no zero entries), so an event's snapshot is one copy of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys: list[tuple] = []
+        """Every key counted so far, numbered in order of first appearance."""
+        self._numbers: dict[tuple, int] = {}
+        self.counts: dict[int, int] = {}
+        """Key number -> live storages under it."""
+
+    def _number(self, key: tuple) -> int:
+        n = self._numbers.get(key)
+        if n is None:
+            n = self._numbers[key] = len(self.keys)
+            self.keys.append(key)
+        return n
+
+    def _count(self, st: Storage) -> None:
+        key = self._number(st.key)
+        self.counts[key] = self.counts.get(key, 0) + 1
+
+    def _uncount(self, st: Storage) -> None:
+        key = self._number(st.key)
+        left = self.counts[key] - 1
+        if left:
+            self.counts[key] = left
+        else:
+            del self.counts[key]
+
+    def __setitem__(self, k: int, st: Storage) -> None:
+        old = dict.get(self, k)
+        if old is not None:
+            self._uncount(old)
+            old._owner = None
+        dict.__setitem__(self, k, st)
+        st._owner = self
+        self._count(st)
+
+    def __delitem__(self, k: int) -> None:
+        self.pop(k)
+
+    _MISSING = object()
+
+    def pop(self, k: int, default: object = _MISSING) -> object:  # type: ignore[override]
+        st = dict.pop(self, k, None)
+        if st is None:
+            if default is _LiveSet._MISSING:
+                raise KeyError(k)
+            return default
+        self._uncount(st)
+        st._owner = None
+        return st
+
+    def setdefault(self, *_: object) -> object:  # type: ignore[override]
+        raise TypeError("_LiveSet: assign or pop storages one at a time")
+
+    update = setdefault  # type: ignore[assignment]
+    popitem = setdefault  # type: ignore[assignment]
+    clear = setdefault  # type: ignore[assignment]
 
 
 class Tensor:
@@ -84,6 +212,10 @@ class Tensor:
         return f"Tensor({self.storage.name}, {self.storage.size})"
 
 
+CHECK_COUNTS = bool(os.environ.get("VRAMPLAN_CHECK_TAPE"))
+"""With ``VRAMPLAN_CHECK_TAPE`` set, every event recounts the live set from scratch and checks
+the incremental counts against it (tests/test_tape.py runs replays this way)."""
+
 ACCUMULATE_SEQ = 1 << 62
 """AccumulateGrad's sequence number: the engine runs it as soon as it is ready."""
 
@@ -112,7 +244,15 @@ class Event:
     label: str
     segment: object
     phase: str
-    live: tuple  # ((kind, name, tag, size), count) pairs
+    counts: tuple
+    """((key number, count), ...): the live storages by ``keys[key number]``."""
+    keys: list
+    """The tape's table of keys (kind, name, tag, size), shared by its events."""
+
+    @property
+    def live(self) -> tuple:
+        """((kind, name, tag, size), count) pairs."""
+        return tuple((self.keys[k], c) for k, c in self.counts)
 
 
 def _accumulate_grad_rule(tape: Tape, node: Node, grads: list) -> list:
@@ -149,7 +289,7 @@ class Tape:
         use count of 2 and InputBuffer sums out of place (measured on torch 2.13; the profiler
         shows ``aten::add_`` without the mode and ``aten::add`` under any mode)."""
         self.inplace_accumulate = inplace_accumulate
-        self.live: dict[int, Storage] = {}
+        self.live: _LiveSet = _LiveSet()
         self.events: list[Event] = []
         self.segment_hook: Callable[[Tape, object, object], None] | None = None
         """Called with (old, new) when ``segment`` changes: FSDP's per-layer hooks
@@ -203,11 +343,13 @@ class Tape:
 
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:
-        counts: Counter = Counter()
-        for st in self.live.values():
-            kind = "saved" if st.saved > 0 and st.kind == "act" else st.kind
-            counts[(kind, st.name, st.tag, st.size)] += 1
-        self.events.append(Event(label, self.segment, self.phase, tuple(counts.items())))
+        event = Event(
+            label, self.segment, self.phase, tuple(self.live.counts.items()), self.live.keys
+        )
+        if CHECK_COUNTS:
+            counts: Counter = Counter(st.key for st in self.live.values())
+            assert Counter(dict(event.live)) == counts, f"live-set counts out of date at {label}"
+        self.events.append(event)
 
     def new(
         self, numel: Size, itemsize: int, name: str, kind: str = "act", tag: object = None

@@ -35,13 +35,32 @@ MIDDLE = 2
 """The tag of the layer that stands for the middle ones in the five-layer replay."""
 
 
+_NO_EXTRA = object()
+"""``Candidate.extra_tag`` of a candidate that adds no copies of a layer (an exact replay)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One possible peak: which phase, which allocation, and which storages are live."""
+    """One possible peak: which phase, which allocation, and which storages are live.
+
+    ``event``'s live set, plus ``L - 5`` more copies of the storages tagged ``extra_tag`` (the
+    layer that stands for the middle layers the five-layer replay lacks, module docstring)."""
 
     phase: str
     label: str
-    counts: dict  # key (kind, name, tag, size) -> (const, per_L) count
+    event: Event
+    extra_tag: object = _NO_EXTRA
+
+    @property
+    def counts(self) -> dict:
+        """key (kind, name, tag, size) -> (const, per_L) count of live storages."""
+        out = {key: (c, 0) for key, c in self.event.live}
+        if self.extra_tag is not _NO_EXTRA:
+            for key, c in self.event.live:
+                if key[2] == self.extra_tag:
+                    k0, k1 = out[key]
+                    out[key] = (k0 - 5 * c, k1 + c)  # (L - 5) more copies
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,61 +86,80 @@ def _local_maxima(events: Sequence[Event]) -> list[Event]:
     return keep
 
 
-def _contrib(e: Event, tag: object) -> dict:
-    return {key: c for key, c in e.live if key[2] == tag}
-
-
 def candidates_exact(events: Sequence[Event]) -> list[Candidate]:
     """Candidates of a replay with the real number of layers (no generalisation)."""
-    out = []
-    for e in _local_maxima(events):
-        out.append(Candidate(e.phase, e.label, {key: (c, 0) for key, c in e.live}))
-    return out
+    return [Candidate(e.phase, e.label, e) for e in _local_maxima(events)]
 
 
 def candidates_general(events: Sequence[Event]) -> list[Candidate]:
     """Candidates valid for every ``L >= 5`` from a five-layer replay (module docstring)."""
     out = []
     for e in _local_maxima(events):
-        base = {key: (c, 0) for key, c in e.live}
         if e.segment == MIDDLE:
-            below, above = _contrib(e, 0), _contrib(e, GENERAL_LAYERS - 1)
-            # j = 2: the L - 5 other middle layers are all above; j = L - 3: all below.
-            for extra in (above, below):
-                counts = dict(base)
-                for key, c in extra.items():
-                    k0, k1 = counts.get(key, (0, 0))
-                    # (L - 5) more copies of this contribution
-                    counts[key] = (k0 - 5 * c, k1 + c)
-                out.append(Candidate(e.phase, e.label, counts))
+            # j = 2: the L - 5 other middle layers are all above (as layer 4 is); j = L - 3:
+            # all below (as layer 0 is).
+            out.append(Candidate(e.phase, e.label, e, GENERAL_LAYERS - 1))
+            out.append(Candidate(e.phase, e.label, e, 0))
         else:
             # The L - 5 middle layers the replay lacks stand where layer 2 stands, unless layer
             # 2 is next to the event's layer (1 or 3): a neighbour still holds tensors that
             # cross the boundary (the layer input a checkpoint frame keeps, the gradient passed
             # down), so there a far layer on the same side stands in (4 above, 0 below).
             like = {1: GENERAL_LAYERS - 1, 3: 0}.get(e.segment, MIDDLE)  # type: ignore[call-overload]
-            counts = dict(base)
-            for key, c in _contrib(e, like).items():
-                k0, k1 = counts[key]
-                counts[key] = (k0 - 5 * c, k1 + c)  # (L - 5) more copies
-            out.append(Candidate(e.phase, e.label, counts))
+            out.append(Candidate(e.phase, e.label, e, like))
     return out
+
+
+def _count_matrices(cands: Sequence[Candidate]) -> tuple[tuple, np.ndarray, np.ndarray]:
+    """(distinct sizes in order of first appearance, C0, C1) of ``cands``: each event's
+    (key number, count) pairs are read once as an array and summed per size with ``bincount``;
+    keys are looked at once per key table (a replay's tape has one), not once per event."""
+    key_index: dict[tuple, int] = {}
+    tables: dict[int, np.ndarray] = {}  # id(key table) -> its key numbers in key_index
+    per_event: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for cand in cands:
+        e = cand.event
+        if id(e) in per_event:
+            continue
+        known = tables.get(id(e.keys))
+        if known is None or len(known) < len(e.keys):
+            known = np.array(
+                [key_index.setdefault(key, len(key_index)) for key in e.keys], dtype=np.int64
+            )
+            tables[id(e.keys)] = known
+        pairs = np.array(e.counts, dtype=np.int64).reshape(-1, 2)
+        per_event[id(e)] = (known[pairs[:, 0]], pairs[:, 1])
+    size_index: dict = {}
+    key_size = np.array(
+        [size_index.setdefault(key[3], len(size_index)) for key in key_index], dtype=np.int64
+    )
+    tag_index: dict = {}
+    key_tag = np.array(
+        [tag_index.setdefault((type(key[2]), key[2]), len(tag_index)) for key in key_index],
+        dtype=np.int64,
+    )
+    n, m = len(cands), len(size_index)
+    c0 = np.zeros((n, m), dtype=np.int64)
+    c1 = np.zeros((n, m), dtype=np.int64)
+    for i, cand in enumerate(cands):
+        ids, counts = per_event[id(cand.event)]
+        sizes = key_size[ids]
+        c0[i] = np.bincount(sizes, weights=counts, minlength=m).astype(np.int64)
+        if cand.extra_tag is _NO_EXTRA:
+            continue
+        tag = tag_index.get((type(cand.extra_tag), cand.extra_tag))
+        if tag is None:
+            continue
+        mask = key_tag[ids] == tag
+        extra = np.bincount(sizes[mask], weights=counts[mask], minlength=m).astype(np.int64)
+        c0[i] -= 5 * extra
+        c1[i] += extra
+    return tuple(size_index), c0, c1
 
 
 def build(cands: Sequence[Candidate], l_min: int) -> Timeline:
     """Matrix form of ``cands``, with dominated candidates removed (valid for ``L >= l_min``)."""
-    sizes: dict = {}
-    for cand in cands:
-        for key in cand.counts:
-            sizes.setdefault(key[3], len(sizes))
-    n, m = len(cands), len(sizes)
-    c0 = np.zeros((n, m), dtype=np.int64)
-    c1 = np.zeros((n, m), dtype=np.int64)
-    for i, cand in enumerate(cands):
-        for key, (k0, k1) in cand.counts.items():
-            j = sizes[key[3]]
-            c0[i, j] += k0
-            c1[i, j] += k1
+    sizes, c0, c1 = _count_matrices(cands)
     keep: list[int] = []
     for phase in dict.fromkeys(c.phase for c in cands):
         rows = [i for i, c in enumerate(cands) if c.phase == phase]
@@ -129,7 +167,7 @@ def build(cands: Sequence[Candidate], l_min: int) -> Timeline:
         keep.extend(rows[i] for i in kept)
     keep.sort()
     phases = tuple(dict.fromkeys(c.phase for c in cands))
-    return Timeline(tuple(sizes), phases, tuple(cands[i] for i in keep), c0[keep], c1[keep])
+    return Timeline(sizes, phases, tuple(cands[i] for i in keep), c0[keep], c1[keep])
 
 
 def _undominated(at_min: np.ndarray, slope: np.ndarray) -> list[int]:
