@@ -8,8 +8,9 @@ from ``calc``.
 
 import streamlit as st
 
-from webapp import widgets
+from webapp import prefetch, widgets
 
+prefetch.page_started()  # background compiling waits while pages run (webapp/prefetch.py)
 st.set_page_config(
     page_title="vramplan: GPU memory calculator", page_icon=":material/calculate:", layout="wide"
 )

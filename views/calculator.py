@@ -8,7 +8,7 @@ import streamlit as st
 import calc
 from calc import display
 from calc.sweep import SWEEP_FIELDS
-from webapp import cached, charts, widgets
+from webapp import cached, charts, prefetch, widgets
 
 inputs: widgets.Inputs = st.session_state[widgets.INPUTS]
 for error in inputs.errors:
@@ -177,3 +177,7 @@ for column, field, title, high in (
         )
         if result.errors:
             st.caption("not shown: " + "; ".join(result.errors))
+
+# The structures one choice away from this job compile in the background (webapp/prefetch.py),
+# so the next change of precision, optimizer, recompute, kernel or modeling code reruns fast.
+prefetch.warm(model.spec, key, job, parallel, inputs.device)
