@@ -150,3 +150,37 @@ def _lora_hook(base: Tensor, a: Tensor, b: Tensor, rank: int):
         return lora_linear(tape, x, base, bias, a, b, rank, rows, out, name)
 
     return hook
+
+
+def check_parallel(job: object, parallel: object) -> None:
+    """Raise ``NotImplementedError`` unless ``job``'s compression under ``parallel`` (not a
+    single GPU) is a combination the cost model covers and verify measured.
+
+    Covered: LoRA or QLoRA (``job.lora``, optionally ``job.quant``) with plain data
+    parallelism (DDP, ``zero=0``, either ``gradient_as_bucket_view``). The frozen base has
+    ``requires_grad=False``, so DDP's reducer leaves it out of its buckets
+    (``torch/nn/parallel/distributed.py``: ``_build_params_for_reducer`` keeps parameters
+    with ``requires_grad`` only): the buckets hold the adapters' gradients, in the order they
+    become ready, as for any trainable parameters (`calc.data_parallel`).
+    """
+    if job.pruning is not None or job.distill is not None:
+        raise NotImplementedError(
+            "parallelism together with pruning or distillation is not modelled yet"
+        )
+    if job.lora is None:
+        raise NotImplementedError(
+            "parallelism with a quantized base and no LoRA adapters is not modelled"
+        )
+    others = [f"{name}={getattr(parallel, name)}" for name in ("tp", "pp", "cp")
+              if getattr(parallel, name) > 1]  # fmt: skip
+    if others:
+        raise NotImplementedError(
+            f"LoRA/QLoRA with {', '.join(others)} is not modelled yet (data parallelism only)"
+        )
+    if parallel.offload != "none":
+        raise NotImplementedError(f"LoRA/QLoRA with offload={parallel.offload!r} is not modelled")
+    if parallel.shard_level > 0:
+        raise NotImplementedError(
+            f"LoRA/QLoRA with zero={parallel.zero}, fsdp={parallel.fsdp} is not modelled yet "
+            "(DDP, zero=0, only)"
+        )

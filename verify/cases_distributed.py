@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from calc.compression import LoRA, Quant
 from calc.jobs import Training
 from calc.parallel import Parallelism
 from verify.distributed import DistCase
@@ -118,4 +119,28 @@ CASES: tuple[DistCase, ...] = (
           + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    # LoRA / QLoRA under DDP: the frozen base (requires_grad=False) is not in the reducer's
+    # buckets; the buckets hold the adapters' gradients only.
+    _case("dist-lora-ddp-2", "ddp", Parallelism(dp=2), lora=LoRA(rank=8), tags=Q,
+          note="LoRA r8 on all seven linears, fp32: buckets of the adapters' gradients only"),
+    _case("dist-lora-ddp-view-2", "ddp", Parallelism(dp=2, gradient_as_bucket_view=True),
+          lora=LoRA(rank=8), note="LoRA with gradient_as_bucket_view"),
+    _case("dist-lora-ddp-buckets-2", "ddp", Parallelism(dp=2, ddp_bucket_mib=1), scale=MID,
+          lora=LoRA(rank=64), note="LoRA r64: several 1 MiB buckets of adapter gradients"),
+    _case("dist-lora-ddp-view-buckets-2", "ddp",
+          Parallelism(dp=2, ddp_bucket_mib=1, gradient_as_bucket_view=True), scale=MID,
+          lora=LoRA(rank=64), note="LoRA r64, 1 MiB buckets, gradients as bucket views "
+          "(the optimizer-step peak holds the buckets once, not gradients plus buckets)"),
+    _case("dist-lora-ddp-accum-2", "ddp", Parallelism(dp=2), grad_accum=2, lora=LoRA(rank=8),
+          note="two micro-batches per step, both all-reduced"),
+    _case("dist-lora-ddp-qv-bf16-2", "ddp", Parallelism(dp=2), precision="bf16",
+          lora=LoRA(rank=4, modules=("q", "v")), note="bf16 base and adapters on q, v"),
+    _case("dist-qlora-ddp-2", "ddp", Parallelism(dp=2), precision="bf16", lora=LoRA(rank=8),
+          quant=Quant(method="nf4"), tags=Q,
+          note="QLoRA: NF4 base (double quantization) replicated, bf16 adapters bucketed"),
+    _case("dist-qlora-ddp-view-2", "ddp", Parallelism(dp=2, gradient_as_bucket_view=True),
+          precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4")),
+    _case("dist-qlora-ddp-fp32-adapters-2", "ddp", Parallelism(dp=2), precision="bf16",
+          lora=LoRA(rank=16, adapter_dtype="fp32"), quant=Quant(method="nf4"),
+          note="QLoRA as peft sets it up: fp32 adapters, fp32 buckets over a bf16 model"),
 )  # fmt: skip
