@@ -1,0 +1,123 @@
+"""LoRA and QLoRA under data parallelism (DDP): what the buckets hold, and what is refused.
+
+Expected values are hand derivations written here. The source of each rule: DDP builds its
+reducer over the parameters with ``requires_grad`` only (``torch/nn/parallel/distributed.py``,
+``_build_params_for_reducer``), so a frozen LoRA base is in no bucket; the first iteration
+uses one bucket per dtype holding every such parameter (``compute_bucket_size_limits`` returns
+``[sys.maxsize]`` before the rebuild); each bucket is one allocation, rounded up to 512 bytes
+like every CPU/CUDA allocation (memory-facts §1). Measured accuracy of these layouts lives in
+``python -m verify --nproc 2 --cases dist-lora,dist-qlora``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import calc
+
+
+def _llama(**changes: object) -> calc.ModelSpec:
+    """hidden 520 = 8 heads x 65: every attention adapter of rank 1 is 520 elements, so bf16
+    adapter gradients are 1040 B, not a multiple of 512 (rounding per bucket shows)."""
+    base = dict(
+        name="lora-dp-llama", model_type="llama", hidden=520, n_layers=2, n_heads=8,
+        n_kv_heads=8, head_dim=65, ffn=1024, vocab=512, max_positions=64, mlp="swiglu",
+        norm="rmsnorm", qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False,
+        qk_norm=False, tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
+        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
+    )  # fmt: skip
+    base.update(changes)
+    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+
+
+ATTN = ("q", "k", "v", "o")
+
+
+def _job(**changes: object) -> calc.Training:
+    kw = dict(micro_batch=1, seq_len=16, precision="bf16", implementation="reference",
+              lora=calc.LoRA(rank=1, modules=ATTN))  # fmt: skip
+    kw.update(changes)
+    return calc.Training(**kw)  # type: ignore[arg-type]
+
+
+def _round512(nbytes: int) -> int:
+    return -(-nbytes // 512) * 512
+
+
+@pytest.mark.parametrize("n_layers", [2, 7])
+def test_ddp_buckets_hold_the_adapters_gradients_only(n_layers: int) -> None:
+    """Rank-1 adapters on q, k, v, o (all 520 -> 520): per module A [1, 520] and B [520, 1],
+    8 tensors of 520 bf16 elements (1040 B) per layer. With the default caps (1 MiB first
+    bucket) all of them fit one bucket in step 1 and after the rebuild: one allocation of
+    8 * L * 1040 B rounded up to 512 (2 layers: 16640 -> 16896; 7 layers, which the replay
+    extrapolates from five: 58240 -> 58368). The frozen base (about 2.4 MB of bf16 weights)
+    adds nothing. Without bucket views the buckets are a constant beside everything else, so
+    the peak is the single-GPU peak plus the buckets."""
+    model = _llama(n_layers=n_layers)
+    job = _job()
+    expected = _round512(8 * n_layers * 1040)
+    assert expected == {2: 16896, 7: 58368}[n_layers]
+    single = calc.estimate(model, job, device="cpu")
+    ddp = calc.estimate(model, job, calc.Parallelism(dp=2), device="cpu")
+    assert ddp.breakdown["ddp/gradient_buckets"] == expected
+    assert ddp.peak_bytes == single.peak_bytes + expected
+    assert sorted(ddp.rank_peaks) == [0, 1]
+
+
+def test_qlora_base_stays_out_of_the_buckets() -> None:
+    """QLoRA (NF4 base) under DDP: the same adapters, so the same bucket as the 16-bit base
+    (the packed base is buffers, never in a bucket); the base is replicated, so each rank holds
+    the single-GPU QLoRA step plus that bucket."""
+    model = _llama()
+    job = _job(quant=calc.Quant(method="nf4"))
+    single = calc.estimate(model, job, device="cpu")
+    ddp = calc.estimate(model, job, calc.Parallelism(dp=4), device="cpu")
+    assert ddp.breakdown["ddp/gradient_buckets"] == 16896
+    assert ddp.peak_bytes == single.peak_bytes + 16896
+
+
+def test_fp32_adapters_give_an_fp32_bucket() -> None:
+    """``adapter_dtype='fp32'`` over a bf16 base: the adapters' gradients, hence the bucket,
+    are fp32: 16 tensors x 520 x 4 B = 33280 B, rounded to 33280 (65 x 512)."""
+    model = _llama()
+    job = _job(lora=calc.LoRA(rank=1, modules=ATTN, adapter_dtype="fp32"))
+    ddp = calc.estimate(model, job, calc.Parallelism(dp=2), device="cpu")
+    assert ddp.breakdown["ddp/gradient_buckets"] == 33280
+
+
+def test_bucket_views_hold_no_second_gradient_copy() -> None:
+    """``gradient_as_bucket_view=True``: ``.grad`` of each adapter is a view of the bucket, so
+    no gradient has storage of its own and the peak is never above the plain DDP peak; the
+    buckets are the same bytes."""
+    model = _llama()
+    job = _job()
+    plain = calc.estimate(model, job, calc.Parallelism(dp=2), device="cpu")
+    view = calc.estimate(model, job, calc.Parallelism(dp=2, gradient_as_bucket_view=True),
+                         device="cpu")  # fmt: skip
+    assert view.breakdown["ddp/gradient_buckets"] == plain.breakdown["ddp/gradient_buckets"]
+    assert view.breakdown.get("gradients", 0) == 0
+    assert view.peak_bytes <= plain.peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("parallel", "match"),
+    [
+        (calc.Parallelism(tp=2), "tp=2"),
+        (calc.Parallelism(dp=2, pp=2), "pp=2"),
+        (calc.Parallelism(dp=2, cp=2), "cp=2"),
+        (calc.Parallelism(dp=2, fsdp=True), "fsdp=True"),
+        (calc.Parallelism(dp=2, zero=2), "zero=2"),
+        (calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter"), "zero=1"),
+        (calc.Parallelism(dp=2, zero=3, offload="optimizer"), "offload"),
+    ],
+)
+def test_layouts_not_covered_are_refused_by_name(parallel: calc.Parallelism, match: str) -> None:
+    with pytest.raises(NotImplementedError, match=match):
+        calc.estimate(_llama(), _job(), parallel, device="cpu")
+
+
+def test_pruning_under_data_parallelism_is_still_refused() -> None:
+    job = calc.Training(micro_batch=1, seq_len=16, precision="bf16", implementation="reference",
+                        pruning=calc.Pruning(amount=0.5))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="pruning"):
+        calc.estimate(_llama(), job, calc.Parallelism(dp=2), device="cpu")
