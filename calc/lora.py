@@ -161,7 +161,11 @@ def check_parallel(job: object, parallel: object) -> None:
     ``requires_grad=False``, so DDP's reducer leaves it out of its buckets
     (``torch/nn/parallel/distributed.py``: ``_build_params_for_reducer`` keeps parameters
     with ``requires_grad`` only): the buckets hold the adapters' gradients, in the order they
-    become ready, as for any trainable parameters (`calc.data_parallel`).
+    become ready, as for any trainable parameters (`calc.data_parallel`). LoRA (16-bit base,
+    adapters in the base's dtype) under FSDP2 ``fully_shard`` per layer and root: the frozen
+    base is sharded and all-gathered with the adapters, and only the parameters with a gradient
+    (the adapters) are reduce-scattered (``FSDPParamGroup.post_backward``,
+    ``fsdp_params_with_grad``; `calc.fsdp`).
     """
     if job.pruning is not None or job.distill is not None:
         raise NotImplementedError(
@@ -179,8 +183,21 @@ def check_parallel(job: object, parallel: object) -> None:
         )
     if parallel.offload != "none":
         raise NotImplementedError(f"LoRA/QLoRA with offload={parallel.offload!r} is not modelled")
+    if parallel.fsdp:
+        if job.quant is not None:
+            raise NotImplementedError(
+                "QLoRA with fsdp=True is not modelled: fully_shard shards parameters only, "
+                "and a quantized base is buffers (replicated), as bitsandbytes' FSDP support "
+                "changes; use DDP (zero=0)"
+            )
+        if job.lora.adapter_dtype is not None:
+            raise NotImplementedError(
+                "LoRA adapter_dtype with fsdp=True is not modelled (FSDP2 would all-gather "
+                "mixed dtypes in one group)"
+            )
+        return
     if parallel.shard_level > 0:
         raise NotImplementedError(
-            f"LoRA/QLoRA with zero={parallel.zero}, fsdp={parallel.fsdp} is not modelled yet "
-            "(DDP, zero=0, only)"
+            f"LoRA/QLoRA with zero={parallel.zero} is not modelled yet (DDP, zero=0, or "
+            "fsdp=True for LoRA)"
         )

@@ -1,4 +1,4 @@
-"""LoRA and QLoRA under data parallelism (DDP): what the buckets hold, and what is refused.
+"""LoRA and QLoRA under data parallelism (DDP; LoRA also under FSDP2): buckets, states, refusals.
 
 Expected values are hand derivations written here. The source of each rule: DDP builds its
 reducer over the parameters with ``requires_grad`` only (``torch/nn/parallel/distributed.py``,
@@ -105,7 +105,6 @@ def test_bucket_views_hold_no_second_gradient_copy() -> None:
         (calc.Parallelism(tp=2), "tp=2"),
         (calc.Parallelism(dp=2, pp=2), "pp=2"),
         (calc.Parallelism(dp=2, cp=2), "cp=2"),
-        (calc.Parallelism(dp=2, fsdp=True), "fsdp=True"),
         (calc.Parallelism(dp=2, zero=2), "zero=2"),
         (calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter"), "zero=1"),
         (calc.Parallelism(dp=2, zero=3, offload="optimizer"), "offload"),
@@ -114,6 +113,29 @@ def test_bucket_views_hold_no_second_gradient_copy() -> None:
 def test_layouts_not_covered_are_refused_by_name(parallel: calc.Parallelism, match: str) -> None:
     with pytest.raises(NotImplementedError, match=match):
         calc.estimate(_llama(), _job(), parallel, device="cpu")
+
+
+def test_qlora_and_mixed_dtype_adapters_under_fsdp_are_refused() -> None:
+    fsdp = calc.Parallelism(dp=2, fsdp=True)
+    with pytest.raises(NotImplementedError, match="QLoRA with fsdp"):
+        calc.estimate(_llama(), _job(quant=calc.Quant(method="nf4")), fsdp, device="cpu")
+    mixed = _job(lora=calc.LoRA(rank=1, modules=ATTN, adapter_dtype="fp32"))
+    with pytest.raises(NotImplementedError, match="adapter_dtype"):
+        calc.estimate(_llama(), mixed, fsdp, device="cpu")
+
+
+def test_fsdp_optimizer_states_are_the_adapter_shards_only() -> None:
+    """LoRA r2 on all seven linears of a 512-wide model (ffn 1024), fp32, AdamW, FSDP2 over 2
+    ranks. Adapters per layer: q, k, v, o: A [2, 512] + B [512, 2] = 2048 elements each;
+    gate, up: A [2, 512] + B [1024, 2] = 3072; down: A [2, 1024] + B [512, 2] = 3072: 17408
+    per layer, 34816 for two layers. Every dim-0 shard over 2 ranks is a multiple of 512 bytes
+    (A: one row of 512 or 1024 fp32; B: 256 or 512 rows of 2), so no rounding: the two Adam
+    moments of the shards are 2 x 4 B x 34816 / 2 = 139264 B. The frozen base has no state."""
+    model = _llama(hidden=512, head_dim=64)
+    job = _job(precision="fp32", lora=calc.LoRA(rank=2), micro_batch=2, seq_len=64)
+    est = calc.estimate(model, job, calc.Parallelism(dp=2, fsdp=True), device="cpu")
+    assert est.peak_phase.startswith("step2/"), est.peak_phase
+    assert est.breakdown["optimizer"] == 139264
 
 
 def test_pruning_under_data_parallelism_is_still_refused() -> None:

@@ -135,6 +135,23 @@ CASES: tuple[DistCase, ...] = (
           note="two micro-batches per step, both all-reduced"),
     _case("dist-lora-ddp-qv-bf16-2", "ddp", Parallelism(dp=2), precision="bf16",
           lora=LoRA(rank=4, modules=("q", "v")), note="bf16 base and adapters on q, v"),
+    _case("dist-lora-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), lora=LoRA(rank=8),
+          tolerance_pct=GLOO_ASYNC_PCT, note="LoRA under FSDP2: frozen base and adapters "
+          "sharded and all-gathered together; only the adapters' gradients reduce-scattered. "
+          + GLOO_ASYNC_NOTE),
+    _case("dist-lora-fsdp2-keep-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, reshard_after_forward=False), lora=LoRA(rank=8),
+          tolerance_pct=GLOO_ASYNC_PCT, note="LoRA, FSDP2 reshard_after_forward=False: the "
+          "gathered frozen base kept from forward to backward. " + GLOO_ASYNC_NOTE),
+    _case("dist-lora-fsdp2-qv-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
+          lora=LoRA(rank=8, modules=("q", "v")), tolerance_pct=GLOO_ASYNC_PCT,
+          note="adapters on q, v only; two micro-batches. " + GLOO_ASYNC_NOTE),
+    _case("dist-lora-fsdp2-recompute-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          recompute="full", lora=LoRA(rank=8), tolerance_pct=GLOO_ASYNC_PCT,
+          note=GLOO_ASYNC_NOTE),
+    _case("dist-lora-fsdp2-hf-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
+          lora=LoRA(rank=8), tolerance_pct=GLOO_ASYNC_PCT,
+          note="Hugging Face LlamaForCausalLM with LoRA. " + GLOO_ASYNC_NOTE),
     _case("dist-qlora-ddp-2", "ddp", Parallelism(dp=2), precision="bf16", lora=LoRA(rank=8),
           quant=Quant(method="nf4"), tags=Q,
           note="QLoRA: NF4 base (double quantization) replicated, bf16 adapters bucketed"),
