@@ -53,6 +53,14 @@ def adapter_numels(model: object, lora: LoRA) -> tuple[int, ...]:
     return tuple(out)
 
 
+def trainable_numels(model: object, job: object) -> list[int] | None:
+    """Elements of every trainable parameter in ``model.parameters()`` order when ``job``
+    trains LoRA adapters (per layer, `adapter_numels`), else None (all parameters train)."""
+    if getattr(job, "lora", None) is None:
+        return None
+    return list(adapter_numels(model, job.lora)) * model.n_layers
+
+
 def lora_linear(
     tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, rank: Size,
     rows: Size, out_features: Size, name: str,
@@ -196,8 +204,11 @@ def check_parallel(job: object, parallel: object) -> None:
                 "mixed dtypes in one group)"
             )
         return
+    if parallel.zero == 1 and parallel.zero_partition == "by-parameter":
+        return
     if parallel.shard_level > 0:
         raise NotImplementedError(
-            f"LoRA/QLoRA with zero={parallel.zero} is not modelled yet (DDP, zero=0, or "
+            f"LoRA/QLoRA with zero={parallel.zero}, zero_partition={parallel.zero_partition!r} "
+            "is not modelled yet (DDP zero=0, ZeroRedundancyOptimizer zero=1 by-parameter, or "
             "fsdp=True for LoRA)"
         )

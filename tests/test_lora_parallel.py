@@ -106,13 +106,31 @@ def test_bucket_views_hold_no_second_gradient_copy() -> None:
         (calc.Parallelism(dp=2, pp=2), "pp=2"),
         (calc.Parallelism(dp=2, cp=2), "cp=2"),
         (calc.Parallelism(dp=2, zero=2), "zero=2"),
-        (calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter"), "zero=1"),
+        (calc.Parallelism(dp=2, zero=1), "zero=1"),
         (calc.Parallelism(dp=2, zero=3, offload="optimizer"), "offload"),
     ],
 )
 def test_layouts_not_covered_are_refused_by_name(parallel: calc.Parallelism, match: str) -> None:
     with pytest.raises(NotImplementedError, match=match):
         calc.estimate(_llama(), _job(), parallel, device="cpu")
+
+
+def test_zero_redundancy_optimizer_partitions_the_adapters() -> None:
+    """``ZeroRedundancyOptimizer`` over the trainable parameters (the 16 rank-1 adapters of
+    520 elements, `_llama`): largest first, each to the least-loaded rank, so 8 per rank. Adam
+    in bf16 keeps two moments of 520 x 2 = 1040 B, rounded to 1536 B: 8 x 2 x 1536 = 24576 B
+    per rank, half of DDP's 49152 B. The gradients still all-reduce through one bucket of all
+    16 adapters' gradients (16896 B, derived above)."""
+    model = _llama()
+    job = _job()
+    zero1 = calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter")
+    ddp = calc.estimate(model, job, calc.Parallelism(dp=2), device="cpu")
+    est = calc.estimate(model, job, zero1, device="cpu")
+    assert est.peak_phase.startswith("step2/") and ddp.peak_phase.startswith("step2/")
+    assert ddp.breakdown["optimizer"] == 16 * 2 * 1536
+    assert est.breakdown["optimizer"] == 8 * 2 * 1536
+    assert est.breakdown["ddp/gradient_buckets"] == 16896
+    assert sorted(est.rank_peaks) == [0, 1]
 
 
 def test_qlora_and_mixed_dtype_adapters_under_fsdp_are_refused() -> None:

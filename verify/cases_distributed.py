@@ -135,6 +135,13 @@ CASES: tuple[DistCase, ...] = (
           note="two micro-batches per step, both all-reduced"),
     _case("dist-lora-ddp-qv-bf16-2", "ddp", Parallelism(dp=2), precision="bf16",
           lora=LoRA(rank=4, modules=("q", "v")), note="bf16 base and adapters on q, v"),
+    _case("dist-lora-zero1-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM),
+          lora=LoRA(rank=8), note="ZeroRedundancyOptimizer over the adapters (the trainable "
+          "parameters): each rank holds the states of its adapters"),
+    _case("dist-qlora-zero1-view-2", "zero1",
+          Parallelism(dp=2, zero=1, zero_partition=BY_PARAM, gradient_as_bucket_view=True),
+          precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4"),
+          note="QLoRA, ZeroRedundancyOptimizer, gradients as bucket views"),
     _case("dist-lora-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), lora=LoRA(rank=8),
           tolerance_pct=GLOO_ASYNC_PCT, note="LoRA under FSDP2: frozen base and adapters "
           "sharded and all-gathered together; only the adapters' gradients reduce-scattered. "
