@@ -191,16 +191,16 @@ def check_parallel(job: object, parallel: object) -> None:
         )
     if parallel.offload != "none":
         raise NotImplementedError(f"LoRA/QLoRA with offload={parallel.offload!r} is not modelled")
-    if parallel.fsdp:
+    if parallel.shard_level == 3:  # fsdp=True or zero=3: both replay FSDP2 (calc.fsdp)
         if job.quant is not None:
             raise NotImplementedError(
-                "QLoRA with fsdp=True is not modelled: fully_shard shards parameters only, "
+                "QLoRA with fsdp=True (or zero=3) is not modelled: fully_shard shards parameters only, "
                 "and a quantized base is buffers (replicated), as bitsandbytes' FSDP support "
                 "changes; use DDP (zero=0)"
             )
         if job.lora.adapter_dtype is not None:
             raise NotImplementedError(
-                "LoRA adapter_dtype with fsdp=True is not modelled (FSDP2 would all-gather "
+                "LoRA adapter_dtype with fsdp=True (or zero=3) is not modelled (FSDP2 would all-gather "
                 "mixed dtypes in one group)"
             )
         return
@@ -210,5 +210,5 @@ def check_parallel(job: object, parallel: object) -> None:
         raise NotImplementedError(
             f"LoRA/QLoRA with zero={parallel.zero}, zero_partition={parallel.zero_partition!r} "
             "is not modelled yet (DDP zero=0, ZeroRedundancyOptimizer zero=1 by-parameter, or "
-            "fsdp=True for LoRA)"
+            "fsdp=True / zero=3 for LoRA)"
         )

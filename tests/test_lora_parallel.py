@@ -154,6 +154,8 @@ def test_fsdp_optimizer_states_are_the_adapter_shards_only() -> None:
     est = calc.estimate(model, job, calc.Parallelism(dp=2, fsdp=True), device="cpu")
     assert est.peak_phase.startswith("step2/"), est.peak_phase
     assert est.breakdown["optimizer"] == 139264
+    zero3 = calc.estimate(model, job, calc.Parallelism(dp=2, zero=3), device="cpu")
+    assert zero3.peak_bytes == est.peak_bytes  # zero=3 is replayed as FSDP2 too
 
 
 def test_pruning_under_data_parallelism_is_still_refused() -> None:
