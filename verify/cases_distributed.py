@@ -58,6 +58,13 @@ GLOO_ASYNC_NOTE = (
     "in one step of three: +66 KB on 2.65 MB); calc models the release FSDP2 performs, which is "
     "what the CUDA caching allocator counts"
 )
+GLOO_LORA_PCT = 15.0
+GLOO_LORA_NOTE = (
+    "15 %: the same gloo timing as the 3 % FSDP2 cases, relatively larger because a LoRA step "
+    "is small: in 2026-12-03 runs most ranks and steps were exact (0 to +1536 B), but in some "
+    "runs one rank in one step held one more gloo collective buffer: +88064 B (4.4 %) twice, "
+    "the root's all-gather output +262656 B (13 %) once, in the backward"
+)
 MID = {"layers": 3, "hidden": 128, "vocab": 1024}
 """Big enough for several 1 MiB DDP buckets (about 3.3 MiB of fp32 gradients)."""
 
@@ -143,22 +150,22 @@ CASES: tuple[DistCase, ...] = (
           precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4"),
           note="QLoRA, ZeroRedundancyOptimizer, gradients as bucket views"),
     _case("dist-lora-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), lora=LoRA(rank=8),
-          tolerance_pct=GLOO_ASYNC_PCT, note="LoRA under FSDP2: frozen base and adapters "
+          tolerance_pct=GLOO_LORA_PCT, note="LoRA under FSDP2: frozen base and adapters "
           "sharded and all-gathered together; only the adapters' gradients reduce-scattered. "
-          + GLOO_ASYNC_NOTE),
+          + GLOO_LORA_NOTE),
     _case("dist-lora-fsdp2-keep-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, reshard_after_forward=False), lora=LoRA(rank=8),
-          tolerance_pct=GLOO_ASYNC_PCT, note="LoRA, FSDP2 reshard_after_forward=False: the "
-          "gathered frozen base kept from forward to backward. " + GLOO_ASYNC_NOTE),
+          tolerance_pct=GLOO_LORA_PCT, note="LoRA, FSDP2 reshard_after_forward=False: the "
+          "gathered frozen base kept from forward to backward. " + GLOO_LORA_NOTE),
     _case("dist-lora-fsdp2-qv-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
-          lora=LoRA(rank=8, modules=("q", "v")), tolerance_pct=GLOO_ASYNC_PCT,
-          note="adapters on q, v only; two micro-batches. " + GLOO_ASYNC_NOTE),
+          lora=LoRA(rank=8, modules=("q", "v")), tolerance_pct=GLOO_LORA_PCT,
+          note="adapters on q, v only; two micro-batches. " + GLOO_LORA_NOTE),
     _case("dist-lora-fsdp2-recompute-2", "fsdp2", Parallelism(dp=2, fsdp=True),
-          recompute="full", lora=LoRA(rank=8), tolerance_pct=GLOO_ASYNC_PCT,
-          note=GLOO_ASYNC_NOTE),
+          recompute="full", lora=LoRA(rank=8), tolerance_pct=GLOO_LORA_PCT,
+          note=GLOO_LORA_NOTE),
     _case("dist-lora-fsdp2-hf-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
-          lora=LoRA(rank=8), tolerance_pct=GLOO_ASYNC_PCT,
-          note="Hugging Face LlamaForCausalLM with LoRA. " + GLOO_ASYNC_NOTE),
+          lora=LoRA(rank=8), tolerance_pct=GLOO_LORA_PCT,
+          note="Hugging Face LlamaForCausalLM with LoRA. " + GLOO_LORA_NOTE),
     _case("dist-qlora-ddp-2", "ddp", Parallelism(dp=2), precision="bf16", lora=LoRA(rank=8),
           quant=Quant(method="nf4"), tags=Q,
           note="QLoRA: NF4 base (double quantization) replicated, bf16 adapters bucketed"),
