@@ -228,10 +228,9 @@ def estimate(
         x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
     )
     if parallel is not None and not parallel.is_single and compressed:
-        raise NotImplementedError(
-            "parallelism together with LoRA/QLoRA, quantization, pruning or distillation is "
-            "not modelled yet"
-        )
+        from calc.lora import check_parallel
+
+        check_parallel(job, parallel)  # NotImplementedError for the layouts not covered
     if parallel is not None and not isinstance(parallel, Parallelism):
         raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
     if parallel is not None and not parallel.is_single:

@@ -80,6 +80,7 @@ class Fsdp:
     unsharded: set = field(default_factory=set)  # tags whose parameters are unsharded
     pads: dict = field(default_factory=dict)  # leaf storage id -> padding storage
     sharded_grads: dict = field(default_factory=dict)  # leaf storage id -> view of its shard
+    reduced: set = field(default_factory=set)  # tags whose post-backward ran in this backward
 
     # ------------------------------------------------------------------ setup
 
@@ -124,13 +125,16 @@ class Fsdp:
     def _copy_out(self, tape: Tape, g: Group, keep: bool) -> None:
         if g.tag in self.unsharded:
             return
-        if keep and self.kept_ag is not None:  # wait_for_unshard frees the previous result
-            tape.drop(self.kept_ag)
-            self.kept_ag = None
         for p in g.leaves:
             tape.unhide(p.storage, p.name)
             if id(p.storage) in self.pads:
                 tape.unhide(self.pads[id(p.storage)], f"pad:{p.name}")
+        # wait_for_unshard frees the previous forward all-gather result, but its local
+        # ``prev_all_gather_state`` (the walrus in ``_fsdp_param_group.py``) keeps it alive
+        # until the function returns, i.e. through this group's copy-out.
+        if keep and self.kept_ag is not None:
+            tape.drop(self.kept_ag)
+            self.kept_ag = None
         self.unsharded.add(g.tag)
         if keep:
             self.kept_ag = g.ag_out
@@ -160,6 +164,7 @@ class Fsdp:
             self._all_gather(tape, g)
 
     def _post_backward(self, tape: Tape, g: Group) -> None:
+        self.reduced.add(g.tag)
         grads = [tape.grads.pop(id(p.storage), None) for p in g.leaves]
         self._reshard(tape, g)
         while self.rs_inputs:
@@ -167,10 +172,13 @@ class Fsdp:
         have = [(p, gr) for p, gr in zip(g.leaves, grads, strict=True) if gr is not None]
         if not have:
             return
-        rs_in = tape.new(self.n * g.shard_total, g.itemsize, f"fsdp.reduce_scatter_in[{g.tag}]",
+        # Only the parameters with a gradient are reduce-scattered (``fsdp_params_with_grad``):
+        # all of them in full training, the adapters alone under LoRA (frozen base).
+        total = sp.Add(*[n for n, gr in zip(g.shard_numels, grads, strict=True) if gr is not None])
+        rs_in = tape.new(self.n * total, g.itemsize, f"fsdp.reduce_scatter_in[{g.tag}]",
                          tag=g.tag)  # fmt: skip
         tape.drop(*[gr for _, gr in have])
-        out = tape.new(g.shard_total, g.itemsize, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
+        out = tape.new(total, g.itemsize, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
         for p, _ in have:
             key = id(p.storage)
             if self.offload == "none" and key not in self.sharded_grads:
@@ -219,12 +227,20 @@ class Fsdp:
 
     def start_backward(self, tape: Tape) -> None:
         """The root's pre-backward: unshard it, prefetch the last layer's all-gather."""
+        self.reduced = set()
         self._unshard(tape, self.groups["root"], forward=False)
         if self.order:
             self._prefetch(tape, self.order[-1])
 
     def end_backward(self, tape: Tape) -> None:
-        """The final callback: the root's post-backward, then the last reduce-scatter input."""
+        """The final callback (``_root_post_backward_final_callback``): in ``named_modules()``
+        pre-order (root, then the layers in order), the post-backward of every group whose
+        own did not run: the root, and a layer whose forward inputs needed no gradient (the
+        first layer under LoRA: a frozen embedding's output); then the last reduce-scatter
+        input is freed."""
         self._post_backward(tape, self.groups["root"])
+        for tag in self.order:
+            if tag not in self.reduced:
+                self._post_backward(tape, self.groups[tag])
         while self.rs_inputs:
             tape.drop(self.rs_inputs.pop(0))

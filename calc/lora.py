@@ -53,6 +53,14 @@ def adapter_numels(model: object, lora: LoRA) -> tuple[int, ...]:
     return tuple(out)
 
 
+def trainable_numels(model: object, job: object) -> list[int] | None:
+    """Elements of every trainable parameter in ``model.parameters()`` order when ``job``
+    trains LoRA adapters (per layer, `adapter_numels`), else None (all parameters train)."""
+    if getattr(job, "lora", None) is None:
+        return None
+    return list(adapter_numels(model, job.lora)) * model.n_layers
+
+
 def lora_linear(
     tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, rank: Size,
     rows: Size, out_features: Size, name: str,
@@ -150,3 +158,57 @@ def _lora_hook(base: Tensor, a: Tensor, b: Tensor, rank: int):
         return lora_linear(tape, x, base, bias, a, b, rank, rows, out, name)
 
     return hook
+
+
+def check_parallel(job: object, parallel: object) -> None:
+    """Raise ``NotImplementedError`` unless ``job``'s compression under ``parallel`` (not a
+    single GPU) is a combination the cost model covers and verify measured.
+
+    Covered: LoRA or QLoRA (``job.lora``, optionally ``job.quant``) with plain data
+    parallelism (DDP, ``zero=0``, either ``gradient_as_bucket_view``). The frozen base has
+    ``requires_grad=False``, so DDP's reducer leaves it out of its buckets
+    (``torch/nn/parallel/distributed.py``: ``_build_params_for_reducer`` keeps parameters
+    with ``requires_grad`` only): the buckets hold the adapters' gradients, in the order they
+    become ready, as for any trainable parameters (`calc.data_parallel`). LoRA (16-bit base,
+    adapters in the base's dtype) under FSDP2 ``fully_shard`` per layer and root: the frozen
+    base is sharded and all-gathered with the adapters, and only the parameters with a gradient
+    (the adapters) are reduce-scattered (``FSDPParamGroup.post_backward``,
+    ``fsdp_params_with_grad``; `calc.fsdp`).
+    """
+    if job.pruning is not None or job.distill is not None:
+        raise NotImplementedError(
+            "parallelism together with pruning or distillation is not modelled yet"
+        )
+    if job.lora is None:
+        raise NotImplementedError(
+            "parallelism with a quantized base and no LoRA adapters is not modelled"
+        )
+    others = [f"{name}={getattr(parallel, name)}" for name in ("tp", "pp", "cp")
+              if getattr(parallel, name) > 1]  # fmt: skip
+    if others:
+        raise NotImplementedError(
+            f"LoRA/QLoRA with {', '.join(others)} is not modelled yet (data parallelism only)"
+        )
+    if parallel.offload != "none":
+        raise NotImplementedError(f"LoRA/QLoRA with offload={parallel.offload!r} is not modelled")
+    if parallel.shard_level == 3:  # fsdp=True or zero=3: both replay FSDP2 (calc.fsdp)
+        if job.quant is not None:
+            raise NotImplementedError(
+                "QLoRA with fsdp=True (or zero=3) is not modelled: fully_shard shards parameters only, "
+                "and a quantized base is buffers (replicated), as bitsandbytes' FSDP support "
+                "changes; use DDP (zero=0)"
+            )
+        if job.lora.adapter_dtype is not None:
+            raise NotImplementedError(
+                "LoRA adapter_dtype with fsdp=True (or zero=3) is not modelled (FSDP2 would all-gather "
+                "mixed dtypes in one group)"
+            )
+        return
+    if parallel.zero == 1 and parallel.zero_partition == "by-parameter":
+        return
+    if parallel.shard_level > 0:
+        raise NotImplementedError(
+            f"LoRA/QLoRA with zero={parallel.zero}, zero_partition={parallel.zero_partition!r} "
+            "is not modelled yet (DDP zero=0, ZeroRedundancyOptimizer zero=1 by-parameter, or "
+            "fsdp=True / zero=3 for LoRA)"
+        )

@@ -19,6 +19,7 @@ Conventions (what PyTorch and Megatron-LM do, cited per field):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal, get_args
 
@@ -267,8 +268,13 @@ def global_rank(parallel: Parallelism, dp: int = 0, pp: int = 0, cp: int = 0, tp
     return ((dp * parallel.pp + pp) * parallel.cp + cp) * parallel.tp + tp
 
 
-def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
+def rank_classes(
+    model: ModelSpec, parallel: Parallelism, trainable_numels: Sequence[int] | None = None
+) -> list[RankClass]:
     """The classes of ranks of ``parallel`` and what each holds, decided by `holding`.
+    ``trainable_numels``: elements of the trainable parameters in ``parameters()`` order when
+    not all of the model's parameters train (LoRA: the adapters, `calc.lora.trainable_numels`);
+    ``ZeroRedundancyOptimizer`` partitions those.
 
     Raises ``NotImplementedError`` naming what the cost model does not cover yet.
     """
@@ -327,7 +333,7 @@ def rank_classes(model: ModelSpec, parallel: Parallelism) -> list[RankClass]:
             f"is not the same in every layer); {local.n_layers} layers is beyond "
             f"{BY_PARAMETER_MAX_LAYERS}: use zero_partition='shard' (states 1/dp per parameter)"
         )
-    numels = _param_numels(local)
+    numels = _param_numels(local) if trainable_numels is None else list(trainable_numels)
     parts = zero_redundancy_partition(numels, parallel.dp)
     out = []
     for d, part in enumerate(parts):

@@ -37,7 +37,11 @@ def estimate_parallel(
         from calc.pipeline import stage_results
 
         results = stage_results(model, job, parallel, device)
-    for rc in rank_classes(model, parallel) if parallel.pp == 1 else ():
+    from calc.lora import trainable_numels
+
+    for rc in (
+        rank_classes(model, parallel, trainable_numels(model, job)) if parallel.pp == 1 else ()
+    ):
         results.append((rc, _estimate_class(model, job, parallel, rc, device)))
     rank_peaks: dict[int, int] = {}
     for rc, est in results:

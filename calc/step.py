@@ -140,7 +140,10 @@ def replay_training(
                 "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
             )
         fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
-        fsdp.install(tape, params, shapes)
+        if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.lora)
+            fsdp.install(tape, [*w.parameters(), *params], [*w.shapes(sh), *shapes])
+        else:
+            fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)
     if grad_order is not None:
         tape.grad_hook = _recording(tape.grad_hook, grad_order)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from calc.compression import LoRA, Quant
 from calc.jobs import Training
 from calc.parallel import Parallelism
 from verify.distributed import DistCase
@@ -56,6 +57,13 @@ GLOO_ASYNC_NOTE = (
     "previous group's reduce-scatter input alive past the point FSDP2 drops it (seen on one rank "
     "in one step of three: +66 KB on 2.65 MB); calc models the release FSDP2 performs, which is "
     "what the CUDA caching allocator counts"
+)
+GLOO_LORA_PCT = 15.0
+GLOO_LORA_NOTE = (
+    "15 %: the same gloo timing as the 3 % FSDP2 cases, relatively larger because a LoRA step "
+    "is small: in 2026-12-03 runs most ranks and steps were exact (0 to +1536 B), but in some "
+    "runs one rank in one step held one more gloo collective buffer: +88064 B (4.4 %) twice, "
+    "the root's all-gather output +262656 B (13 %) once, in the backward"
 )
 MID = {"layers": 3, "hidden": 128, "vocab": 1024}
 """Big enough for several 1 MiB DDP buckets (about 3.3 MiB of fp32 gradients)."""
@@ -118,4 +126,55 @@ CASES: tuple[DistCase, ...] = (
           + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    # LoRA / QLoRA under DDP: the frozen base (requires_grad=False) is not in the reducer's
+    # buckets; the buckets hold the adapters' gradients only.
+    _case("dist-lora-ddp-2", "ddp", Parallelism(dp=2), lora=LoRA(rank=8), tags=Q,
+          note="LoRA r8 on all seven linears, fp32: buckets of the adapters' gradients only"),
+    _case("dist-lora-ddp-view-2", "ddp", Parallelism(dp=2, gradient_as_bucket_view=True),
+          lora=LoRA(rank=8), note="LoRA with gradient_as_bucket_view"),
+    _case("dist-lora-ddp-buckets-2", "ddp", Parallelism(dp=2, ddp_bucket_mib=1), scale=MID,
+          lora=LoRA(rank=64), note="LoRA r64: several 1 MiB buckets of adapter gradients"),
+    _case("dist-lora-ddp-view-buckets-2", "ddp",
+          Parallelism(dp=2, ddp_bucket_mib=1, gradient_as_bucket_view=True), scale=MID,
+          lora=LoRA(rank=64), note="LoRA r64, 1 MiB buckets, gradients as bucket views "
+          "(the optimizer-step peak holds the buckets once, not gradients plus buckets)"),
+    _case("dist-lora-ddp-accum-2", "ddp", Parallelism(dp=2), grad_accum=2, lora=LoRA(rank=8),
+          note="two micro-batches per step, both all-reduced"),
+    _case("dist-lora-ddp-qv-bf16-2", "ddp", Parallelism(dp=2), precision="bf16",
+          lora=LoRA(rank=4, modules=("q", "v")), note="bf16 base and adapters on q, v"),
+    _case("dist-lora-zero1-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM),
+          lora=LoRA(rank=8), note="ZeroRedundancyOptimizer over the adapters (the trainable "
+          "parameters): each rank holds the states of its adapters"),
+    _case("dist-qlora-zero1-view-2", "zero1",
+          Parallelism(dp=2, zero=1, zero_partition=BY_PARAM, gradient_as_bucket_view=True),
+          precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4"),
+          note="QLoRA, ZeroRedundancyOptimizer, gradients as bucket views"),
+    _case("dist-lora-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), lora=LoRA(rank=8),
+          tolerance_pct=GLOO_LORA_PCT, note="LoRA under FSDP2: frozen base and adapters "
+          "sharded and all-gathered together; only the adapters' gradients reduce-scattered. "
+          + GLOO_LORA_NOTE),
+    _case("dist-lora-fsdp2-keep-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, reshard_after_forward=False), lora=LoRA(rank=8),
+          tolerance_pct=GLOO_LORA_PCT, note="LoRA, FSDP2 reshard_after_forward=False: the "
+          "gathered frozen base kept from forward to backward. " + GLOO_LORA_NOTE),
+    _case("dist-lora-fsdp2-qv-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
+          lora=LoRA(rank=8, modules=("q", "v")), tolerance_pct=GLOO_LORA_PCT,
+          note="adapters on q, v only; two micro-batches. " + GLOO_LORA_NOTE),
+    _case("dist-lora-fsdp2-recompute-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          recompute="full", lora=LoRA(rank=8), tolerance_pct=GLOO_LORA_PCT,
+          note=GLOO_LORA_NOTE),
+    _case("dist-lora-fsdp2-hf-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
+          lora=LoRA(rank=8), tolerance_pct=GLOO_LORA_PCT,
+          note="Hugging Face LlamaForCausalLM with LoRA. " + GLOO_LORA_NOTE),
+    _case("dist-qlora-ddp-2", "ddp", Parallelism(dp=2), precision="bf16", lora=LoRA(rank=8),
+          quant=Quant(method="nf4"), tags=Q,
+          note="QLoRA: NF4 base (double quantization) replicated, bf16 adapters bucketed"),
+    _case("dist-qlora-ddp-view-2", "ddp", Parallelism(dp=2, gradient_as_bucket_view=True),
+          precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4")),
+    _case("dist-qlora-ddp-hf-2", "ddp", Parallelism(dp=2), implementation="hf",
+          precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4"), tolerance_pct=3.0,
+          note="Hugging Face LlamaForCausalLM, QLoRA under DDP (hf cases' 3 % bar)"),
+    _case("dist-qlora-ddp-fp32-adapters-2", "ddp", Parallelism(dp=2), precision="bf16",
+          lora=LoRA(rank=16, adapter_dtype="fp32"), quant=Quant(method="nf4"),
+          note="QLoRA as peft sets it up: fp32 adapters, fp32 buckets over a bf16 model"),
 )  # fmt: skip

@@ -92,7 +92,7 @@ def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     wrapped = _ddp(case, model)
     cls, extra = _OPTIM_CLASSES[job.optimizer]
     opt = ZeroRedundancyOptimizer(
-        list(model.parameters()),
+        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
         optimizer_class=cls,
         **extra,
         lr=LEARNING_RATE,
