@@ -108,14 +108,16 @@ def phase_rows(est: Estimate) -> list[dict[str, object]]:
     ]
 
 
-def symbol_rows(est: Estimate) -> list[dict[str, object]]:
+def symbol_rows(est: Estimate, inference: bool = False) -> list[dict[str, object]]:
     """The symbols of the peak formula: ``symbol`` (LaTeX), ``meaning``
-    (``calc.symbols.DESCRIPTIONS``) and ``value`` at this estimate, in ``ALL_SYMBOLS`` order."""
+    (``calc.symbols.DESCRIPTIONS``, or ``INFERENCE_DESCRIPTIONS`` for an inference job) and
+    ``value`` at this estimate, in ``ALL_SYMBOLS`` order."""
     used = est.peak_expression.free_symbols
+    meanings = S.INFERENCE_DESCRIPTIONS if inference else S.DESCRIPTIONS
     return [
         {
             "symbol": sp.latex(sym),
-            "meaning": S.DESCRIPTIONS[sym],
+            "meaning": meanings[sym],
             "value": int(est.values[sym]),
         }
         for sym in S.ALL_SYMBOLS

@@ -54,3 +54,10 @@ DESCRIPTIONS: dict[sp.Symbol, str] = {
     V: "vocabulary size",
     P: "learned positions (GPT-2 wpe rows)",
 }
+INFERENCE_DESCRIPTIONS: dict[sp.Symbol, str] = {
+    **DESCRIPTIONS,
+    b: "batch size (sequences served together)",
+    s: "prompt length (tokens of the prefill)",
+}
+"""``DESCRIPTIONS`` for an inference job, where ``b`` is the served batch and ``s`` the prompt
+(``calc.estimate.values_for``)."""

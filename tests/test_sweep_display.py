@@ -79,6 +79,14 @@ def test_symbol_rows_list_the_formulas_symbols_with_values_in_symbol_order() -> 
     assert rows[0]["meaning"] == S.DESCRIPTIONS[S.b]
 
 
+def test_symbol_rows_of_an_inference_job_call_b_the_batch_and_s_the_prompt() -> None:
+    rows = display.symbol_rows(_estimate(TREE, {"fwd": 1}, "fwd"), inference=True)
+    meaning = {r["symbol"]: r["meaning"] for r in rows}
+    assert "micro-batch" not in meaning["b"] and "batch" in meaning["b"]
+    assert "prompt" in meaning["s"]
+    assert meaning["h"] == S.DESCRIPTIONS[S.h]
+
+
 def test_latex_lines_breaks_a_sum_every_n_terms() -> None:
     x = sp.symbols("x1:6")
     text = display.latex_lines(sum(x), terms_per_line=2)  # 5 terms: 2 + 2 + 1

@@ -145,7 +145,8 @@ st.latex(r"\text{peak} = " + display.latex_lines(est.peak_expression))
 st.markdown(
     "| symbol | meaning | value |\n|---|---|---:|\n"
     + "\n".join(
-        f"| ${r['symbol']}$ | {r['meaning']} | {r['value']:,} |" for r in display.symbol_rows(est)
+        f"| ${r['symbol']}$ | {r['meaning']} | {r['value']:,} |"
+        for r in display.symbol_rows(est, inference=isinstance(job, calc.Inference))
     )
 )
 if est.notes:
