@@ -4,10 +4,12 @@ Given a model, a task, a sequence length, a global batch and a hardware budget (
 catalog, ``calc.gpus``, and a count), the planner enumerates every configuration the cost model
 covers (the axes of ``calc.plan_axes``: precision x optimizer x recompute x micro-batch on one
 GPU; on 2+ GPUs training adds the parallel layout, ``calc.plan_layouts``; tasks ``lora`` and
-``qlora`` train LoRA adapters over a 16-bit or nf4 base), evaluates the peak of all of them,
-on one GPU with compiled, vectorised expressions (``calc.plan_grid``: the same timelines as
-``calc.estimate``), on 2+ GPUs per configuration with ``calc.estimate(model, job, parallel)``,
-so every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
+``qlora`` train LoRA adapters over a 16-bit or nf4 base), evaluates the peak of all of them
+with compiled, vectorised expressions (``calc.plan_grid``: the same timelines as
+``calc.estimate``, persisted; on 2+ GPUs one table per class of ranks of each layout,
+``calc.ranks.rank_replays``, with DDP's buckets as per-step constants; pipeline and context
+parallelism and compressed jobs on 2+ GPUs fall back to one ``calc.estimate`` call each), so
+every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
 returns those that fit, ranked by a throughput proxy (``calc.throughput``) or by headroom, with the reason each
 other one fails and the error observed on the nearest verified cases (``calc.evidence``).
 
@@ -95,7 +97,9 @@ def plan(
     ``task="lora"``/``"qlora"``: the jobs get ``calc.LoRA(rank=16)`` (and ``calc.Quant(
     method="nf4")``) unless ``base`` sets them. Training on 2+ GPUs enumerates the layouts of
     ``calc.plan_layouts`` (axis ``parallel``) and holds ``precision`` and ``optimizer`` at
-    ``base``'s values unless ``fixed`` lists them (each layout compiles its own replays).
+    ``base``'s values unless ``fixed`` lists them (``calc.plan_engine.HELD_ON_MANY_GPUS``: each
+    layout compiles its own rank-class tables once; ``precompile(..., gpu_count=n)`` compiles
+    them ahead, after which a plan in a new process reads them from the persistent cache).
     Configurations the cost model does not cover are returned as excluded, ``not modelled:``.
 
     Raises ``ValueError`` for bad input (naming the field).
