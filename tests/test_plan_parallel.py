@@ -168,3 +168,30 @@ def test_rank_tables_survive_the_json_round_trip() -> None:
     assert plan_grid.structure_id(z3.model, z3.job, z3.options) != plan_grid.structure_id(
         rr.model, rr.job, rr.options
     )
+
+
+def test_layouts_with_several_rank_classes_take_the_most_loaded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from calc import plan_axes, plan_layouts
+    from calc.ranks import rank_replays
+
+    # ZeroRedundancyOptimizer's by-parameter partition (not enumerated by default): each dp
+    # rank owns other parameters' states, so the two dp ranks are two classes of ranks
+    by_param = calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter")
+    table = {"dp2-zero1-by-parameter": by_param, "dp2-zero0": calc.Parallelism(dp=2)}
+    monkeypatch.setattr(plan_layouts, "layouts", lambda n: table)
+    monkeypatch.setattr(plan_axes, "layouts", lambda n: table)
+    job = calc.Training(micro_batch=1, seq_len=8, precision="fp32", optimizer="adamw")
+    assert len(rank_replays(TINY, job, by_param, "cuda")) == 2
+    fixed = {"precision": ("fp32", "bf16"), "optimizer": ("adamw",), "recompute": ("none",)}
+    p = _plan(2, 4, fixed)
+    assert p.n_configurations == 2 * 2 * 2
+    rows = p.fitting + p.excluded
+    for e in rows:
+        est = calc.estimate(TINY, e.config.job, e.config.parallel)
+        assert e.peak_bytes == est.peak_bytes and e.peak_phase == est.peak_phase
+    # the peaks of the two classes differ (else the maximum would not be exercised)
+    one = next(e for e in rows if e.config.choices["parallel"] == "dp2-zero1-by-parameter")
+    est = calc.estimate(TINY, one.config.job, by_param)
+    assert len(set(est.rank_peaks.values())) == 2
