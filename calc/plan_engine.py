@@ -41,10 +41,13 @@ QLoRA are training jobs with ``lora`` (and ``quant``) set, ``task_fields``)."""
 NOT_MODELLED_TASKS: dict[str, str] = {}
 """Tasks of ``plan_result.TASKS`` the cost model does not cover (none today)."""
 HELD_ON_MANY_GPUS = ("precision", "optimizer")
-"""Axes held at the base job's value for training on 2+ GPUs unless ``fixed`` lists values:
-each multi-GPU configuration compiles one replay per rank class and layout (seconds each for a
-7B model, ``calc.plan_layouts``), so the default grid there is layouts x recompute x
-micro-batch."""
+"""Axes held at the base job's value for training on 2+ GPUs unless ``fixed`` lists values.
+Evaluation is vectorised and persisted there too (one table per rank class, layout and
+structure, ``calc.plan_grid``), but each table is one symbolic replay (4-7 s for qwen2.5-7b on
+one core, mostly ``calc.tape``'s recording): the default grid of layouts x recompute x
+micro-batch compiles 33-90 tables once (4-6 minutes on 2, 4 or 8 GPUs); enumerating the
+5 precisions x 7 optimizers as well would make that about 35 times more (hours), so they stay
+held."""
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
