@@ -100,10 +100,21 @@ def test_plan_on_two_gpus_fixes_a_layout(config: Path, capsys: pytest.CaptureFix
 
 
 def test_two_gpu_workers_precompile_rank_tables(
-    config: Path, capsys: pytest.CaptureFixture[str]
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import calc
+    from calc import plan_cli
     from calc.parallel import Parallelism
+
+    compiled: list[tuple[int, int]] = []
+    real = plan_cli.P.precompile
+
+    def recording(*args: object, **kw: object) -> int:
+        done = real(*args, **kw)  # type: ignore[arg-type]
+        compiled.append((kw["gpu_count"], done))  # type: ignore[arg-type]
+        return done
+
+    monkeypatch.setattr(plan_cli.P, "precompile", recording)
 
     argv = [
         "plan", "--config", str(config), "--seq-len", "8", "--global-batch", "4", "--gpus", "2",
@@ -112,6 +123,8 @@ def test_two_gpu_workers_precompile_rank_tables(
     ]  # fmt: skip
     # two workers compile the rank-class tables before the plan: the plan compiles nothing
     assert main([*argv, "--workers", "2"]) == 0
+    # DDP and ZeRO-2 (one class of ranks each), grad_accum 1 and >= 2: 4 tables
+    assert compiled == [(2, 4)]
     first = json.loads(capsys.readouterr().out)
     plan_grid.clear_memory_cache()
     from calc import plan as P
