@@ -239,7 +239,7 @@ class Evaluator:
 
     def _parallel_row(self, choices: Mapping, job: Training | Inference) -> Evaluated:
         """One multi-GPU training configuration through ``calc.estimate(model, job, parallel)``
-        (``calc.ranks``), one call per configuration: the fallback for what ``_parallel_groups``
+        (``calc.ranks``), one call per configuration: the fallback for what ``_parallel_group``
         does not vectorise (pipeline or context parallelism, compressed jobs)."""
         from calc.estimate import estimate
 
