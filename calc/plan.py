@@ -4,10 +4,12 @@ Given a model, a task, a sequence length, a global batch and a hardware budget (
 catalog, ``calc.gpus``, and a count), the planner enumerates every configuration the cost model
 covers (the axes of ``calc.plan_axes``: precision x optimizer x recompute x micro-batch on one
 GPU; on 2+ GPUs training adds the parallel layout, ``calc.plan_layouts``; tasks ``lora`` and
-``qlora`` train LoRA adapters over a 16-bit or nf4 base), evaluates the peak of all of them,
-on one GPU with compiled, vectorised expressions (``calc.plan_grid``: the same timelines as
-``calc.estimate``), on 2+ GPUs per configuration with ``calc.estimate(model, job, parallel)``,
-so every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
+``qlora`` train LoRA adapters over a 16-bit or nf4 base), evaluates the peak of all of them
+with compiled, vectorised expressions (``calc.plan_grid``: the same timelines as
+``calc.estimate``, persisted; on 2+ GPUs one table per class of ranks of each layout,
+``calc.ranks.rank_replays``, with DDP's buckets as per-step constants; pipeline and context
+parallelism and compressed jobs on 2+ GPUs fall back to one ``calc.estimate`` call each), so
+every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
 returns those that fit, ranked by a throughput proxy (``calc.throughput``) or by headroom, with the reason each
 other one fails and the error observed on the nearest verified cases (``calc.evidence``).
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from calc import plan_grid
+from calc.estimate import SINGLE, ReplayOptions
 from calc.evidence import ErrorBar
 from calc.gpus import GPU
 from calc.jobs import DEVICES, Inference, Training, check_choice, check_size
@@ -37,6 +40,7 @@ from calc.plan_engine import (
     grid_entries,
     job_context,
     kind_of,
+    parallel_tables,
     split,
     verified_cases_of,
 )
@@ -93,7 +97,9 @@ def plan(
     ``task="lora"``/``"qlora"``: the jobs get ``calc.LoRA(rank=16)`` (and ``calc.Quant(
     method="nf4")``) unless ``base`` sets them. Training on 2+ GPUs enumerates the layouts of
     ``calc.plan_layouts`` (axis ``parallel``) and holds ``precision`` and ``optimizer`` at
-    ``base``'s values unless ``fixed`` lists them (each layout compiles its own replays).
+    ``base``'s values unless ``fixed`` lists them (``calc.plan_engine.HELD_ON_MANY_GPUS``: each
+    layout compiles its own rank-class tables once; ``precompile(..., gpu_count=n)`` compiles
+    them ahead, after which a plan in a new process reads them from the persistent cache).
     Configurations the cost model does not cover are returned as excluded, ``not modelled:``.
 
     Raises ``ValueError`` for bad input (naming the field).
@@ -125,6 +131,7 @@ def precompile(
     task: Task,
     seq_len: int = 2048,
     global_batch: int = 1,
+    gpu_count: int = 1,
     fixed: Mapping[str, object] | None = None,
     base: Training | Inference | None = None,
     device: str = "cuda",
@@ -132,44 +139,55 @@ def precompile(
     workers: int = 1,
 ) -> int:
     """Compile (into the persistent cache) every structure a plan of ``task`` on ``model``
-    needs; returns how many were compiled now. ``progress(done, total)`` after each.
+    over ``gpu_count`` GPUs needs; returns how many were compiled now. ``progress(done,
+    total)`` after each. Training on 2+ GPUs: the tables of every rank class of every layout
+    (``calc.plan_engine.parallel_tables``); ``global_batch`` must then be a multiple of
+    ``gpu_count`` (it decides the micro-batches, which do not change the structures).
 
     ``workers > 1`` compiles in that many processes (each structure is independent; the
     results meet in the persistent cache, so this needs a writable cache folder)."""
     kind = kind_of(task)
     check_choice("device", device, DEVICES)
     check_size("workers", workers, 1, 1024)
-    ctx = context(kind, seq_len, global_batch, 1)
+    ctx = context(kind, seq_len, global_batch, gpu_count)
     base_fields = base_fields_of(kind, base, task)
     entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields), base_fields)
-    keys = {plan_grid.structure_id(model, j): j for _, j in entries if not isinstance(j, str)}
-    if kind == TRAINING:  # grad_accum 1 and >= 2 are two structures: compile both
-        from dataclasses import replace
+    targets: dict = {}
+    if kind == TRAINING and gpu_count > 1:
+        for key, (local, job, opts) in parallel_tables(model, ctx, entries, device).items():
+            targets[key] = (local, job, opts)
+    else:
+        for _, job in entries:
+            if not isinstance(job, str):
+                targets.setdefault(plan_grid.structure_id(model, job), (model, job, SINGLE))
+        if kind == TRAINING:  # grad_accum 1 and >= 2 are two structures: compile both
+            from dataclasses import replace
 
-        for job in list(keys.values()):
-            other = replace(job, grad_accum=2 if job.grad_accum == 1 else 1)  # type: ignore[arg-type]
-            keys.setdefault(plan_grid.structure_id(model, other), other)
-    jobs = list(keys.values())
+            for _m, job, _o in list(targets.values()):
+                other = replace(job, grad_accum=2 if job.grad_accum == 1 else 1)
+                targets.setdefault(plan_grid.structure_id(model, other), (model, other, SINGLE))
+    jobs = list(targets.values())
     if workers > 1 and len(jobs) > 1:
-        return _precompile_parallel(model, jobs, device, progress, workers)
+        return _precompile_parallel(jobs, device, progress, workers)
     compiled = 0
-    for n, job in enumerate(jobs):
+    for n, (local, job, opts) in enumerate(jobs):
         if progress is not None:
             progress(n, len(jobs))
-        compiled += int(plan_grid.structure_table(model, job, device)[1])
+        compiled += int(_compile_one(local, job, device, opts))
     if progress is not None:
         progress(len(jobs), len(jobs))
     return compiled
 
 
-def _compile_one(model: ModelSpec, job: Training | Inference, device: str) -> bool:
+def _compile_one(
+    model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
+) -> bool:
     """Worker of ``precompile``: compile one structure into the persistent cache."""
-    return plan_grid.structure_table(model, job, device)[1]
+    return plan_grid.structure_table(model, job, device, opts=opts)[1]
 
 
 def _precompile_parallel(
-    model: ModelSpec, jobs: list, device: str, progress: Callable[[int, int], None] | None,
-    workers: int,
+    jobs: list, device: str, progress: Callable[[int, int], None] | None, workers: int,
 ) -> int:  # fmt: skip
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -177,13 +195,13 @@ def _precompile_parallel(
     compiled = 0
     ctx = multiprocessing.get_context("spawn")  # no forked BLAS or sympy state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        futures = [pool.submit(_compile_one, model, job, device) for job in jobs]
+        futures = [pool.submit(_compile_one, m, job, device, opts) for m, job, opts in jobs]
         for n, fut in enumerate(as_completed(futures)):
             compiled += int(fut.result())
             if progress is not None:
                 progress(n + 1, len(jobs))
-    for job in jobs:  # read the results back into this process (from the cache)
-        plan_grid.structure_table(model, job, device)
+    for m, job, opts in jobs:  # read the results back into this process (from the cache)
+        plan_grid.structure_table(m, job, device, opts=opts)
     return compiled
 
 

@@ -170,10 +170,11 @@ def run(args: argparse.Namespace) -> int:
     context(kind, args.seq_len, args.global_batch, args.gpus)
     if args.rank_by not in RANK_BYS:
         raise ValueError(f"rank_by={args.rank_by!r} is not one of {', '.join(map(repr, RANK_BYS))}")
-    if args.workers > 1 and (kind != "training" or args.gpus == 1):
+    if args.workers > 1:  # compile what is missing from the cache in parallel, then plan
         P.precompile(
             model, task=args.task, seq_len=args.seq_len, global_batch=args.global_batch,
-            fixed=fixed, device=args.device, progress=_progress, workers=args.workers,
+            gpu_count=args.gpus, fixed=fixed, device=args.device, progress=_progress,
+            workers=args.workers,
         )  # fmt: skip
     result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)  # type: ignore[arg-type]
     least = P.least_hardware(model, **common) if args.least_hardware else None  # type: ignore[arg-type]

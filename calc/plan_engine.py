@@ -12,10 +12,12 @@ from dataclasses import replace
 import numpy as np
 
 from calc import plan_eval, plan_grid
+from calc.estimate import ReplayOptions
 from calc.evidence import ErrorBar, VerifiedCase, error_bar, verified_cases
 from calc.gpus import GPU, get_gpu
 from calc.jobs import Inference, Training, check_choice, check_size
 from calc.model_spec import ModelSpec
+from calc.parallel import Parallelism
 from calc.plan_axes import (
     INFERENCE,
     TRAINING,
@@ -39,10 +41,13 @@ QLoRA are training jobs with ``lora`` (and ``quant``) set, ``task_fields``)."""
 NOT_MODELLED_TASKS: dict[str, str] = {}
 """Tasks of ``plan_result.TASKS`` the cost model does not cover (none today)."""
 HELD_ON_MANY_GPUS = ("precision", "optimizer")
-"""Axes held at the base job's value for training on 2+ GPUs unless ``fixed`` lists values:
-each multi-GPU configuration compiles one replay per rank class and layout (seconds each for a
-7B model, ``calc.plan_layouts``), so the default grid there is layouts x recompute x
-micro-batch."""
+"""Axes held at the base job's value for training on 2+ GPUs unless ``fixed`` lists values.
+Evaluation is vectorised and persisted there too (one table per rank class, layout and
+structure, ``calc.plan_grid``), but each table is one symbolic replay (4-7 s for qwen2.5-7b on
+one core, mostly ``calc.tape``'s recording): the default grid of layouts x recompute x
+micro-batch compiles 33-90 tables once (4-6 minutes on 2, 4 or 8 GPUs); enumerating the
+5 precisions x 7 optimizers as well would make that about 35 times more (hours), so they stay
+held."""
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
@@ -214,38 +219,113 @@ class Evaluator:
         )  # fmt: skip
         return headroom, headroom >= 0, reason
 
+    def _layout(
+        self, choices: Mapping, job: Training | Inference
+    ) -> tuple[Mapping, Training | Inference, str, Parallelism]:
+        return layout_job(choices, job, self.ctx.gpu_count)
+
+    def _parallel_done(
+        self, choices: Mapping, job: Training | Inference, label: str, parallel: Parallelism,
+        peak: int, phase: str,
+    ) -> Evaluated:  # fmt: skip
+        headroom, fits, reason = self._verdict(peak)
+        key = ("parallel", label, plan_grid.structure_id(self.model, job))
+        comm = communication_factor(parallel)
+        return self._row(
+            choices, job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
+            throughput_proxy=throughput_proxy(self.model, job, comm), reason=reason,
+            error_bar=self._bar(key, job), peak_phase=phase,
+        )  # fmt: skip
+
     def _parallel_row(self, choices: Mapping, job: Training | Inference) -> Evaluated:
         """One multi-GPU training configuration through ``calc.estimate(model, job, parallel)``
-        (``calc.ranks``: its rank classes' compiled replays plus constant extras), one call
-        per configuration: not vectorised (``calc.plan_layouts``)."""
+        (``calc.ranks``), one call per configuration: the fallback for what ``_parallel_group``
+        does not vectorise (pipeline or context parallelism, compressed jobs)."""
         from calc.estimate import estimate
 
-        label = choices.get("parallel") or default_layout(self.ctx.gpu_count)
-        parallel = layout_of(label, self.ctx.gpu_count)
-        if parallel.tp > 1 and isinstance(job, Training) and job.implementation == "hf":
-            # tensor parallelism is replayed for the reference modeling code only (Megatron-
-            # style column/row splits, calc.tensor_parallel): the row says so in its choices
-            job = replace(job, implementation="reference")
-            choices = {**choices, "implementation": "reference"}
+        choices, job, label, parallel = self._layout(choices, job)
         try:
             est = estimate(self.model, job, parallel, self.device)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
         except ValueError as exc:
             return self._row(choices, job, reason=f"invalid: {exc}")
-        headroom, fits, reason = self._verdict(est.peak_bytes)
-        key = ("parallel", label, plan_grid.structure_id(self.model, job))
-        comm = communication_factor(parallel)
-        return self._row(
-            choices, job, peak_bytes=est.peak_bytes, fits=fits, headroom_bytes=headroom,
-            throughput_proxy=throughput_proxy(self.model, job, comm), reason=reason,
-            error_bar=self._bar(key, job), peak_phase=est.peak_phase,
-        )  # fmt: skip
+        return self._parallel_done(choices, job, label, parallel, est.peak_bytes, est.peak_phase)
+
+    def _parallel_entry(
+        self, choices: Mapping, job: Training | Inference
+    ) -> Evaluated | tuple[tuple, tuple]:
+        """A multi-GPU training entry: its row when it is settled now (invalid, not modelled,
+        or not vectorised: ``_parallel_row``), else its group key and what its rows need."""
+        from calc.ranks import rank_replays
+
+        choices, job, label, parallel = self._layout(choices, job)
+        if not vectorised(job, parallel):
+            return self._parallel_row(choices, job)
+        try:
+            replays = rank_replays(self.model, job, parallel, self.device)
+        except NotImplementedError as exc:
+            return self._row(choices, job, reason=f"not modelled: {exc}")
+        except ValueError as exc:
+            return self._row(choices, job, reason=f"invalid: {exc}")
+        key = (label, plan_grid.structure_id(self.model, job))
+        return key, (choices, job, label, parallel, replays)
+
+    def _parallel_group(self, items: list[tuple], points: dict) -> list[Evaluated]:
+        """Rows of multi-GPU entries sharing a layout and a structure: per class of ranks, one
+        vectorised evaluation of every micro-batch (``calc.plan_eval.grid_peaks`` over the
+        class's table, ``calc.plan_grid``, with DDP's buckets and the other constants of
+        ``calc.ranks`` as per-step extras); each row's peak is the most-loaded class's (ties:
+        the lowest rank), as ``calc.ranks.estimate_parallel`` takes it."""
+        from calc.ranks import expand_layers
+
+        replays = items[0][4]
+        jobs = [it[1] for it in items]
+        b, s, c = (np.array(v) for v in zip(*(sizes_of(j) for j in jobs), strict=True))
+        best_peak = np.full(len(items), -1, dtype=np.int64)
+        best_rank = np.zeros(len(items), dtype=np.int64)
+        best_phase = [""] * len(items)
+        for rr in replays:
+            try:
+                table, fresh = plan_grid.structure_table(rr.model, rr.job, self.device,
+                                                         opts=rr.options)  # fmt: skip
+            except ValueError:
+                return [self._parallel_row(it[0], it[1]) for it in items]
+            self.compiled_now += int(fresh)
+            if table.not_modelled:
+                reason = f"not modelled: {table.not_modelled}"
+                return [self._row(it[0], it[1], reason=reason) for it in items]
+            grads = None
+            if rr.ddp:
+                grads = plan_eval.grad_numels(table, rr.model)
+                if grads is None:  # sizes that depend on the job: evaluate one by one
+                    return [self._parallel_row(it[0], it[1]) for it in items]
+                grads = expand_layers(grads, rr.model.n_layers)
+            extras, _notes = rr.finish(grads)
+            step1 = sum(e[1] for e in extras)
+            later = sum(e[2] for e in extras)
+            dims = tuple(int(v) for v in rr.model.dims().values())
+            memo = points.setdefault((dims, tuple(b), tuple(s), tuple(c)), {})
+            peaks = plan_eval.grid_peaks(
+                rr.model, rr.job, b, s, c, device=self.device, table=table, memo=memo,
+                extras=(step1, later),
+            )  # fmt: skip
+            rank0 = rr.rank_class.ranks[0]
+            for n in range(len(items)):
+                peak = int(peaks.peak_bytes[n])
+                if peak > best_peak[n] or (peak == best_peak[n] and rank0 < best_rank[n]):
+                    best_peak[n], best_rank[n] = peak, rank0
+                    best_phase[n] = peaks.phases[int(peaks.phase_index[n])]
+        return [
+            self._parallel_done(ch, job, label, par, int(best_peak[n]), best_phase[n])
+            for n, (ch, job, label, par, _r) in enumerate(items)
+        ]
 
     def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
         """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
         out: list[Evaluated | None] = [None] * len(entries)
         groups: dict = {}
+        par_groups: dict = {}
         for i, (choices, job) in enumerate(entries):
             if not isinstance(job, str) and job.quant is not None:
                 job = _check_quant(self.model, job)
@@ -253,13 +333,24 @@ class Evaluator:
                 out[i] = self._row(choices, None, reason=job)
                 continue
             if self.ctx.kind == TRAINING and self.ctx.gpu_count > 1:
-                out[i] = self._parallel_row(choices, job)
+                got = self._parallel_entry(choices, job)
+                if isinstance(got, Evaluated):
+                    out[i] = got
+                else:
+                    par_groups.setdefault(got[0], []).append((i, got[1]))
                 continue
             groups.setdefault(plan_grid.structure_id(self.model, job), []).append(i)
         points: dict = {}  # sizes evaluated once per set of points, shared by structures
-        for n_done, (key, idx) in enumerate(groups.items()):
+        total = len(groups) + len(par_groups)
+        for n_done, members in enumerate(par_groups.values()):
             if self.progress is not None:
-                self.progress(n_done, len(groups))
+                self.progress(n_done, total)
+            rows = self._parallel_group([item for _, item in members], points)
+            for (i, _), row in zip(members, rows, strict=True):
+                out[i] = row
+        for n_done, (key, idx) in enumerate(groups.items(), start=len(par_groups)):
+            if self.progress is not None:
+                self.progress(n_done, total)
             jobs = [entries[i][1] for i in idx]
             exemplar = jobs[0]
             assert not isinstance(exemplar, str)
@@ -289,8 +380,62 @@ class Evaluator:
                     error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
                 )  # fmt: skip
         if self.progress is not None:
-            self.progress(len(groups), len(groups))
+            self.progress(total, total)
         return [e for e in out if e is not None]
+
+
+def layout_job(
+    choices: Mapping, job: Training | Inference, gpu_count: int
+) -> tuple[Mapping, Training | Inference, str, Parallelism]:
+    """A multi-GPU row's choices and job, its layout label and ``Parallelism``: tensor
+    parallelism runs the reference modeling code (the row's choices say so)."""
+    label = str(choices.get("parallel") or default_layout(gpu_count))
+    parallel = layout_of(label, gpu_count)
+    if parallel.tp > 1 and isinstance(job, Training) and job.implementation == "hf":
+        # tensor parallelism is replayed for the reference modeling code only (Megatron-
+        # style column/row splits, calc.tensor_parallel): the row says so in its choices
+        job = replace(job, implementation="reference")
+        choices = {**choices, "implementation": "reference"}
+    return choices, job, label, parallel
+
+
+def vectorised(job: Training | Inference, parallel: Parallelism) -> bool:
+    """Whether the planner evaluates ``job`` under ``parallel`` from its rank classes' tables
+    (``calc.ranks.rank_replays``); else one ``calc.estimate`` call per configuration: pipeline
+    and context parallelism, and compressed jobs (LoRA, quantization, pruning, distillation),
+    whose parallel modelling lives in ``calc.estimate`` itself."""
+    compressed = any(
+        getattr(job, f, None) is not None for f in ("lora", "quant", "pruning", "distill")
+    )
+    return isinstance(job, Training) and not compressed and parallel.pp == 1 and parallel.cp == 1
+
+
+def parallel_tables(
+    model: ModelSpec, ctx: Context, entries: Sequence[tuple[Mapping, object]], device: str
+) -> dict[tuple, tuple[ModelSpec, Training, ReplayOptions]]:
+    """The rank-class tables (``calc.plan_grid.structure_table`` arguments: rank model, rank
+    job, replay options) a multi-GPU training plan of ``entries`` evaluates, by structure;
+    each job also with grad_accum 1 or 2 (the other of the two structures)."""
+    from calc.ranks import rank_replays
+
+    out: dict[tuple, tuple[ModelSpec, Training, ReplayOptions]] = {}
+    for choices, job in entries:
+        if isinstance(job, str):
+            continue
+        _ch, job, _label, parallel = layout_job(choices, job, ctx.gpu_count)  # type: ignore[arg-type]
+        if not vectorised(job, parallel):
+            continue
+        assert isinstance(job, Training)
+        for accum in dict.fromkeys((job.grad_accum, 2 if job.grad_accum == 1 else 1)):
+            try:
+                replays = rank_replays(model, replace(job, grad_accum=accum), parallel, device)
+            except (NotImplementedError, ValueError):
+                continue
+            for rr in replays:
+                key = plan_grid.structure_id(rr.model, rr.job, rr.options)
+                out.setdefault((key, rr.options.exact_layers and rr.model.n_layers),
+                               (rr.model, rr.job, rr.options))  # fmt: skip
+    return out
 
 
 def _check_quant(model: ModelSpec, job: Training | Inference) -> Training | Inference | str:

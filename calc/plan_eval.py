@@ -35,13 +35,25 @@ PRUNE_MIN_POINTS = 256
 structure, repaid by a smaller product); smaller grids, such as a plan's micro-batches, skip it."""
 
 
-def reduced(table: StructureTable, model: ModelSpec, prune: bool = True) -> Reduced:
+def reduced(
+    table: StructureTable, model: ModelSpec, prune: bool = True, by_step: bool = False
+) -> Reduced:
     """``table`` for ``model``'s dimensions: constant sizes folded into one column and, with
-    ``prune``, only the candidates that can be the peak (memoised on the table)."""
-    key = (tuple((sym.name, int(v)) for sym, v in model.dims().items()), prune)
+    ``prune``, only the candidates that can be the peak (memoised on the table). ``by_step``:
+    a candidate is only dropped for another of its own group, step 1 (phase ``step1/...``) or
+    later, so that adding one constant per group (``grid_peaks``'s ``extras``) keeps every
+    dropped candidate below a kept one."""
+    dims = tuple((sym.name, int(v)) for sym, v in model.dims().items())
+    key = (dims, prune, by_step)
     if key not in table._rows:
-        table._rows[key] = _reduce(table, model.n_layers, dict(key[0]), prune)
+        table._rows[key] = _reduce(table, model.n_layers, dict(dims), prune, by_step)
     return table._rows[key]
+
+
+def step1_mask(phases: Sequence[str]) -> np.ndarray:
+    """True for the candidates of step 1 (phase ``step1/...``), as ``calc.estimate.evaluate``
+    tells them apart for its extras."""
+    return np.array([p.startswith("step1/") for p in phases], dtype=bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +144,9 @@ def polynomial(prog: Sequence, dims: dict[str, int]) -> Poly | None:
     return None
 
 
-def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int], prune: bool) -> Reduced:
+def _reduce(
+    table: StructureTable, n_layers: int, dims: dict[str, int], prune: bool, by_step: bool = False
+) -> Reduced:
     """Fold constant sizes into one column. For large grids (``prune``), also write the sizes
     that are exact polynomials of the job sizes as their monomials (``polynomial``), so the
     candidates become rows over a few monomials plus the sizes that round, and drop dominated
@@ -181,12 +195,21 @@ def _reduce(table: StructureTable, n_layers: int, dims: dict[str, int], prune: b
         [var_counts.astype(np.float64) @ t, (const + var_counts @ const_coef)[:, None]], axis=1
     )
     if not np.abs(full_f).max(initial=0.0) < 2.0**52:
-        return _reduce(table, n_layers, dims, prune=False)  # coefficients too large: plain sizes
+        # coefficients too large: plain sizes
+        return _reduce(table, n_layers, dims, prune=False, by_step=by_step)
     t_int = t.astype(np.int64)
     full = np.concatenate(
         [var_counts @ t_int, (const + var_counts @ const_coef.astype(np.int64))[:, None]], axis=1
     )
-    keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
+    if by_step:  # dominance within each group only: a group's constant keeps the order
+        first = step1_mask(table.phases)
+        keep_list: list[int] = []
+        for group in (np.flatnonzero(first), np.flatnonzero(~first)):
+            sub = full[group]
+            keep_list.extend(int(group[i]) for i in _undominated(sub, np.zeros_like(sub)))
+        keep = np.array(sorted(keep_list), dtype=np.int64)
+    else:
+        keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
     kept = full[keep]
     return Reduced(tuple(index), kept.astype(np.float64), kept, keep)
 
@@ -250,6 +273,7 @@ def grid_peaks(
     device: str = "cuda",
     table: StructureTable | None = None,
     memo: dict | None = None,
+    extras: tuple[object, object] | None = None,
 ) -> GridPeaks:
     """Peaks of ``job``'s structure at each point ``(b[i], s[i], c[i])`` (micro-batch or batch,
     sequence or prompt length, KV context; ``c`` defaults to ``s``).
@@ -257,8 +281,11 @@ def grid_peaks(
     Equal, point by point, to ``calc.estimate(model, job with those sizes, device)``: the same
     timeline, the sizes evaluated in exact integer arithmetic, the same device terms.
     ``memo`` (a dict, empty at first) shares evaluated sizes between calls over the same points
-    and model. Raises ``NotImplementedError`` (the cost model's message) for a structure not
-    modelled.
+    and model. ``extras``: ``(step1_bytes, later_bytes)``, ints or int arrays over the points:
+    constant storages outside the replay (``calc.ranks``: DDP's buckets), added to the
+    candidates of step 1 (phase ``step1/...``) and to the others, as ``calc.estimate.evaluate``
+    adds them (dominance pruning then stays within each group, ``reduced``). Raises
+    ``NotImplementedError`` (the cost model's message) for a structure not modelled.
     """
     if table is None:
         table, _ = structure_table(model, job, device)
@@ -267,7 +294,7 @@ def grid_peaks(
     b = np.ascontiguousarray(b, dtype=np.int64)
     s = np.ascontiguousarray(s, dtype=np.int64)
     c = s if c is None else np.ascontiguousarray(c, dtype=np.int64)
-    red = reduced(table, model, prune=len(b) >= PRUNE_MIN_POINTS)
+    red = reduced(table, model, prune=len(b) >= PRUNE_MIN_POINTS, by_step=extras is not None)
     env: dict[str, object] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
     env.update(b=b, s=s, c=c)
     memo = {} if memo is None else memo
@@ -282,17 +309,42 @@ def grid_peaks(
     # in int64 below 2**62; beyond, refuse rather than wrap around.
     col_max = np.abs(sizes).max(axis=0).astype(np.float64) if n else np.ones(sizes.shape[1])
     bound = float((np.abs(red.matrix) @ col_max).max(initial=0.0))
+    add = None
+    if extras is not None:  # per point: step-1 candidates get extras[0], the others extras[1]
+        first = step1_mask(table.phases)[red.rows]
+        e1 = np.broadcast_to(np.asarray(extras[0], dtype=np.int64), (n,))
+        e2 = np.broadcast_to(np.asarray(extras[1], dtype=np.int64), (n,))
+        add = np.where(first[None, :], e1[:, None], e2[:, None])  # [points, kept candidates]
+        bound += float(np.abs(add).max(initial=0))
     if bound >= 2.0**62:
         raise OverflowError(f"plan_eval: peaks near {bound:.3g} B are beyond exact int64")
     exact_float = bound < EXACT_FLOAT_LIMIT / 2
     sizes_f = sizes.astype(np.float64) if exact_float else sizes
     counts_t = (red.matrix if exact_float else red.exact_int).T
+    if add is not None:
+        add = add.astype(sizes_f.dtype)
     peak = np.empty(n, dtype=np.int64)
     best = np.empty(n, dtype=np.int64)
     for lo in range(0, n, CHUNK_POINTS):  # chunks keep the [points, candidates] block in cache
         totals = sizes_f[lo : lo + CHUNK_POINTS] @ counts_t
+        if add is not None:
+            totals = totals + add[lo : lo + CHUNK_POINTS]
         arg = totals.argmax(axis=1)
         peak[lo : lo + CHUNK_POINTS] = totals[np.arange(len(arg)), arg]
         best[lo : lo + CHUNK_POINTS] = arg
     best = red.rows[best]
     return GridPeaks(peak + device_extra_bytes(job, device), best, table.phases)
+
+
+def grad_numels(table: StructureTable, model: ModelSpec) -> list[tuple] | None:
+    """``(tag, numel, itemsize)`` of the replay's parameter leaves in first-backward order
+    (``StructureTable.grad_order``) at ``model``'s dimensions, the input of
+    ``calc.ranks.expand_layers``; None when a numel depends on the job's sizes (then no
+    constant per structure exists)."""
+    env: dict[str, object] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
+    out = []
+    for tag, prog, itemsize in table.grad_order:
+        if _uses_job_symbols(prog):
+            return None
+        out.append((tag, int(run_program(prog, env)), itemsize))  # type: ignore[call-overload]
+    return out

@@ -8,6 +8,11 @@ the size expressions become integer programs (``calc.plan_program``: exact, data
 memory and, through ``calc.cards``, in a persistent JSON cache keyed by a SHA-256 of calc's
 source and of the structure, so the ~1.6 s symbolic replay of a structure is paid once per
 machine and calc version.
+
+A table can also be one rank's replay under a parallel layout (``ReplayOptions`` of
+``calc.estimate``, built by ``calc.ranks.rank_replays``): the options are part of the compiled
+structure's key, and the table then also keeps the order in which gradients become ready
+(``grad_order``, as programs), from which ``calc.ranks`` computes DDP's buckets.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ from importlib import import_module
 
 import numpy as np
 
+from calc.estimate import SINGLE, ReplayOptions
 from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec
 from calc.plan_program import program_from_json, program_to_json, to_program
 
 _estimate = import_module("calc.estimate")  # the module (``calc.estimate`` is the function)
 
-CACHE_FORMAT = 2
+CACHE_FORMAT = 3
 """Version of the cache entries' layout (part of the cache key)."""
 NOT_IN_TABLES = frozenset(
     {
@@ -53,6 +59,9 @@ class StructureTable:
     """Phase of each candidate."""
     not_modelled: str = ""
     """The cost model's ``NotImplementedError`` message when it does not cover the structure."""
+    grad_order: tuple = ()
+    """``(tag, numel program, itemsize)`` of each parameter leaf in first-backward order
+    (``calc.estimate.Compiled.grad_order``): DDP's buckets (``calc.ranks.expand_layers``)."""
     _rows: dict = field(default_factory=dict, compare=False)
     """Memo of ``calc.plan_eval.reduced``: (model dimensions, prune) -> its ``Reduced``."""
 
@@ -65,6 +74,7 @@ class StructureTable:
             "c1": self.c1.ravel().tolist(),
             "phases": list(self.phases),
             "not_modelled": self.not_modelled,
+            "grad_order": [[tag, program_to_json(p), size] for tag, p, size in self.grad_order],
         }
 
     @classmethod
@@ -82,11 +92,19 @@ class StructureTable:
             c1=np.asarray(data["c1"], dtype=np.int64).reshape(shape),
             phases=phases,
             not_modelled=str(data.get("not_modelled", "")),
+            grad_order=tuple(_grad_entry(e) for e in data.get("grad_order", ())),
         )
 
     def rows(self, n_layers: int) -> np.ndarray:
         """``C0 + n_layers * C1``: the count of each size at each candidate."""
         return self.c0 + n_layers * self.c1
+
+
+def _grad_entry(entry: list) -> tuple:
+    tag, prog, itemsize = entry
+    if not isinstance(tag, int | str) or isinstance(tag, bool) or not isinstance(itemsize, int):
+        raise ValueError("plan cache entry: a damaged gradient order")
+    return (tag, program_from_json(prog), itemsize)
 
 
 def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
@@ -100,10 +118,17 @@ def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
     return job
 
 
-def structure_id(model: ModelSpec, job: Training | Inference) -> tuple:
-    """What decides the compiled structure of ``(model, job)``: jobs with equal ids differ
-    only in sizes and share one ``StructureTable``."""
-    return _estimate._structure_key(model, _cap_grad_accum(job))
+def structure_id(
+    model: ModelSpec, job: Training | Inference, opts: ReplayOptions = SINGLE
+) -> tuple:
+    """What decides the compiled structure of ``(model, job)`` replayed with ``opts``: jobs
+    with equal ids differ only in sizes and share one ``StructureTable``."""
+    return _estimate._structure_key(model, _cap_grad_accum(job), opts)
+
+
+def _branch_of(model: ModelSpec, opts: ReplayOptions) -> int:
+    """The layer count the replay runs (``calc.estimate.compiled_for``)."""
+    return model.n_layers if opts.exact_layers else _estimate._branch(model.n_layers)
 
 
 def _cache_name(key: tuple, device: str, branch: int) -> str:
@@ -126,9 +151,11 @@ def _source_digest(fn: Callable[[], str]) -> str:
 _TABLES: dict[tuple, StructureTable] = {}
 
 
-def _compile_table(model: ModelSpec, job: Training | Inference, device: str) -> StructureTable:
+def _compile_table(
+    model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions
+) -> StructureTable:
     try:
-        comp, _key = _estimate.compiled_for(model, job, device)
+        comp, _key = _estimate.compiled_for(model, job, device, opts)
     except NotImplementedError as exc:
         return StructureTable(
             (), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64), (), str(exc)
@@ -139,20 +166,31 @@ def _compile_table(model: ModelSpec, job: Training | Inference, device: str) -> 
         c0=np.asarray(tl.c0, dtype=np.int64),
         c1=np.asarray(tl.c1, dtype=np.int64),
         phases=tuple(c.phase for c in tl.candidates),
+        grad_order=tuple(
+            (tag, to_program(numel), int(itemsize)) for _, tag, numel, itemsize in comp.grad_order
+        ),
     )
 
 
 def structure_table(
-    model: ModelSpec, job: Training | Inference, device: str = "cuda", persist: bool = True
+    model: ModelSpec,
+    job: Training | Inference,
+    device: str = "cuda",
+    persist: bool = True,
+    opts: ReplayOptions = SINGLE,
 ) -> tuple[StructureTable, bool]:
-    """The structure of ``(model, job)`` as a ``StructureTable``, and whether it had to be
-    compiled now (False: from memory or from the persistent cache).
+    """The structure of ``(model, job)`` replayed with ``opts`` (default: one GPU; a rank of
+    a parallel layout: ``calc.ranks.RankReplay.options`` with the rank's model and job) as a
+    ``StructureTable``, and whether it had to be compiled now (False: from memory or from the
+    persistent cache). The cache key is ``repr`` of the compile key of ``calc.estimate``
+    (frozen dataclasses, the options included), the device, the replayed layer count (all
+    ``L`` with ``opts.exact_layers``), the format and calc's source digest.
 
     Raises ``ValueError`` for a job ``calc.Training``/``calc.Inference`` rejects (they validate
     on construction, so this only re-checks the device)."""
     job = _cap_grad_accum(job)
-    key = _estimate._structure_key(model, job)
-    branch = _estimate._branch(model.n_layers)
+    key = _estimate._structure_key(model, job, opts)
+    branch = _branch_of(model, opts)
     mem_key = (key, device, branch)
     if mem_key in _TABLES:
         return _TABLES[mem_key], False
@@ -169,7 +207,7 @@ def structure_table(
             if table is not None:
                 _TABLES[mem_key] = table
                 return table, False
-    table = _compile_table(model, job, device)
+    table = _compile_table(model, job, device, opts)
     _TABLES[mem_key] = table
     if persist:
         from calc.cards import write_plan_cache

@@ -14,8 +14,11 @@ without recomputation only, so most of the grid would be "not modelled"; ``fixed
 it either. Context and sequence parallelism are left at their defaults (off).
 
 Each layout's peak is ``calc.estimate(model, job, parallel).peak_bytes`` (``calc.ranks``: one
-compiled replay per class of ranks, the most-loaded rank's peak), evaluated per configuration,
-not through the planner's vectorised tables (``calc.plan_grid``).
+compiled replay per class of ranks, the most-loaded rank's peak). The planner evaluates it from
+the same replays as persisted tables (``calc.plan_grid``, one per class of ranks and structure,
+``calc.ranks.rank_replays``), every micro-batch of a (layout, structure) in one vectorised call
+per class (``calc.plan_engine.Evaluator``); tests/test_plan_parallel.py checks each row against
+``calc.estimate``. ZeRO-3 and FSDP2 rows share their tables (both replay FSDP2's sharding).
 """
 
 from __future__ import annotations

@@ -6,11 +6,17 @@ sharding layer's view of that rank (`calc.parallel.holding` decides, tensor by t
 the rank keeps), adds the constant storages outside the replay (DDP's buckets), and returns
 the estimate of the rank with the highest peak, with every rank's peak in
 ``Estimate.rank_peaks`` and in the breakdown under ``ranks/<r>``.
+
+`rank_replays` gives what each class replays (its model, job, `ReplayOptions`, the extras
+known before the replay, its notes) without evaluating anything: `estimate_parallel` and the
+planner (``calc.plan_engine``, through tables of ``calc.plan_grid``) both start from it, so
+they evaluate the same replays with the same extras.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from calc import data_parallel as dpm
 from calc.estimate import ReplayOptions, compiled_for, evaluate, values_for
@@ -20,6 +26,51 @@ from calc.parallel import Parallelism, RankClass, check_divisibility, rank_class
 from calc.result import Estimate
 from calc.timeline import MIDDLE
 
+Extra = tuple[str, int, int]
+"""A constant storage outside the replay: (breakdown key, bytes in step 1, bytes later)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankReplay:
+    """What one class of ranks replays, before any evaluation (`rank_replays`)."""
+
+    rank_class: RankClass
+    model: ModelSpec
+    """The model one rank replays (tensor parallelism: its part)."""
+    job: Training
+    """The job one rank runs (context parallelism: its share of the sequence)."""
+    options: ReplayOptions
+    """How the replay differs from the single-GPU step (part of the compile key)."""
+    parallel: Parallelism
+    extras: tuple[Extra, ...]
+    """Constant storages known without the replay (CP ring K/V, FSDP DeviceMesh tensors)."""
+    notes: tuple[str, ...]
+    """Notes of the class, then those of ``extras``."""
+
+    @property
+    def ddp(self) -> bool:
+        """DDP gradient buckets are held: their sizes need the replay's gradient order."""
+        return self.rank_class.ddp
+
+    def finish(self, grads: Sequence[tuple[int, int]] | None) -> tuple[tuple[Extra, ...], tuple]:
+        """Every extra and note of this class, in `estimate_parallel`'s order; ``grads``:
+        ``(itemsize, numel)`` of every parameter in gradient-ready order (`expand_layers`),
+        needed when ``ddp``."""
+        extras: list[Extra] = []
+        notes = list(self.rank_class.notes)
+        if self.ddp:
+            assert grads is not None, "DDP buckets need the gradient order"
+            first, later, n_buckets = ddp_buckets(grads, self.parallel)
+            extras.append(("ddp/gradient_buckets", first, later))
+            view = self.parallel.gradient_as_bucket_view
+            notes.append(
+                f"DDP gradient buckets: 1 bucket in step 1, {n_buckets} after the rebuild "
+                f"({'gradients are bucket views' if view else 'plus .grad'})"
+            )
+        extras.extend(self.extras)
+        notes.extend(self.notes[len(self.rank_class.notes) :])
+        return tuple(extras), tuple(notes)
+
 
 def estimate_parallel(
     model: ModelSpec, job: Training, parallel: Parallelism, device: str
@@ -27,22 +78,15 @@ def estimate_parallel(
     """The most-loaded rank of ``job`` run under ``parallel`` (see the module docstring)."""
     if not isinstance(job, Training):
         raise NotImplementedError("parallel layouts are modelled for training only")
-    check_divisibility(model, parallel)
-    if parallel.cp > 1:  # analytic: each rank runs s / cp tokens (calc.context_parallel)
-        from calc.context_parallel import rank_job
-
-        job = rank_job(job, parallel)
     results: list[tuple[RankClass, Estimate]] = []
     if parallel.pp > 1:  # one replay per pipeline stage (calc.pipeline)
         from calc.pipeline import stage_results
 
-        results = stage_results(model, job, parallel, device)
-    from calc.lora import trainable_numels
-
-    for rc in (
-        rank_classes(model, parallel, trainable_numels(model, job)) if parallel.pp == 1 else ()
-    ):
-        results.append((rc, _estimate_class(model, job, parallel, rc, device)))
+        check_divisibility(model, parallel)
+        results = stage_results(model, _rank_job(job, parallel), parallel, device)
+    else:
+        for rr in rank_replays(model, job, parallel, device):
+            results.append((rr.rank_class, _estimate_class(rr, device)))
     rank_peaks: dict[int, int] = {}
     for rc, est in results:
         for r in rc.ranks:
@@ -62,9 +106,36 @@ def estimate_parallel(
     )
 
 
-def _estimate_class(
+def _rank_job(job: Training, parallel: Parallelism) -> Training:
+    if parallel.cp > 1:  # analytic: each rank runs s / cp tokens (calc.context_parallel)
+        from calc.context_parallel import rank_job
+
+        return rank_job(job, parallel)
+    return job
+
+
+def rank_replays(
+    model: ModelSpec, job: Training, parallel: Parallelism, device: str
+) -> list[RankReplay]:
+    """One `RankReplay` per class of ranks of ``parallel`` (``pp == 1``; pipeline stages are
+    `calc.pipeline`'s), with the checks and errors of `estimate_parallel` in its order:
+    ``ValueError`` for a layout that cannot split the model or the sequence,
+    ``NotImplementedError`` for what the cost model does not cover."""
+    if parallel.pp > 1:
+        raise NotImplementedError("rank_replays: pipeline stages are calc.pipeline's")
+    check_divisibility(model, parallel)
+    job = _rank_job(job, parallel)
+    out = []
+    from calc.lora import trainable_numels
+
+    for rc in rank_classes(model, parallel, trainable_numels(model, job)):
+        out.append(_rank_replay(model, job, parallel, rc, device))
+    return out
+
+
+def _rank_replay(
     model: ModelSpec, job: Training, parallel: Parallelism, rc: RankClass, device: str
-) -> Estimate:
+) -> RankReplay:
     local = rc.model
     plan = rc.replay
     if parallel.sp and job.seq_len % parallel.tp:
@@ -79,16 +150,8 @@ def _estimate_class(
         dp=plan,
         exact_layers=plan.optimizer_params is not None,
     )
-    comp, key = compiled_for(local, job, device, opts)
-    extras: list[tuple[str, int, int]] = []
+    extras: list[Extra] = []
     notes: list[str] = list(rc.notes)
-    if rc.ddp:
-        first, later, n_buckets = _ddp_buckets(comp.grad_order, local, job, parallel)
-        extras.append(("ddp/gradient_buckets", first, later))
-        notes.append(
-            f"DDP gradient buckets: 1 bucket in step 1, {n_buckets} after the rebuild "
-            f"({'gradients are bucket views' if parallel.gradient_as_bucket_view else 'plus .grad'})"
-        )
     if parallel.cp > 1:
         from calc.context_parallel import ring_kv_bytes
 
@@ -106,17 +169,25 @@ def _estimate_class(
         groups = local.n_layers + 1
         extras.append(("fsdp/device_mesh_cpu", groups * 512, groups * 512))
         notes.append(f"CPU only: {groups} DeviceMesh rank tensors of 512 B")
-    return evaluate(comp, key, local, job, device, tuple(extras), tuple(notes))
+    return RankReplay(rc, local, job, opts, parallel, tuple(extras), tuple(notes))
 
 
-def _ddp_buckets(
-    grad_order: tuple, model: ModelSpec, job: Training, parallel: Parallelism
-) -> tuple[int, int, int]:
-    """(bytes of the step-1 buckets, bytes of the rebuilt buckets, number rebuilt)."""
-    vals = values_for(model, job)
-    entries = _expand_layers(grad_order, model.n_layers)
-    grads = [(itemsize, int(numel.subs(vals)) if hasattr(numel, "subs") else int(numel))
-             for numel, itemsize in entries]  # fmt: skip
+def _estimate_class(rr: RankReplay, device: str) -> Estimate:
+    comp, key = compiled_for(rr.model, rr.job, device, rr.options)
+    grads = None
+    if rr.ddp:
+        vals = values_for(rr.model, rr.job)
+        entries = [(tag, numel.subs(vals) if hasattr(numel, "subs") else numel, itemsize)
+                   for _, tag, numel, itemsize in comp.grad_order]  # fmt: skip
+        grads = expand_layers(entries, rr.model.n_layers)
+    extras, notes = rr.finish(grads)
+    return evaluate(comp, key, rr.model, rr.job, device, extras, notes)
+
+
+def ddp_buckets(grads: Sequence[tuple[int, int]], parallel: Parallelism) -> tuple[int, int, int]:
+    """(bytes of the step-1 buckets, bytes of the rebuilt buckets, number rebuilt) for the
+    gradients ``(itemsize, numel)`` in ready order (`calc.data_parallel`: one bucket per dtype
+    in step 1, then ``compute_bucket_assignment_by_size``)."""
     one: dict[int, int] = {}
     for itemsize, numel in grads:
         one[itemsize] = one.get(itemsize, 0) + itemsize * numel
@@ -125,21 +196,26 @@ def _ddp_buckets(
     return first, sum(dpm.bucket_bytes(grads, buckets)), len(buckets)
 
 
-def _expand_layers(grad_order: tuple, n_layers: int) -> list[tuple]:
-    """``(numel, itemsize)`` of every parameter in ready order for the real layer count: a
+def expand_layers(entries: Sequence[tuple], n_layers: int) -> list[tuple[int, int]]:
+    """``(itemsize, numel)`` of every parameter in ready order for the real layer count, from
+    the replay's ``(tag, numel, itemsize)`` in first-backward order (numels evaluated): a
     replay of five layers stands for ``L`` (the middle layer's sequence repeated)."""
-    tags = [tag for _, tag, _, _ in grad_order if isinstance(tag, int)]
+    tags = [tag for tag, _, _ in entries if _is_layer(tag)]
     replayed = max(tags) + 1 if tags else 0
     if replayed == n_layers:
-        return [(numel, itemsize) for _, _, numel, itemsize in grad_order]
-    out: list[tuple] = []
+        return [(itemsize, int(numel)) for _, numel, itemsize in entries]
+    out: list[tuple[int, int]] = []
     done_layers = False
-    middle = [(numel, itemsize) for _, tag, numel, itemsize in grad_order if tag == MIDDLE]
-    for _, tag, numel, itemsize in grad_order:
-        if isinstance(tag, int):
+    middle = [(itemsize, int(numel)) for tag, numel, itemsize in entries if tag == MIDDLE]
+    for tag, numel, itemsize in entries:
+        if _is_layer(tag):
             if not done_layers:
                 out.extend(middle * n_layers)
                 done_layers = True
             continue
-        out.append((numel, itemsize))
+        out.append((itemsize, int(numel)))
     return out
+
+
+def _is_layer(tag: object) -> bool:
+    return isinstance(tag, int) and not isinstance(tag, bool)

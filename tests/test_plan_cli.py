@@ -97,3 +97,48 @@ def test_plan_on_two_gpus_fixes_a_layout(config: Path, capsys: pytest.CaptureFix
         # tensor parallelism is replayed for the reference modeling code only
         want = "reference" if dp == 1 else "hf"
         assert row["choices"]["implementation"] == want
+
+
+def test_two_gpu_workers_precompile_rank_tables(
+    config: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import calc
+    from calc import plan_cli
+    from calc.parallel import Parallelism
+
+    compiled: list[tuple[int, int]] = []
+    real = plan_cli.P.precompile
+
+    def recording(*args: object, **kw: object) -> int:
+        done = real(*args, **kw)  # type: ignore[arg-type]
+        compiled.append((kw["gpu_count"], done))  # type: ignore[arg-type]
+        return done
+
+    monkeypatch.setattr(plan_cli.P, "precompile", recording)
+
+    argv = [
+        "plan", "--config", str(config), "--seq-len", "8", "--global-batch", "4", "--gpus", "2",
+        "--fix", "parallel=dp2-zero0,dp2-zero2", "--fix", "precision=bf16", "--fix",
+        "optimizer=adamw", "--fix", "recompute=none", "--json", "--no-error-bars",
+    ]  # fmt: skip
+    # two workers compile the rank-class tables before the plan: the plan compiles nothing
+    assert main([*argv, "--workers", "2"]) == 0
+    # DDP and ZeRO-2 (one class of ranks each), grad_accum 1 and >= 2: 4 tables
+    assert compiled == [(2, 4)]
+    first = json.loads(capsys.readouterr().out)
+    plan_grid.clear_memory_cache()
+    from calc import plan as P
+
+    model = calc.ModelSpec.from_hf_config(TINY_CONFIG, name="tiny")
+    p = P.plan(model, task="full-finetune", seq_len=8, global_batch=4, gpu="t4-16gb",
+               gpu_count=2, fixed={"parallel": ("dp2-zero0", "dp2-zero2"),
+                                   "precision": ("bf16",), "optimizer": ("adamw",),
+                                   "recompute": ("none",)}, error_bars=False)  # fmt: skip
+    assert p.compiled_now == 0 and p.n_configurations == first["n_configurations"] == 4
+    for row in first["fitting"]:
+        zero = 2 if row["choices"]["parallel"] == "dp2-zero2" else 0
+        job = calc.Training(micro_batch=row["choices"]["micro_batch"], seq_len=8,
+                            grad_accum=row["grad_accum"], precision="bf16", optimizer="adamw",
+                            recompute="none")  # fmt: skip
+        want = calc.estimate(model, job, Parallelism(dp=2, zero=zero)).peak_bytes
+        assert row["peak_bytes"] == want
