@@ -263,6 +263,7 @@ class Evaluator:
         if not vectorised(job, parallel):
             return self._parallel_row(choices, job)
         try:
+            check_compressed(job, parallel)  # type: ignore[arg-type]
             replays = rank_replays(self.model, job, parallel, self.device)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
@@ -401,13 +402,20 @@ def layout_job(
 
 def vectorised(job: Training | Inference, parallel: Parallelism) -> bool:
     """Whether the planner evaluates ``job`` under ``parallel`` from its rank classes' tables
-    (``calc.ranks.rank_replays``); else one ``calc.estimate`` call per configuration: pipeline
-    and context parallelism, and compressed jobs (LoRA, quantization, pruning, distillation),
-    whose parallel modelling lives in ``calc.estimate`` itself."""
-    compressed = any(
-        getattr(job, f, None) is not None for f in ("lora", "quant", "pruning", "distill")
-    )
-    return isinstance(job, Training) and not compressed and parallel.pp == 1 and parallel.cp == 1
+    (``calc.ranks.rank_replays``; LoRA and QLoRA jobs after ``calc.lora.check_parallel``, as
+    ``calc.estimate`` checks them); else one ``calc.estimate`` call per configuration:
+    pipeline and context parallelism, pruning and distillation."""
+    other = any(getattr(job, f, None) is not None for f in ("pruning", "distill"))
+    return isinstance(job, Training) and not other and parallel.pp == 1 and parallel.cp == 1
+
+
+def check_compressed(job: Training, parallel: Parallelism) -> None:
+    """``calc.estimate``'s check of a LoRA/QLoRA job on several GPUs (``NotImplementedError``
+    for the layouts the cost model does not cover with adapters)."""
+    if job.lora is not None or job.quant is not None:
+        from calc.lora import check_parallel
+
+        check_parallel(job, parallel)
 
 
 def parallel_tables(
@@ -428,6 +436,7 @@ def parallel_tables(
         assert isinstance(job, Training)
         for accum in dict.fromkeys((job.grad_accum, 2 if job.grad_accum == 1 else 1)):
             try:
+                check_compressed(job, parallel)
                 replays = rank_replays(model, replace(job, grad_accum=accum), parallel, device)
             except (NotImplementedError, ValueError):
                 continue

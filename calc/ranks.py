@@ -19,11 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from calc import data_parallel as dpm
-from calc.estimate import ReplayOptions, compiled_for, evaluate, values_for
+from calc.estimate import Compiled, ReplayOptions, compiled_for, evaluate, values_for
 from calc.jobs import Training
 from calc.model_spec import ModelSpec
 from calc.parallel import Parallelism, RankClass, check_divisibility, rank_classes
 from calc.result import Estimate
+from calc.symbols import JOB_SYMBOLS
 from calc.timeline import MIDDLE
 
 Extra = tuple[str, int, int]
@@ -174,14 +175,34 @@ def _rank_replay(
 
 def _estimate_class(rr: RankReplay, device: str) -> Estimate:
     comp, key = compiled_for(rr.model, rr.job, device, rr.options)
-    grads = None
-    if rr.ddp:
-        vals = values_for(rr.model, rr.job)
-        entries = [(tag, numel.subs(vals) if hasattr(numel, "subs") else numel, itemsize)
-                   for _, tag, numel, itemsize in comp.grad_order]  # fmt: skip
-        grads = expand_layers(entries, rr.model.n_layers)
+    grads = _ddp_grads(comp, key, rr.model, rr.job) if rr.ddp else None
     extras, notes = rr.finish(grads)
     return evaluate(comp, key, rr.model, rr.job, device, extras, notes)
+
+
+_GRADS: dict[tuple, tuple] = {}
+"""Memo of `_ddp_grads`: the gradients' sizes depend on the model's dimensions only (not on
+the job's sizes), so an app rerun with a new micro-batch reuses them."""
+
+
+def _ddp_grads(comp: Compiled, key: tuple, model: ModelSpec, job: Training) -> tuple:
+    """(itemsize, numel) of every gradient in ready order for the real layer count
+    (`expand_layers`), memoised in `_GRADS`."""
+    vals = values_for(model, job)
+    sized = any(
+        sym in numel.free_symbols
+        for _, _, numel, _ in comp.grad_order
+        if hasattr(numel, "free_symbols")
+        for sym in JOB_SYMBOLS
+    )
+    memo = (key, model, tuple(vals[sym] for sym in JOB_SYMBOLS) if sized else ())
+    if memo not in _GRADS:
+        if len(_GRADS) > 1024:
+            _GRADS.clear()
+        entries = [(tag, int(numel.xreplace(vals)) if hasattr(numel, "xreplace") else numel,
+                    itemsize) for _, tag, numel, itemsize in comp.grad_order]  # fmt: skip
+        _GRADS[memo] = tuple(expand_layers(entries, model.n_layers))
+    return _GRADS[memo]
 
 
 def ddp_buckets(grads: Sequence[tuple[int, int]], parallel: Parallelism) -> tuple[int, int, int]:

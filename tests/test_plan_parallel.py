@@ -195,3 +195,38 @@ def test_layouts_with_several_rank_classes_take_the_most_loaded(
     one = next(e for e in rows if e.config.choices["parallel"] == "dp2-zero1-by-parameter")
     est = calc.estimate(TINY, one.config.job, by_param)
     assert len(set(est.rank_peaks.values())) == 2
+
+
+QUANTISABLE = calc.ModelSpec(
+    **{**{f: getattr(TINY, f) for f in TINY.__dataclass_fields__},
+       "name": "tiny-llama-64", "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16,
+       "ffn": 128, "vocab": 64},
+)  # fmt: skip
+"""TINY with every linear a multiple of nf4's smallest block (64), so QLoRA applies."""
+
+
+@pytest.mark.parametrize("task", ["lora", "qlora"])
+def test_lora_and_qlora_rows_on_two_gpus_equal_estimate(task: str) -> None:
+    # Adapters on 2 GPUs: the layouts calc.estimate models with adapters (DDP; FSDP2/ZeRO-3
+    # for LoRA) come from the vectorised rank tables, the others say "not modelled" as
+    # calc.estimate does; every peak equals calc.estimate's.
+    base = calc.Training(micro_batch=1, seq_len=8, implementation="reference", precision="bf16")
+    fixed = {"optimizer": ("adamw",), "recompute": ("none",)}
+    p = P.plan(QUANTISABLE, task=task, seq_len=8, global_batch=4, gpu=_gpu(1 << 40),
+               gpu_count=2, fixed=fixed, base=base, report={"cases": []})  # fmt: skip
+    modelled = set()
+    for e in p.fitting + p.excluded:
+        par = e.config.parallel
+        if e.peak_bytes is None:
+            err = ValueError if e.reason.startswith("invalid:") else NotImplementedError
+            with pytest.raises(err):
+                calc.estimate(QUANTISABLE, e.config.job, par)
+            continue
+        modelled.add(e.config.choices["parallel"])
+        est = calc.estimate(QUANTISABLE, e.config.job, par)
+        assert e.peak_bytes == est.peak_bytes and e.peak_phase == est.peak_phase
+        assert e.config.job.lora is not None
+    assert "dp2-zero0" in modelled
+    if task == "lora":
+        assert {"dp2-fsdp", "dp2-zero3"} <= modelled
+    assert p.compiled_now > 0  # from rank tables, not one calc.estimate per row
