@@ -492,3 +492,34 @@ def test_planner_page_on_lora_rows_are_calc_estimates_of_the_adapter_job(plan_ca
             recompute=row["recompute"], lora=calc.LoRA(rank=16), **pinned,
         )  # fmt: skip
         assert row["peak_gib"] * 2**30 == pytest.approx(calc.estimate(model, job).peak_bytes, abs=1)
+
+
+def test_planner_page_changes_to_fit_list_changes_that_fit(plan_cache) -> None:
+    # Qwen2.5-0.5B, full fine-tune of 4 x 4096 tokens: 58.8 GiB, over an A100-40GB's usable
+    # memory. The search behind the switch lists changes; each one, applied to the sidebar's
+    # job here (global batch kept: micro_batch x grad_accum = 4), must fit by calc.estimate.
+    at = _app({"card": CARD, "micro_batch": "4", "seq_len": "4096",
+               "gpu": "a100-40gb"})  # fmt: skip
+    at.switch_page("views/planner.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.toggle(key="plan.changes").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    lines = [str(m.value) for m in at.markdown if str(m.value).startswith("- ")]
+    assert lines, _messages(at)
+    changes = [line[2:] for line in lines[-1].split("\n")]
+    model = calc.load_card(CARD)
+    usable = gpus.get_gpu("a100-40gb").usable_bytes
+    base = calc.Training(micro_batch=4, seq_len=4096)
+    assert calc.estimate(model, base).peak_bytes > usable
+    for text in changes:
+        knobs = dict(part.split(": ") for part in text.split(" (peak")[0].split(", "))
+        fields: dict[str, object] = {}
+        for knob, move in knobs.items():
+            new = move.split(" -> ")[1]
+            fields[knob] = int(new) if knob == "micro_batch" else new
+        if "micro_batch" in fields:
+            fields["grad_accum"] = 4 // int(fields["micro_batch"])  # type: ignore[call-overload]
+        job = dataclasses.replace(base, **fields)  # type: ignore[arg-type]
+        peak = calc.estimate(model, job).peak_bytes
+        assert peak <= usable, (text, peak)
+        assert f"peak {peak / 2**30:.2f} GiB" in text

@@ -100,7 +100,7 @@ st.subheader("What to change to fit (the sidebar's job)")
 if cached.evaluate(inputs.model, request.model_key, inputs.job, inputs.gpu.id, inputs.device).fits:
     st.info("The sidebar's job already fits on one GPU.", icon=":material/check_circle:")
 elif not st.toggle(
-    "search (one knob, then pairs: compiles every structure it tries, minutes on first use)",
+    "search (one knob, then pairs: compiles each structure it tries once, about 20 s the first time)",
     key="plan.changes",
 ):
     st.caption("Switch on the search to list the smallest changes that make the job fit.")
