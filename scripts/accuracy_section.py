@@ -118,6 +118,19 @@ def not_modelled(cases: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, lis
     return [(st, why, sorted(names)) for (st, why), names in groups.items()]
 
 
+def beyond_bar(
+    cases: Sequence[Mapping[str, Any]], stats: Sequence[Mapping[str, Any]]
+) -> list[Mapping[str, Any]]:
+    """Compared cases whose |error| exceeds their implementation group's per-case bar, worst
+    first: the cases that make a group's verdict "not met"."""
+    bars = {s["impl"]: s["bar"][0] for s in stats}
+    out = [
+        c for c in cases
+        if c.get("error_pct") is not None and abs(c["error_pct"]) > bars.get(_impl(c), 3.0)
+    ]  # fmt: skip
+    return sorted(out, key=lambda c: -abs(c["error_pct"]))
+
+
 def section(report: Mapping[str, Any]) -> str:
     """The Markdown body of the "How accurate is it?" section (no heading)."""
     meta = report.get("meta", {})
@@ -159,6 +172,17 @@ def section(report: Mapping[str, Any]) -> str:
             f"| {s['impl']} | {s['cases']} | {counts} | {_pct(s['median_abs_error_pct'])} | "
             f"{_pct(s['max_abs_error_pct'])} | {_bar_text(s)} | {_verdict(s)} |"
         )
+    beyond = beyond_bar(cases, stats)
+    if beyond:
+        lines += ["", "Beyond their group's bar (each within its own case tolerance, which the "
+                  "case's note in `verify/` explains):", ""]  # fmt: skip
+        for c in beyond:
+            tol = c.get("tolerance_pct")
+            own = f", its tolerance {tol:g} %" if tol is not None else ""
+            lines.append(
+                f"- {c['name']} ({_impl(c)}): {c['error_pct']:+.3f} %{own}; predicted "
+                f"{c.get('predicted_peak', '?'):,} B, measured {c.get('measured_peak', '?'):,} B"
+            )
     groups = not_modelled(cases)
     if groups:
         lines += ["", "Not modelled yet (listed, counted, not compared):", ""]

@@ -196,6 +196,16 @@ def test_section_text() -> None:
     assert "no GPU measurement is recorded yet" in text
     assert "![predicted vs measured peak, one point per case]" in text
     assert "(verify/reports/latest/pred_vs_meas.png)" in text
+    assert "Beyond their group's bar" not in text  # every case within its group's bar
+
+
+def test_section_lists_the_cases_beyond_their_groups_bar() -> None:
+    # hf's bar is 3 % per case: h7 at -4.2 % (its own tolerance 15 %) is listed, h4 (2.5 %) not
+    case = {**_case("h7", "hf", "ok", -4.2), "tolerance_pct": 15.0,
+            "predicted_peak": 958, "measured_peak": 1000}  # fmt: skip
+    text = acc.section({**REPORT, "cases": [*REPORT["cases"], case]})
+    assert "- h7 (hf): -4.200 %, its tolerance 15 %; predicted 958 B, measured 1,000 B" in text
+    assert "- h4 " not in text
 
 
 README = """# project
