@@ -23,6 +23,7 @@ RoPE tables cos/sin [s=8, d=8] bf16 = 128 B -> 512 each: 1024.
 from __future__ import annotations
 
 import pytest
+from specs import tiny_llama
 
 import calc
 
@@ -30,16 +31,7 @@ TEACHER_WEIGHTS = 23040  # module docstring
 TEACHER_ROPE = 1024
 
 
-def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="tiny-llama", model_type="llama", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
-        head_dim=8, ffn=24, vocab=50, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+_llama = tiny_llama
 
 
 TINY = _llama()

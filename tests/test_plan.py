@@ -13,6 +13,7 @@ import itertools
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specs import tiny_llama
 
 import calc
 from calc import plan as P
@@ -30,13 +31,7 @@ def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
         plan_grid.clear_memory_cache()
 
 
-TINY = calc.ModelSpec(
-    name="tiny-llama", model_type="llama", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
-    head_dim=8, ffn=24, vocab=50, max_positions=64, mlp="swiglu", norm="rmsnorm",
-    qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-    tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-    hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-)  # fmt: skip
+TINY = tiny_llama()
 BASE = calc.Training(micro_batch=1, seq_len=8, implementation="reference")
 FIXED = {
     "precision": ("fp32", "bf16"),

@@ -14,6 +14,7 @@ import pytest
 import sympy as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from specs import tiny_llama
 
 import calc
 from calc import plan_eval as E
@@ -31,16 +32,7 @@ def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
         G.clear_memory_cache()
 
 
-def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="tiny-llama", model_type="llama", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
-        head_dim=8, ffn=24, vocab=50, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+_llama = tiny_llama
 
 
 TINY = _llama()

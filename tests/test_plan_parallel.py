@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from specs import tiny_llama
 
 import calc
 from calc import plan as P
@@ -21,13 +22,7 @@ from calc.gpus import GPU
 from calc.plan_layouts import layouts
 from calc.plan_program import to_program
 
-TINY = calc.ModelSpec(
-    name="tiny-llama", model_type="llama", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
-    head_dim=8, ffn=24, vocab=50, max_positions=64, mlp="swiglu", norm="rmsnorm",
-    qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-    tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-    hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-)  # fmt: skip
+TINY = tiny_llama()
 BASE = calc.Training(micro_batch=1, seq_len=8, implementation="reference")
 MIB = 1 << 20
 
