@@ -259,7 +259,7 @@ def evaluate(
     tot = timeline.totals(tl, sizes, model.n_layers)
     extra, dev_notes = _device_terms(job, device)
     tot = tot + extra
-    first = np.array([c.phase.startswith("step1/") for c in tl.candidates], dtype=bool)
+    first = timeline.step1_mask([c.phase for c in tl.candidates])
     for _name, step1, later in extras:
         tot = tot + np.where(first, step1, later)
     i = int(np.argmax(tot))

@@ -8,7 +8,8 @@ GPU; on 2+ GPUs training adds the parallel layout, ``calc.plan_layouts``; tasks 
 with compiled, vectorised expressions (``calc.plan_grid``: the same timelines as
 ``calc.estimate``, persisted; on 2+ GPUs one table per class of ranks of each layout,
 ``calc.ranks.rank_replays``, with DDP's buckets as per-step constants; pipeline and context
-parallelism and compressed jobs on 2+ GPUs fall back to one ``calc.estimate`` call each), so
+parallelism, pruning and distillation on 2+ GPUs fall back to one ``calc.estimate`` call
+each), so
 every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
 returns those that fit, ranked by a throughput proxy (``calc.throughput``) or by headroom, with the reason each
 other one fails and the error observed on the nearest verified cases (``calc.evidence``).
@@ -154,8 +155,7 @@ def precompile(
     entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields), base_fields)
     targets: dict = {}
     if kind == TRAINING and gpu_count > 1:
-        for key, (local, job, opts) in parallel_tables(model, ctx, entries, device).items():
-            targets[key] = (local, job, opts)
+        targets = dict(parallel_tables(model, ctx, entries, device))
     else:
         for _, job in entries:
             if not isinstance(job, str):

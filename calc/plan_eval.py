@@ -20,6 +20,7 @@ from calc.jobs import Inference, Training
 from calc.model_spec import ModelSpec
 from calc.plan_grid import StructureTable, structure_table
 from calc.plan_program import run_program
+from calc.timeline import _undominated, step1_mask
 
 _estimate = import_module("calc.estimate")  # the module (``calc.estimate`` is the function)
 
@@ -48,12 +49,6 @@ def reduced(
     if key not in table._rows:
         table._rows[key] = _reduce(table, model.n_layers, dict(dims), prune, by_step)
     return table._rows[key]
-
-
-def step1_mask(phases: Sequence[str]) -> np.ndarray:
-    """True for the candidates of step 1 (phase ``step1/...``), as ``calc.estimate.evaluate``
-    tells them apart for its extras."""
-    return np.array([p.startswith("step1/") for p in phases], dtype=bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +146,6 @@ def _reduce(
     that are exact polynomials of the job sizes as their monomials (``polynomial``), so the
     candidates become rows over a few monomials plus the sizes that round, and drop dominated
     candidates; a plan's few points skip both (their setup would cost more than it saves)."""
-    from calc.timeline import _undominated
-
     rows = table.rows(n_layers)
     varying = np.array([_uses_job_symbols(p) for p in table.programs], dtype=bool)
     env: dict[str, object] = {name: np.int64(v) for name, v in dims.items()}
@@ -203,13 +196,14 @@ def _reduce(
     )
     if by_step:  # dominance within each group only: a group's constant keeps the order
         first = step1_mask(table.phases)
-        keep_list: list[int] = []
-        for group in (np.flatnonzero(first), np.flatnonzero(~first)):
-            sub = full[group]
-            keep_list.extend(int(group[i]) for i in _undominated(sub, np.zeros_like(sub)))
-        keep = np.array(sorted(keep_list), dtype=np.int64)
+        groups = (np.flatnonzero(first), np.flatnonzero(~first))
     else:
-        keep = np.array(sorted(_undominated(full, np.zeros_like(full))), dtype=np.int64)
+        groups = (np.arange(len(full)),)
+    keep_list: list[int] = []
+    for group in groups:
+        sub = full[group]
+        keep_list.extend(int(group[i]) for i in _undominated(sub, np.zeros_like(sub)))
+    keep = np.array(sorted(keep_list), dtype=np.int64)
     kept = full[keep]
     return Reduced(tuple(index), kept.astype(np.float64), kept, keep)
 

@@ -124,14 +124,14 @@ def rank_replays(
     ``NotImplementedError`` for what the cost model does not cover."""
     if parallel.pp > 1:
         raise NotImplementedError("rank_replays: pipeline stages are calc.pipeline's")
-    check_divisibility(model, parallel)
-    job = _rank_job(job, parallel)
-    out = []
     from calc.lora import trainable_numels
 
-    for rc in rank_classes(model, parallel, trainable_numels(model, job)):
-        out.append(_rank_replay(model, job, parallel, rc, device))
-    return out
+    check_divisibility(model, parallel)
+    job = _rank_job(job, parallel)
+    return [
+        _rank_replay(model, job, parallel, rc, device)
+        for rc in rank_classes(model, parallel, trainable_numels(model, job))
+    ]
 
 
 def _rank_replay(

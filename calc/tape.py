@@ -51,10 +51,24 @@ def _round_symbolic(nbytes: sp.Expr) -> sp.Expr:
     return BLOCK_BYTES * sp.ceiling(nbytes / BLOCK_BYTES)
 
 
+class _Refiled:
+    """A field of `Storage` that is part of its ``key`` (kept in the slot ``_<field>``):
+    setting it re-files a live storage in its tape's counts (`Storage._refile`)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.slot = "_" + name
+
+    def __get__(self, st: Storage | None, owner: type | None = None) -> object:
+        return self if st is None else getattr(st, self.slot)
+
+    def __set__(self, st: Storage, value: object) -> None:
+        st._refile(self.slot, value)
+
+
 class Storage:
     """One allocation: its charged bytes, name, category, and who holds it.
 
-    While it is live its tape counts it under ``key`` (``Tape._counts``); changing its name,
+    While it is live its tape counts it under ``key`` (``_LiveSet.counts``); changing its name,
     category, layer tag or saved count re-files it there, so the tape never has to walk its
     live set to know it."""
 
@@ -63,8 +77,8 @@ class Storage:
     def __init__(self, size: Size, name: str, kind: str, tag: object) -> None:
         self.size = size  # rounded bytes
         self._name = name
-        self._kind = kind  # "weight", "grad", "state", "input", "act"
-        self._tag = tag  # the segment (layer) that allocated it, or "base"
+        self._kind = kind
+        self._tag = tag
         self.refs = 0  # tensors (Python references, views, gradient buffers) on it
         self._saved = 0  # autograd saved-variable references
         self.alive = True
@@ -86,29 +100,9 @@ class Storage:
         setattr(self, field_name, value)
         owner._count(self)
 
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @name.setter
-    def name(self, value: str) -> None:
-        self._refile("_name", value)
-
-    @property
-    def kind(self) -> str:
-        return self._kind
-
-    @kind.setter
-    def kind(self, value: str) -> None:
-        self._refile("_kind", value)
-
-    @property
-    def tag(self) -> object:
-        return self._tag
-
-    @tag.setter
-    def tag(self, value: object) -> None:
-        self._refile("_tag", value)
+    name = _Refiled()
+    kind = _Refiled()  # "weight", "grad", "state", "input", "act"
+    tag = _Refiled()  # the segment (layer) that allocated it, or "base"
 
     @property
     def saved(self) -> int:

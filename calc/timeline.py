@@ -185,6 +185,12 @@ def _undominated(at_min: np.ndarray, slope: np.ndarray) -> list[int]:
     return [i for i in range(n) if alive[i]]
 
 
+def step1_mask(phases: Sequence[str]) -> np.ndarray:
+    """True for the candidates of the first step (phase ``step1/...``): the constant storages
+    outside a replay (DDP's buckets, ``calc.ranks``) differ there from the later steps."""
+    return np.array([p.startswith("step1/") for p in phases], dtype=bool)
+
+
 def totals(tl: Timeline, size_values: np.ndarray, n_layers: int) -> np.ndarray:
     """Live bytes of every candidate for the given size values and layer count."""
     return (tl.c0 + n_layers * tl.c1) @ size_values
