@@ -43,11 +43,10 @@ NOT_MODELLED_TASKS: dict[str, str] = {}
 HELD_ON_MANY_GPUS = ("precision", "optimizer")
 """Axes held at the base job's value for training on 2+ GPUs unless ``fixed`` lists values.
 Evaluation is vectorised and persisted there too (one table per rank class, layout and
-structure, ``calc.plan_grid``), but each table is one symbolic replay (4-7 s for qwen2.5-7b on
-one core, mostly ``calc.tape``'s recording): the default grid of layouts x recompute x
-micro-batch compiles 33-90 tables once (4-6 minutes on 2, 4 or 8 GPUs); enumerating the
-5 precisions x 7 optimizers as well would make that about 35 times more (hours), so they stay
-held."""
+structure, ``calc.plan_grid``), but each table is one symbolic replay (about 0.4 s for
+qwen2.5-7b on one core): the default grid of layouts x recompute x micro-batch compiles 33-90
+tables once (13-48 s on 2, 4 or 8 GPUs, ``benchmarks/bench_plan.py``); enumerating the
+5 precisions x 7 optimizers as well would make that about 35 times more, so they stay held."""
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
@@ -240,7 +239,8 @@ class Evaluator:
     def _parallel_row(self, choices: Mapping, job: Training | Inference) -> Evaluated:
         """One multi-GPU training configuration through ``calc.estimate(model, job, parallel)``
         (``calc.ranks``), one call per configuration: the fallback for what ``_parallel_group``
-        does not vectorise (pipeline or context parallelism, compressed jobs)."""
+        does not vectorise (``vectorised``: pipeline or context parallelism, pruning,
+        distillation)."""
         from calc.estimate import estimate
 
         choices, job, label, parallel = self._layout(choices, job)

@@ -6,8 +6,8 @@ storage sizes, sympy expressions of the symbols of ``calc.symbols`` (``calc.time
 the size expressions become integer programs (``calc.plan_program``: exact, data, never
 ``eval``-ed) and the structure's timeline (programs, count matrices, candidate phases) is plain data: it is kept in
 memory and, through ``calc.cards``, in a persistent JSON cache keyed by a SHA-256 of calc's
-source and of the structure, so the ~1.6 s symbolic replay of a structure is paid once per
-machine and calc version.
+source and of the structure, so the symbolic replay of a structure (0.3-0.8 s,
+``benchmarks/bench_compile.py``) is paid once per machine and calc version.
 
 A table can also be one rank's replay under a parallel layout (``ReplayOptions`` of
 ``calc.estimate``, built by ``calc.ranks.rank_replays``): the options are part of the compiled

@@ -381,7 +381,7 @@ RANK_BYS: tuple[str, ...] = plan.RANK_BYS
 EXPLORE_AXES: tuple[str, ...] = tuple(a.name for a in AXES if a.enumerated and not a.size)
 """Axes the planner may enumerate besides the micro-batch (``calc.plan_axes``: enumerated by
 default, not a size; an axis another issue registers there appears here); the others hold the
-sidebar job's value. Fewer axes, fewer structures to compile on first use (~1.6 s each)."""
+sidebar job's value. Fewer axes, fewer structures to compile on first use (0.3-0.8 s each)."""
 MAX_GPU_COUNT = 4096
 BOOL_TEXT: dict[str, bool] = {"true": True, "false": False}
 """How a ``bool`` option is written in the URL."""

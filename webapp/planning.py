@@ -107,9 +107,9 @@ def _precompile(_model: Model, request: Request) -> int:
 
 
 def precompile(model: Model, request: Request) -> int:
-    """Compile every structure the plan needs, with a progress bar (a structure costs ~1.6 s
-    the first time, a rank class of a multi-GPU layout 4-7 s for a 7B model; calc's persistent
-    cache keeps it for later servers)."""
+    """Compile every structure the plan needs, with a progress bar (a structure, or a rank
+    class of a multi-GPU layout, costs 0.3-0.8 s the first time, ``benchmarks/bench_compile.py``;
+    calc's persistent cache keeps it for later servers)."""
     return _precompile(model, request)
 
 
