@@ -11,18 +11,14 @@ backward of the first layers, activation-heavy ones at the loss).
 from __future__ import annotations
 
 import pytest
+from specs import tiny_llama
 
 import calc
 from calc.step import replay_training
 
-BASE = {
-    "name": "gen", "model_type": "llama", "hidden": 64, "n_heads": 4, "n_kv_heads": 2,
-    "head_dim": 16, "ffn": 96, "vocab": 300, "max_positions": 512, "mlp": "swiglu",
-    "norm": "rmsnorm", "qkv_bias": False, "o_bias": False, "mlp_bias": False,
-    "norm_bias": False, "qk_norm": False, "tied_embeddings": False,
-    "learned_positions": False, "attention_dropout": 0.0, "hidden_dropout": 0.0,
-    "embedding_dropout": 0.0, "norm_eps": 1e-6, "rope_theta": 10000.0,
-}  # fmt: skip
+BASE = {"name": "gen", "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 16, "ffn": 96,
+        "vocab": 300, "max_positions": 512}  # fmt: skip
+"""A GQA llama (4 query heads, 2 key/value heads) wider than ``tests/specs.py``'s."""
 
 
 def _replayed_peak(model: calc.ModelSpec, job: calc.Training) -> int:
@@ -52,7 +48,7 @@ def _replayed_peak(model: calc.ModelSpec, job: calc.Training) -> int:
 def test_generalised_peak_equals_the_layer_by_layer_replay(
     n_layers: int, b: int, s: int, optimizer: str, recompute: str, implementation: str
 ) -> None:
-    model = calc.ModelSpec(**BASE, n_layers=n_layers)
+    model = tiny_llama(**BASE, n_layers=n_layers)
     job = calc.Training(
         micro_batch=b, seq_len=s, optimizer=optimizer, recompute=recompute,
         implementation=implementation, precision="fp32",
