@@ -18,13 +18,19 @@ widgets.sidebar()
 st.navigation(
     [
         st.Page(
-            "views/calculator.py", title="Calculator", icon=":material/calculate:", default=True
+            "webapp/pages/calculator.py",
+            title="Calculator",
+            icon=":material/calculate:",
+            default=True,
         ),
         st.Page(
-            "views/planner.py", title="Planner", icon=":material/table_view:", url_path="planner"
+            "webapp/pages/planner.py",
+            title="Planner",
+            icon=":material/table_view:",
+            url_path="planner",
         ),
         st.Page(
-            "views/evidence.py",
+            "webapp/pages/evidence.py",
             title="Verification",
             icon=":material/science:",
             url_path="verification",

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT))
     from streamlit.testing.v1 import AppTest
 
-    from calc import gpus
+    from calc.data import gpus
     from webapp import prefetch
 
     on = "0" if args.no_prefetch else "1"

@@ -2,8 +2,8 @@
 
     python benchmarks/bench_compile.py [--json]
 
-Every structure ``calc.estimate`` has not seen in this process is replayed (``calc.step``),
-reduced to its candidate peaks (``calc.timeline``) and compiled (``calc.estimate._compile``).
+Every structure ``calc.estimate`` has not seen in this process is replayed (``calc.step.training``),
+reduced to its candidate peaks (``calc.replay.timeline``) and compiled (``calc.estimate.core._compile``).
 The web calculator pays this on the first rerun with a new structure, the planner once per
 structure it has not cached. Each case runs in a fresh Python process (nothing cached in
 memory; ``calc.estimate`` does not read the planner's persistent cache), one CPU core for

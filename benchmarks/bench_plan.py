@@ -9,24 +9,24 @@ is imported, so every number is for one core):
 1. **compile** (the one-time cost): every structure of the default training grid of the card
    (precision x optimizer x recompute, each with grad_accum 1 and >= 2), compiled into the
    persistent cache (``$VRAMPLAN_CACHE_DIR``, default ``~/.cache/vramplan``) by
-   ``calc.plan.precompile``. Structures already cached cost nothing; the seconds per structure
+   ``calc.plan.planner.precompile``. Structures already cached cost nothing; the seconds per structure
    actually compiled now are reported.
-2. **grid throughput**: configurations evaluated per second by ``calc.plan_grid.grid_peaks``
+2. **grid throughput**: configurations evaluated per second by ``calc.plan.grid.grid_peaks``
    over every modelled structure of the grid x ``--points`` sizes per structure (micro-batch
    1..64 x sequence lengths 128..16384), the size expressions shared between structures as
    the planner shares them. One configuration = one (structure, micro-batch, sequence length)
    whose exact peak in bytes is computed. Target: >= 1,000,000 per second.
-3. **full plan**: ``calc.plan.plan(card, task="full-finetune", seq_len, global_batch,
+3. **full plan**: ``calc.plan.planner.plan(card, task="full-finetune", seq_len, global_batch,
    gpu="h100-80gb")`` with the default axes (every configuration of the grid, error bars from
    the latest verify report), in a fresh Python process with a warm persistent cache: the
    seconds of the ``plan`` call (import of calc and loading of the card reported apart), and
    the same call again in that process (tables in memory). Target: under 1 second.
 
 4. **multi-GPU plans** (``--gpus 2,4,8``): the same plan over 2, 4 and 8 GPUs (training
-   enumerates the parallel layouts of ``calc.plan_layouts``; each row is evaluated from its rank
-   classes' tables, ``calc.plan_engine``). Cold once: the 2-GPU plan in a fresh process with an
+   enumerates the parallel layouts of ``calc.plan.layouts``; each row is evaluated from its rank
+   classes' tables, ``calc.plan.engine``). Cold once: the 2-GPU plan in a fresh process with an
    empty cache folder (every rank-class table compiled by the plan itself; its entries are then
-   copied into the cache). Then ``calc.plan.precompile(..., gpu_count=n)`` for each count
+   copied into the cache). Then ``calc.plan.planner.precompile(..., gpu_count=n)`` for each count
    (only what is missing), and each plan in a fresh process with the warm cache, and again in
    that process. Target: warm plan under 1 second. ``--multi-gpu-only`` skips steps 1-3.
 
@@ -61,7 +61,7 @@ TARGET_PLAN_S = 1.0
 def compile_step(card: str) -> dict:
     """Precompile the card's default training grid; seconds and structures compiled now."""
     import calc
-    from calc import plan as P
+    from calc.plan import planner as P
 
     model = calc.load_card(card)
     t0 = time.perf_counter()
@@ -82,8 +82,9 @@ def _progress(done: int, total: int) -> None:
 def throughput_step(card: str, n_points: int) -> dict:
     """Configurations per second of ``grid_peaks`` over every cached structure of the grid."""
     import calc
-    from calc import plan_eval, plan_grid
-    from calc.plan_axes import TRAINING, Context, axes_for
+    from calc.plan import grid as plan_grid
+    from calc.plan import grid_eval as plan_eval
+    from calc.plan.axes import TRAINING, Context, axes_for
 
     model = calc.load_card(card)
     ctx = Context(kind=TRAINING, seq_len=2048, global_batch=2, gpu_count=1)
@@ -139,7 +140,7 @@ sys.path.insert(0, {root!r})
 t0 = time.perf_counter()
 c0 = time.process_time()
 import calc
-from calc import plan as P
+from calc.plan import planner as P
 t1 = time.perf_counter()
 model = calc.load_card({card!r})
 t2 = time.perf_counter()
@@ -176,8 +177,8 @@ def multi_gpu_step(card: str, seq_len: int, global_batch: int, counts: list[int]
     import tempfile
 
     import calc
-    from calc import plan as P
-    from calc.cards import plan_cache_dir
+    from calc.data.cards import plan_cache_dir
+    from calc.plan import planner as P
 
     out: dict = {}
     if 2 in counts:

@@ -1,4 +1,4 @@
-"""Time ``python -m calc report``'s search: every cell of `calc.report.report` for one card, in
+"""Time ``python -m calc report``'s search: every cell of `calc.plan.report.report` for one card, in
 a fresh process (nothing compiled yet), then again in the same process (every recipe's
 structure compiled and cached).
 
@@ -26,7 +26,7 @@ def main() -> int:
     args = p.parse_args()
     sys.path.insert(0, str(ROOT))
     import calc
-    from calc import report
+    from calc.plan import report
 
     model = calc.load_card(args.card)
     tasks = tuple(args.tasks.split(","))

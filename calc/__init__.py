@@ -6,16 +6,16 @@
 >>> est = calc.estimate(model, job)  # doctest: +SKIP
 """
 
-from calc.attention import attention_kernel
-from calc.cards import list_cards, load_card, load_card_config, published_params
-from calc.compression import LoRA, Quant
-from calc.distill import Distill
-from calc.estimate import estimate, values_for
-from calc.jobs import Inference, Training
-from calc.model_spec import ModelSpec, ParamTensor
-from calc.parallel import Parallelism, check_divisibility
-from calc.pruning import Pruning, pruned_spec, storage_verdict
-from calc.result import GIB, Estimate
+from calc.config.compression import LoRA, Quant
+from calc.config.distill import Distill
+from calc.config.jobs import Inference, Training
+from calc.config.model_spec import ModelSpec, ParamTensor
+from calc.config.parallelism import Parallelism, check_divisibility
+from calc.config.pruning import Pruning, pruned_spec, storage_verdict
+from calc.data.cards import list_cards, load_card, load_card_config, published_params
+from calc.estimate.core import estimate, values_for
+from calc.estimate.result import GIB, Estimate
+from calc.models.attention import attention_kernel
 
 __all__ = [
     "GIB",

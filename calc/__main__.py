@@ -1,5 +1,5 @@
-"""``python -m calc``: see ``calc.cli``."""
+"""``python -m calc``: see ``calc.cli.main``."""
 
-from calc.cli import main
+from calc.cli.main import main
 
 raise SystemExit(main())

@@ -60,4 +60,4 @@ INFERENCE_DESCRIPTIONS: dict[sp.Symbol, str] = {
     s: "prompt length (tokens of the prefill)",
 }
 """``DESCRIPTIONS`` for an inference job, where ``b`` is the served batch and ``s`` the prompt
-(``calc.estimate.values_for``)."""
+(``calc.estimate.core.values_for``)."""

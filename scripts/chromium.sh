@@ -1,5 +1,5 @@
 # Sourced by scripts/test.sh: make sure the Debian `chromium` package is installed for the web
-# app's end-to-end test (tests/test_app_e2e.py drives /usr/bin/chromium with Playwright, which
+# app's end-to-end test (tests/webapp/test_e2e.py drives /usr/bin/chromium with Playwright, which
 # downloads no browser of its own). Fast when it is already there; installs it with apt-get when
 # running as root (CI); otherwise says how, and the test skips (or fails when CI is set).
 

@@ -46,7 +46,7 @@ VERIFIED = {
 def job_for(par: calc.Parallelism) -> calc.Training:
     """The job of one layout: every layout trains a global batch of 8 sequences per step, so a
     pipeline's ``micro_batch`` (the batch it splits into ``pp_microbatches``) is 8 per replica
-    (``calc.pipeline``), one sequence per micro-batch like one per GPU under data parallelism."""
+    (``calc.step.pipeline``), one sequence per micro-batch like one per GPU under data parallelism."""
     if par.pp > 1:
         return dataclasses.replace(JOB, micro_batch=JOB.micro_batch * par.pp_microbatches)
     return JOB

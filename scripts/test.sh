@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command (README, .ci/run): set up .venv on a fresh machine (and the Debian chromium
-# package the web app's end-to-end test drives), then lint, format-check, run the quick
+# package the web app's end-to-end test drives), then lint, format-check, type-check calc/, run the quick
 # measurement check and the unit tests. Every step runs even when an earlier one
 # fails, so one run shows every failure; the exit status is non-zero if any step failed.
 # pytest runs last so that its summary line closes the output.
@@ -19,6 +19,7 @@ step() {
 
 step ruff check .
 step ruff format --check .
+step mypy
 step python -m verify --quick --no-progress --out verify/reports/quick
 step pytest -q
 

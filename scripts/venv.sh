@@ -1,5 +1,5 @@
 # Sourced by scripts/test.sh and scripts/run.sh: create .venv if missing and install this project
-# into it (editable: calc/cards.py reads model_cards/ beside the package) with the extras in $1
+# into it (editable: calc/data/cards.py reads model_cards/ beside the package) with the extras in $1
 # (comma-separated; empty for the core only).
 # The install is skipped when pyproject.toml and the extras are unchanged since the last one.
 

@@ -27,8 +27,8 @@ import calc
 for info in pkgutil.walk_packages(calc.__path__, "calc."):
     if not info.name.endswith("__main__"):
         importlib.import_module(info.name)
-import calc.cli
-calc.cli.build_parser()
+import calc.cli.main
+calc.cli.main.build_parser()
 print("ok")
 """
     proc = subprocess.run(

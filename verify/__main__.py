@@ -70,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
         else:
             os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    from verify import report
-    from verify.cases import select
-    from verify.runner import FAILING, run_case
+    from verify.cases.single import select
+    from verify.run import report
+    from verify.run.runner import FAILING, run_case
 
     if args.device == "cuda":
         import torch
@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if bar is not None:
         bar.close()
     if dist_cases:
-        from verify.distributed import run_distributed
+        from verify.dist.launch import run_distributed
 
         for rec in run_distributed(dist_cases, progress=lambda _line: None):
             records.append(rec)
@@ -134,10 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _distributed_cases(args: argparse.Namespace) -> list:
-    """The distributed cases the filters select (`verify.distributed`)."""
+    """The distributed cases the filters select (`verify.dist.launch`)."""
     if args.nproc is not None and args.nproc < 1:
         raise SystemExit(f"--nproc={args.nproc} must be >= 1")
-    from verify.distributed import all_cases, select
+    from verify.dist.launch import all_cases, select
 
     picked = select(all_cases(), substring=args.cases, quick=args.quick, nproc=args.nproc)
     return [c for c in picked if args.impl in ("all", c.impl)]

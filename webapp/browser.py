@@ -1,5 +1,5 @@
 """Run the real web calculator and look at it in headless Chromium: the end-to-end test
-(``tests/test_app_e2e.py``) and the README's screenshots (``scripts/screenshots.py``) use this.
+(``tests/webapp/test_e2e.py``) and the README's screenshots (``scripts/screenshots.py``) use this.
 
 The server is ``streamlit run app.py`` on a free local port; the browser is the Debian
 ``chromium`` package (``/usr/bin/chromium``) driven by Playwright (``pip install
@@ -34,7 +34,7 @@ CHROMIUM_ARGS = (
     "--disable-dev-shm-usage",
 )
 VERDICT_TEXTS = ("fits with", "does not fit:")
-"""The verdict sentence starts with one of these (``calc.plan.Evaluated.verdict``)."""
+"""The verdict sentence starts with one of these (``calc.plan.planner.Evaluated.verdict``)."""
 VERDICT = "^(fits with|does not fit:) "
 """A regular expression matching the verdict sentence."""
 

@@ -9,10 +9,13 @@ import json
 import streamlit as st
 
 import calc
-from calc import display, evidence, gpus, plan
-from calc.cards import load_verify_report
-from calc.evidence import VerifiedCase
-from calc.sweep import Sweep, doubling_values, sweep
+from calc.data import gpus
+from calc.data.cards import load_verify_report
+from calc.plan import evidence
+from calc.plan import planner as plan
+from calc.plan.evidence import VerifiedCase
+from calc.present import display
+from calc.present.sweep import Sweep, doubling_values, sweep
 from webapp.model_source import Model
 
 
@@ -46,8 +49,8 @@ def parallel_verdict(
     model: Model, job: calc.Training, est: calc.Estimate, gpu: gpus.GPU
 ) -> tuple[bool, str]:
     """Whether the most-loaded rank's peak fits one GPU, in the words of a planner row
-    (``calc.plan_result.Evaluated.verdict``), with the error ``python -m verify`` observed on
-    the nearest verified cases (``calc.evidence.error_bar``: chosen by the job's fields; the
+    (``calc.plan.result.Evaluated.verdict``), with the error ``python -m verify`` observed on
+    the nearest verified cases (``calc.plan.evidence.error_bar``: chosen by the job's fields; the
     parallel layout is not one of the similarity fields)."""
     gib = display.gib
     headroom = gpu.usable_bytes - est.peak_bytes
@@ -74,7 +77,7 @@ def parallel_verdict(
 def evaluate(
     _model: Model, key: str, job: calc.Training | calc.Inference, gpu_id: str, device: str
 ) -> plan.Evaluated:
-    """``calc.plan.evaluate``: the job against one GPU, its verdict with the error observed on
+    """``calc.plan.planner.evaluate``: the job against one GPU, its verdict with the error observed on
     the nearest verified cases (the same sentence as a planner row)."""
     return plan.evaluate(_model.spec, job, gpu=gpu_id, device=device)
 
@@ -84,6 +87,6 @@ def size_sweep(
     _model: Model, key: str, job: calc.Training | calc.Inference, field: str, current: int,
     high: int, device: str,
 ) -> Sweep:  # fmt: skip
-    """``calc.sweep.sweep`` over doubling values of ``field`` around ``current``."""
+    """``calc.present.sweep.sweep`` over doubling values of ``field`` around ``current``."""
     values = doubling_values(current, high=high, points=9)
     return sweep(_model.spec, job, field, values, device=device)

@@ -1,4 +1,4 @@
-"""Vega-Lite specs of the web calculator's charts, drawn from ``calc.display`` rows (no
+"""Vega-Lite specs of the web calculator's charts, drawn from ``calc.present.display`` rows (no
 arithmetic here: the rows already hold GiB and shares).
 
 Plain dicts for ``st.vega_lite_chart``: building them through Altair validated every spec

@@ -4,9 +4,9 @@ Each ``FormField`` is one flat option, one widget and one URL parameter. A scala
 (a field of ``calc.Training`` or ``calc.Inference``) is one ``FormField`` of the same name; a job
 field holding an object (``lora``, ``quant``, ``pruning``, ``distill``, ``kv_quant``) is several
 flat options (``of`` names the field) and one builder in ``OBJECT_BUILDERS`` that makes the
-object from them with the CLI's helpers (``calc.cli_compression``, ``calc.cli_prune_distill``);
+object from them with the CLI's helpers (``calc.cli.compression``, ``calc.cli.prune_distill``);
 ``PARALLELISM`` holds one option per ``calc.Parallelism`` field (``of="parallel"``,
-``build_parallel``). ``tests/test_app_form.py`` fails while a job field or a ``Parallelism``
+``build_parallel``). ``tests/webapp/test_form.py`` fails while a job field or a ``Parallelism``
 field has no option.
 
 The state of the page is a flat ``dict`` keyed by widget key; ``to_query`` and ``from_query``
@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 import calc
-from calc import cli_compression, cli_prune_distill, jobs, plan
-from calc.compression import (
+from calc.cli import compression as cli_compression
+from calc.cli import prune_distill as cli_prune_distill
+from calc.config import jobs
+from calc.config.compression import (
     FP8_SCALINGS,
     KV_QUANTS,
     LORA_MODULES,
@@ -35,10 +37,11 @@ from calc.compression import (
     QUANT_METHODS,
     SCALE_DTYPES,
 )
-from calc.distill import MAX_TEMPERATURE, TEACHER_PRECISIONS
-from calc.parallel import MAX_DEGREE, OFFLOADS, PIPELINE_SCHEDULES, ZERO_PARTITIONS
-from calc.plan_axes import AXES
-from calc.pruning import GPT2_MODULES, LLAMA_MODULES, PRUNING_KINDS, Pruning
+from calc.config.distill import MAX_TEMPERATURE, TEACHER_PRECISIONS
+from calc.config.parallelism import MAX_DEGREE, OFFLOADS, PIPELINE_SCHEDULES, ZERO_PARTITIONS
+from calc.config.pruning import GPT2_MODULES, LLAMA_MODULES, PRUNING_KINDS, Pruning
+from calc.plan import planner as plan
+from calc.plan.axes import AXES
 
 Kind = Literal["choice", "int", "float", "optional_int", "optional_float", "bool", "multi"]
 TASKS: tuple[str, ...] = ("train", "infer")
@@ -281,7 +284,7 @@ COMPRESSION: tuple[FormField, ...] = (
 )  # fmt: skip
 """Issue 5 (LoRA / QLoRA / quantization / pruning / distillation): flat options, each part of
 one object-valued job field (``of``), built by ``OBJECT_BUILDERS`` with the CLI's helpers
-(``calc.cli_compression``, ``calc.cli_prune_distill``): a link and a command line mean the
+(``calc.cli.compression``, ``calc.cli.prune_distill``): a link and a command line mean the
 same job."""
 
 
@@ -379,7 +382,7 @@ PLAN_PARAMS: dict[str, str] = {
 PLAN_TASKS: tuple[str, ...] = plan.TASKS
 RANK_BYS: tuple[str, ...] = plan.RANK_BYS
 EXPLORE_AXES: tuple[str, ...] = tuple(a.name for a in AXES if a.enumerated and not a.size)
-"""Axes the planner may enumerate besides the micro-batch (``calc.plan_axes``: enumerated by
+"""Axes the planner may enumerate besides the micro-batch (``calc.plan.axes``: enumerated by
 default, not a size; an axis another issue registers there appears here); the others hold the
 sidebar job's value. Fewer axes, fewer structures to compile on first use (0.3-0.8 s each)."""
 MAX_GPU_COUNT = 4096

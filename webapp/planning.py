@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import streamlit as st
 
 import calc
-from calc import display
-from calc import plan as planner
-from calc.plan_axes import INFERENCE, TRAINING, axes_for
+from calc.plan import planner
+from calc.plan.axes import INFERENCE, TRAINING, axes_for
+from calc.present import display
 from webapp.model_source import Model
 
 COLUMNS = {
@@ -28,12 +28,12 @@ def kind(task: str) -> str:
 
 
 def axis_names(task: str) -> tuple[str, ...]:
-    """Every axis of the task's kind (``calc.plan_axes``), in table order."""
+    """Every axis of the task's kind (``calc.plan.axes``), in table order."""
     return tuple(a.name for a in axes_for(kind(task)))
 
 
 def explorable(task: str) -> tuple[str, ...]:
-    """The axes the user may ask the planner to enumerate (``calc.plan_axes``; the micro-batch
+    """The axes the user may ask the planner to enumerate (``calc.plan.axes``; the micro-batch
     is always enumerated, in bulk)."""
     return tuple(a.name for a in axes_for(kind(task)) if a.enumerated and not a.size)
 
@@ -45,7 +45,7 @@ class Request:
     model_key: str
     """``webapp.cached.model_key`` of the model."""
     task: str
-    """A ``calc.plan.TASKS`` entry."""
+    """A ``calc.plan.planner.TASKS`` entry."""
     seq_len: int
     """Tokens per sequence (inference: context)."""
     global_batch: int
@@ -124,7 +124,7 @@ def _plan(_model: Model, request: Request) -> planner.Plan:
 
 
 def plan(model: Model, request: Request) -> planner.Plan:
-    """``calc.plan.plan`` for the request."""
+    """``calc.plan.planner.plan`` for the request."""
     return _plan(model, request)
 
 
@@ -138,7 +138,7 @@ def _least(_model: Model, request: Request) -> planner.LeastHardware:
 
 
 def least_hardware(model: Model, request: Request) -> planner.LeastHardware:
-    """``calc.plan.least_hardware`` for the request."""
+    """``calc.plan.planner.least_hardware`` for the request."""
     return _least(model, request)
 
 
@@ -174,6 +174,6 @@ def _changes(
 def changes_to_fit(
     model: Model, request: Request, job: calc.Training | calc.Inference
 ) -> tuple[planner.Change, ...]:
-    """``calc.plan.changes_to_fit`` for the sidebar's job on the request's GPUs (``()`` when
+    """``calc.plan.planner.changes_to_fit`` for the sidebar's job on the request's GPUs (``()`` when
     it already fits)."""
     return _changes(model, request, job)

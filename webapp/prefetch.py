@@ -24,7 +24,7 @@ import time
 from dataclasses import replace
 
 import calc
-from calc import jobs
+from calc.config import jobs
 
 NEIGHBOUR_CHOICES: dict[type, dict[str, tuple[str, ...]]] = {
     calc.Training: {

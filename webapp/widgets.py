@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 import calc
-from calc import gpus
+from calc.data import gpus
 from webapp import form
 from webapp.model_source import Model, from_card, from_config_bytes
 
@@ -219,7 +219,7 @@ def sidebar() -> Inputs:
                         bind("device", state)
                         st.radio(
                             "predict",
-                            calc.jobs.DEVICES,
+                            calc.config.jobs.DEVICES,
                             key="device",
                             horizontal=True,
                             help="cuda: torch.cuda.max_memory_allocated; "

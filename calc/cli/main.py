@@ -1,0 +1,415 @@
+"""``python -m calc``: the memory estimate of one job, as a table and a verdict.
+
+The command line only wires arguments to the library: a model (a card id or a user's
+``config.json``), a job (``calc.Training`` or ``calc.Inference``, whose constructors validate
+every field), ``calc.estimate``, and the display. Bytes stay bytes until this module prints
+them, in GiB (2**30 bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import calc
+from calc.cli import compression as cli_compression
+from calc.config import jobs
+from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
+from calc.data.cards import list_cards
+from calc.estimate.result import GIB
+
+if TYPE_CHECKING:
+    from calc.config.jobs import Inference, Training
+    from calc.config.model_spec import ModelSpec
+    from calc.estimate.result import Estimate
+
+DEFAULT_CARD = "qwen2.5-32b"
+DEFAULT_TRAINING: dict[str, int] = {"micro_batch": 1, "seq_len": 2048}
+"""Sizes of the default training job: ``calc.Training`` requires them."""
+DEFAULT_INFERENCE: dict[str, int] = {"batch": 1, "context": 4096}
+"""Sizes of the default inference job: ``calc.Inference`` requires them."""
+
+# Command-line option dest -> the job field it sets. Options shared by both jobs are in both.
+TRAINING_FIELDS: tuple[str, ...] = (
+    "micro_batch",
+    "seq_len",
+    "precision",
+    "optimizer",
+    "optimizer_impl",
+    "recompute",
+    "attention",
+    "implementation",
+    "grad_accum",
+    "weight_decay",
+    "dropout",
+    "zero_grad",
+)
+INFERENCE_FIELDS: tuple[str, ...] = (
+    "batch",
+    "context",
+    "prompt",
+    "precision",
+    "attention",
+    "implementation",
+)
+
+
+def _choices(values: Sequence[str]) -> str:
+    return ", ".join(values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser. Choice-valued job fields are validated by the job classes (one
+    message naming the field, the value and the allowed values), not by argparse."""
+    p = argparse.ArgumentParser(
+        prog="python -m calc",
+        description="Predict the peak GPU memory (torch.cuda.max_memory_allocated) of one "
+        "training step or one inference prefill, per GPU, and whether it fits.",
+    )
+    model = p.add_argument_group("model")
+    src = model.add_mutually_exclusive_group()
+    src.add_argument("--card", metavar="ID", help=f"model card id (default {DEFAULT_CARD})")
+    src.add_argument(
+        "--config", metavar="PATH", type=Path, help="a Hugging Face config.json to read instead"
+    )
+    src.add_argument("--list-cards", action="store_true", help="print the card ids and exit")
+
+    p.add_argument("--task", choices=("train", "infer"), default="train", help="default: train")
+
+    both = p.add_argument_group("training and inference")
+    both.add_argument(
+        "--precision",
+        help=f"training: {_choices(jobs.PRECISIONS)} (default amp-bf16); "
+        f"inference: {_choices(jobs.INFERENCE_PRECISIONS)} (default bf16)",
+    )
+    both.add_argument("--attention", help=f"{_choices(jobs.ATTENTIONS)} (default sdpa)")
+    both.add_argument(
+        "--implementation", help=f"modeling code: {_choices(jobs.IMPLEMENTATIONS)} (default hf)"
+    )
+
+    train = p.add_argument_group("training (--task train)")
+    train.add_argument(
+        "--micro-batch",
+        type=int,
+        help=f"sequences per micro-batch (default {DEFAULT_TRAINING['micro_batch']})",
+    )
+    train.add_argument(
+        "--seq-len", type=int, help=f"tokens per sequence (default {DEFAULT_TRAINING['seq_len']})"
+    )
+    train.add_argument("--optimizer", help=f"{_choices(jobs.OPTIMIZERS)} (default adamw)")
+    train.add_argument(
+        "--optimizer-impl", help=f"{_choices(jobs.OPTIMIZER_IMPLS)} (default foreach)"
+    )
+    train.add_argument("--recompute", help=f"{_choices(jobs.RECOMPUTES)} (default none)")
+    train.add_argument(
+        "--grad-accum", type=int, help="micro-batches per optimizer step (default 1)"
+    )
+    train.add_argument("--weight-decay", type=float, help="weight decay (default 0)")
+    train.add_argument(
+        "--dropout", type=float, help="dropout probability everywhere (default: the config's)"
+    )
+    train.add_argument("--zero-grad", help=f"{_choices(jobs.ZERO_GRADS)} (default after_step)")
+    cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
+
+    infer = p.add_argument_group("inference (--task infer)")
+    infer.add_argument(
+        "--batch",
+        type=int,
+        help=f"sequences served together (default {DEFAULT_INFERENCE['batch']})",
+    )
+    infer.add_argument(
+        "--context",
+        type=int,
+        help=f"tokens in the KV cache per sequence (default {DEFAULT_INFERENCE['context']})",
+    )
+    infer.add_argument("--prompt", type=int, help="tokens in the prefill (default: --context)")
+
+    par = p.add_argument_group("parallelism (training; calc.Parallelism, default: one GPU)")
+    for flag, hlp in (
+        ("--dp", "data-parallel degree (default 1)"),
+        ("--tp", "tensor-parallel degree (default 1)"),
+        ("--pp", "pipeline-parallel degree (default 1)"),
+        ("--cp", "context-parallel degree (default 1)"),
+        ("--zero", "ZeRO stage over dp: 0 (DDP), 1, 2, 3 (default 0)"),
+        ("--pp-microbatches", "micro-batches per step through the pipeline (default 1)"),
+        ("--pp-virtual-stages", "model chunks per pipeline rank (default 1)"),
+        ("--ddp-bucket-mib", "DDP bucket_cap_mb (default: torch's, 1 MiB first then 25 MiB)"),
+    ):
+        par.add_argument(flag, type=int, help=hlp)
+    par.add_argument("--pp-schedule", help=f"{_choices(PIPELINE_SCHEDULES)} (default 1f1b)")
+    par.add_argument("--offload", help=f"{_choices(OFFLOADS)} (default none)")
+    for flag, hlp in (
+        ("--sp", "sequence parallelism with --tp"),
+        ("--fsdp", "PyTorch FSDP2 fully_shard per layer (ZeRO-3 sharding)"),
+        ("--gradient-as-bucket-view", "DDP gradient_as_bucket_view=True"),
+        ("--vocab-parallel", "with --tp: vocabulary-parallel embedding and loss"),
+        ("--no-reshard-after-forward", "FSDP2 reshard_after_forward=False"),
+    ):
+        par.add_argument(flag, action="store_true", default=None, help=hlp)
+
+    from calc.cli import prune_distill as cli_prune_distill
+
+    cli_prune_distill.add_arguments(p)
+
+    out = p.add_argument_group("output")
+    out.add_argument(
+        "--device",
+        choices=jobs.DEVICES,
+        default="cuda",
+        help="predict torch.cuda.max_memory_allocated (cuda, default) or the CPU tracker (cpu)",
+    )
+    out.add_argument(
+        "--gpu-gib", type=float, default=80.0, help="GPU memory for the verdict (default 80)"
+    )
+    out.add_argument("--depth", type=int, help="show the breakdown down to this depth (1 = top)")
+    out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    out.add_argument("--latex", action="store_true", help="also print the peak formula (LaTeX)")
+    return p
+
+
+# ----------------------------------------------------------------------------- input
+
+
+def load_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
+    """The ``ModelSpec`` the arguments name, and a label for it."""
+    if args.config is not None:
+        path: Path = args.config
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"config={str(path)!r} cannot be read: {exc.strerror}") from exc
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config={str(path)!r} is malformed JSON: {exc}") from exc
+        return calc.ModelSpec.from_hf_config(config), str(path)
+    card = args.card if args.card is not None else DEFAULT_CARD
+    return calc.load_card(card), card
+
+
+def build_job(args: argparse.Namespace) -> Training | Inference:
+    """``calc.Training`` or ``calc.Inference`` from the arguments; options of the other task are
+    rejected rather than silently ignored."""
+    own, other = (
+        (TRAINING_FIELDS, INFERENCE_FIELDS)
+        if args.task == "train"
+        else (INFERENCE_FIELDS, TRAINING_FIELDS)
+    )
+    stray = [f for f in other if f not in own and getattr(args, f) is not None]
+    if stray:
+        names = ", ".join("--" + f.replace("_", "-") for f in stray)
+        raise ValueError(f"task={args.task!r} does not take {names}")
+    kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
+    if args.task == "train":
+        return cli_compression.apply(args, calc.Training(**{**DEFAULT_TRAINING, **kwargs}))
+    return cli_compression.apply(args, calc.Inference(**{**DEFAULT_INFERENCE, **kwargs}))
+
+
+PARALLEL_FIELDS: tuple[str, ...] = (
+    "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
+    "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
+)  # fmt: skip
+
+
+def build_parallel(args: argparse.Namespace) -> Parallelism | None:
+    """``calc.Parallelism`` from the parallelism options (None when none is given); its
+    constructor validates every field."""
+    kwargs = {f: getattr(args, f) for f in PARALLEL_FIELDS if getattr(args, f) is not None}
+    if args.no_reshard_after_forward:
+        kwargs["reshard_after_forward"] = False
+    if not kwargs:
+        return None
+    if args.task != "train":
+        names = ", ".join("--" + f.replace("_", "-") for f in kwargs)
+        raise ValueError(f"task={args.task!r} does not take {names} (parallel inference)")
+    return calc.Parallelism(**kwargs)
+
+
+def check_output_args(args: argparse.Namespace) -> None:
+    """Validate the display options (the job classes validate the job's)."""
+    if not (math.isfinite(args.gpu_gib) and args.gpu_gib > 0):
+        raise ValueError(f"gpu_gib={args.gpu_gib} must be a positive, finite number of GiB")
+    if args.depth is not None and args.depth < 1:
+        raise ValueError(f"depth={args.depth} must be an integer >= 1")
+
+
+# ----------------------------------------------------------------------------- display
+
+
+def breakdown_rows(breakdown: Mapping[str, int]) -> list[tuple[int, str, int]]:
+    """``(depth, key, bytes)`` rows of a slash-keyed tree in display order: each parent before
+    its children, siblings in first-seen order, ``total`` last. A parent missing from the
+    mapping is shown as the sum of its children."""
+    children: dict[str, list[str]] = {"": []}
+    for key in breakdown:
+        if key == "total":
+            continue
+        parts = key.split("/")
+        for i in range(1, len(parts) + 1):
+            node, parent = "/".join(parts[:i]), "/".join(parts[: i - 1])
+            if node not in children:
+                children[node] = []
+                children[parent].append(node)
+
+    def value(node: str) -> int:
+        if node in breakdown:
+            return int(breakdown[node])
+        return sum(value(c) for c in children[node])
+
+    rows: list[tuple[int, str, int]] = []
+
+    def walk(node: str, depth: int) -> None:
+        for child in children[node]:
+            rows.append((depth, child, value(child)))
+            walk(child, depth + 1)
+
+    walk("", 0)
+    total = int(breakdown["total"]) if "total" in breakdown else sum(value(c) for c in children[""])
+    rows.append((0, "total", total))
+    return rows
+
+
+def format_gib(nbytes: int) -> str:
+    """Bytes as GiB (2**30), two decimals, labelled."""
+    return f"{nbytes / GIB:.2f} GiB"
+
+
+def verdict(peak_bytes: int, gpu_gib: float) -> tuple[bool, int, str]:
+    """Whether ``peak_bytes`` fits in ``gpu_gib`` GiB, the headroom in bytes (negative when it
+    does not fit), and the sentence saying so."""
+    capacity = int(gpu_gib * GIB)
+    headroom = capacity - peak_bytes
+    size = f"{gpu_gib:g} GiB"
+    if headroom >= 0:
+        share = 100 * headroom / capacity
+        return True, headroom, f"fits in {size} with {format_gib(headroom)} ({share:.1f}%) headroom"
+    return False, headroom, f"does not fit in {size}: needs {format_gib(-headroom)} more"
+
+
+def render_table(est: Estimate, depth: int | None) -> list[str]:
+    """The breakdown at the peak: one row per node, indented by depth, GiB and % of peak."""
+    peak = int(est.peak_bytes)
+    tree = {k: v for k, v in est.breakdown.items() if not k.startswith("ranks/")}
+    rows = [
+        (d, key, n)
+        for d, key, n in breakdown_rows(tree)
+        if depth is None or d < depth or key == "total"
+    ]
+    labels = [
+        ("  " * d) + (key if key == "total" else key.rsplit("/", 1)[-1]) for d, key, _ in rows
+    ]
+    width = max(len("component"), *(len(s) for s in labels))
+    lines = [f"{'component':<{width}}  {'GiB':>12}  {'% of peak':>9}"]
+    lines.append("-" * len(lines[0]))
+    for (_, key, n), label in zip(rows, labels, strict=True):
+        if key == "total":
+            lines.append("-" * len(lines[0]))
+        share = 100 * n / peak if peak else 0.0
+        lines.append(f"{label:<{width}}  {format_gib(n):>12}  {share:>8.1f}%")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    """Estimate and print; raises ``ValueError`` on bad input."""
+    check_output_args(args)
+    model, label = load_model(args)
+    job = build_job(args)
+    from calc.cli import prune_distill as cli_prune_distill
+
+    model, job = cli_prune_distill.apply(args, model, job)
+    stored = cli_prune_distill.storage(args, model, job)
+    parallel = build_parallel(args)
+    est = calc.estimate(model, job, parallel, device=args.device)
+    peak = int(est.peak_bytes)
+    fits, headroom, sentence = verdict(peak, args.gpu_gib)
+
+    if args.json:
+        out = {
+            "model": label,
+            "n_params": int(model.n_params),
+            "task": args.task,
+            "job": dataclasses.asdict(job),
+            "device": args.device,
+            "peak_bytes": peak,
+            "peak_gib": peak / GIB,
+            "peak_phase": est.peak_phase,
+            "peak_event": est.peak_event,
+            "phases": {k: int(v) for k, v in est.phases.items()},
+            "breakdown": {k: int(v) for k, v in est.breakdown.items()},
+            "gpu_gib": args.gpu_gib,
+            "fits": fits,
+            "headroom_bytes": headroom,
+        }
+        if parallel is not None:
+            out["parallel"] = dataclasses.asdict(parallel)
+            out["most_loaded_rank"] = est.rank
+            out["rank_peaks"] = {str(r): int(v) for r, v in est.rank_peaks.items()}
+        if args.latex:
+            out["latex"] = est.latex()
+        if stored is not None:
+            out["pruned_storage"] = cli_prune_distill.storage_json(stored)
+        print(json.dumps(out, indent=2, default=str))
+        return 0
+
+    job_desc = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(job).items())
+    print(f"model: {label} ({int(model.n_params):,} parameters)")
+    print(f"job:   {type(job).__name__}({job_desc}), device={args.device}")
+    if parallel is not None:
+        changed = {
+            k: v for k, v in dataclasses.asdict(parallel).items()
+            if v != getattr(calc.Parallelism(), k)
+        }  # fmt: skip
+        print(f"parallel: {', '.join(f'{k}={v}' for k, v in changed.items())} "
+              f"({parallel.world_size} GPUs)")  # fmt: skip
+    print()
+    print("\n".join(render_table(est, args.depth)))
+    print()
+    print(f"peak phase: {est.peak_phase} (at {est.peak_event})")
+    print(f"peak:       {format_gib(peak)} ({peak:,} bytes)")
+    if parallel is not None:
+        peaks = sorted(set(est.rank_peaks.values()))
+        spread = f"; ranks range {format_gib(peaks[0])} to {format_gib(peaks[-1])}"
+        print(f"rank:       the most-loaded GPU is rank {est.rank} of {parallel.world_size}"
+              f"{spread if len(peaks) > 1 else ' (every rank the same)'}")  # fmt: skip
+    print(f"verdict:    {sentence}")
+    if stored is not None:
+        print()
+        print("\n".join(cli_prune_distill.storage_lines(stored, GIB)))
+    if args.latex:
+        print()
+        print(f"peak = {est.latex()}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m calc``: 0 on success, 2 on bad input or a job the cost model
+    does not cover (one line on stderr, no traceback). ``python -m calc plan ...`` runs the
+    capacity planner (``calc.cli.plan``); ``report`` runs `calc.cli.report` (least memory per
+    task and weight width)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["plan"]:
+        from calc.cli.plan import main as plan_main
+
+        return plan_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from calc.cli import report as cli_report
+
+        return cli_report.main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.list_cards:
+        print("\n".join(list_cards()))
+        return 0
+    try:
+        return run(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except NotImplementedError as exc:  # a valid job the cost model does not cover yet
+        print(f"not supported yet: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,6 @@
+"""Compression in the replay: quantized weights, LoRA/QLoRA, pruning, distillation.
+
+- ``quant``, ``kv_quant``: weight-only and KV-cache quantization.
+- ``lora``: frozen base with low-rank adapters.
+- ``prune_replay``: ``torch.nn.utils.prune`` in the step; ``distill``: the teacher and the KD loss.
+"""

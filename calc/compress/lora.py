@@ -1,0 +1,217 @@
+"""LoRA and QLoRA in the replay: a frozen (optionally quantized) base with low-rank adapters.
+
+``compress_weights`` turns the model's parameters (`calc.models.reference.Weights`) into what
+verify's ``compress.apply`` makes of the model:
+
+* every base tensor is frozen (``requires_grad=False``): no gradient, no optimizer state, and
+  autograd's guarded saves then keep less. ``mm`` saves its input only for the weight's
+  gradient, ``mul`` saves an operand only for the other one's gradient (derivatives.yaml,
+  ``grad_input_mask``; memory-facts §2.6/§2.9): a frozen linear keeps no input, a frozen
+  norm weight makes ``x * rstd`` unsaved;
+* with ``quant``, the decoder linears are stored quantized (`calc.compress.quant`) and run through
+  `calc.compress.quant.quant_linear`;
+* with ``lora``, each chosen linear gets ``A [r, in]`` and ``B [out, r]`` (trainable, in the
+  adapter dtype) and runs `lora_linear`: ``base(x) + B(A(x)) * scaling``, whose ``A`` keeps the
+  input ``x``: the adapted linears' inputs are what LoRA training still saves per layer.
+
+The linears route through ``tape.linear_hooks`` (keyed by the weight's storage), so the graphs
+that call ``ops.linear`` need no change. Source of the adapter: Hu et al. 2021 (arXiv
+2106.09685), peft ``tuners/lora/layer.py`` ``Linear.forward``.
+"""
+
+from __future__ import annotations
+
+from calc.compress import quant
+from calc.config.compression import LoRA, Quant
+from calc.models.reference import Shape, Weights
+from calc.replay import ops
+from calc.replay.tape import Size, Tape, Tensor
+
+LINEAR_KEYS = ("q", "k", "v", "o", "gate", "up", "down")
+"""The decoder-layer linears of the llama family, as `Weights` keys them (LoRA's names)."""
+
+
+def linear_shape(sh: Shape, key: str) -> tuple[Size, Size]:
+    """``(out_features, in_features)`` of one decoder linear."""
+    h, a, k, d, f = sh.h, sh.a, sh.k, sh.d, sh.f
+    return {
+        "q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
+        "gate": (f, h), "up": (f, h), "down": (h, f),
+    }[key]  # fmt: skip
+
+
+def adapter_numels(model: object, lora: LoRA) -> tuple[int, ...]:
+    """Elements of one layer's adapters, ``A`` then ``B`` per module, for a ``calc.ModelSpec``
+    (what 8-bit Adam's ``min_8bit_size`` decides on)."""
+    h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
+    shapes = {"q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
+              "gate": (f, h), "up": (f, h), "down": (h, f)}  # fmt: skip
+    out: list[int] = []
+    for key in LINEAR_KEYS:
+        if key in lora.modules:
+            out_f, in_f = shapes[key]
+            out += [lora.rank * in_f, out_f * lora.rank]
+    return tuple(out)
+
+
+def trainable_numels(model: object, job: object) -> list[int] | None:
+    """Elements of every trainable parameter in ``model.parameters()`` order when ``job``
+    trains LoRA adapters (per layer, `adapter_numels`), else None (all parameters train)."""
+    if getattr(job, "lora", None) is None:
+        return None
+    return list(adapter_numels(model, job.lora)) * model.n_layers
+
+
+def lora_linear(
+    tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, rank: Size,
+    rows: Size, out_features: Size, name: str,
+) -> Tensor:  # fmt: skip
+    """``result = base(x); result = result + lora_B(lora_A(x)) * scaling`` (peft order).
+
+    ``x`` is first cast to the adapters' dtype (peft's ``_cast_input_dtype``; a no-op for one
+    dtype, skipped under autocast); ``lora_A(x)`` saves ``x`` (A needs a gradient) and ``A``
+    when ``x`` needs one; ``lora_B`` saves ``A``'s output and ``B``; ``* scaling`` (a Python
+    float, also when 1.0) saves nothing and allocates its output; the sum allocates the result
+    (fp32 when the adapters are), cast back to the base's dtype (``result.to(...)``). The
+    intermediates die as the expression finishes: ``A(x)`` after ``lora_B`` ran, ``B(.)``
+    after the product."""
+    y = _base_linear(tape, x, base, bias, rows, out_features, name)
+    xa = x if tape.autocast_itemsize else ops.to_dtype(tape, x, a.itemsize, f"{name}.lora_in")
+    ax = ops.linear(tape, xa, a, None, rows, rank, f"{name}.lora_A")
+    bx = ops.linear(tape, ax, b, None, rows, out_features, f"{name}.lora_B")
+    tape.drop(ax)
+    scaled = ops.unary(tape, bx, f"{name}.lora_scale", saves="none")
+    tape.drop(bx)
+    total = ops.add(tape, y, scaled, f"{name}.lora_sum")
+    tape.drop(scaled)
+    out = ops.to_dtype(tape, total, y.itemsize, f"{name}.lora_out")  # result.to(result dtype)
+    tape.drop(total, y)
+    if xa is not x:
+        tape.drop(xa)
+    return out
+
+
+def _base_linear(
+    tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, rows: Size, out_features: Size,
+    name: str,
+) -> Tensor:  # fmt: skip
+    """The frozen base: a quantized matmul, or the dense ``F.linear`` with its hook lifted."""
+    key = id(base.storage)
+    qw = tape.quantized.get(key)
+    if qw is not None:
+        return quant.quant_linear(tape, x, qw, bias, rows, out_features, name)
+    hook = tape.linear_hooks.pop(key)
+    try:
+        return ops.linear(tape, x, base, bias, rows, out_features, name)
+    finally:
+        tape.linear_hooks[key] = hook
+
+
+def compress_weights(
+    tape: Tape, w: Weights, sh: Shape, lora: LoRA | None, q: Quant | None, compute: str
+) -> tuple[list[Tensor], list[tuple]]:
+    """Freeze, quantize and adapt ``w`` in place; return the trainable tensors and their
+    shapes in ``model.parameters()`` order (LoRA: per layer ``A, B`` of each module in
+    q, k, v, o, gate, up, down order), or ``([], [])`` when nothing trains (inference)."""
+    if sh.model_type == "gpt2":
+        raise NotImplementedError("LoRA/quantization of GPT-2 (fused c_attn Conv1D layers)")
+    if q is not None and set(q.keep_16bit) != {"embed", "norm", "lm_head"}:
+        raise NotImplementedError("quantized embeddings or LM head are not modelled")
+    adapter = compute if lora is None or lora.adapter_dtype is None else lora.adapter_dtype
+    if quant.ITEMSIZE[adapter] == quant.ITEMSIZE[compute] and adapter != compute:
+        raise NotImplementedError(f"adapter_dtype={adapter!r} with {compute!r} activations")
+    for t in w.parameters():  # frozen base: leaves no more
+        t.leaf = False
+        tape.leaves.pop(id(t.storage), None)
+    params: list[Tensor] = []
+    shapes: list[tuple] = []
+    itemsize = quant.ITEMSIZE[adapter]
+    for j, lw in enumerate(w.layers):
+        for key in LINEAR_KEYS:
+            out_f, in_f = linear_shape(sh, key)
+            if q is not None:
+                dense = dict.__getitem__(
+                    lw, key
+                )  # no pre-hook (calc.compress.prune_replay's dicts)
+                tape.forget_existing(dense)
+                qw = quant.existing(tape, q, out_f, in_f, compute, j, sh.device)
+                values = next(t for t in qw.stored if t.storage.kind == "weight")
+                tape.quantized[id(values.storage)] = qw
+                tape.linear_hooks[id(values.storage)] = _quant_hook(qw)
+                lw[key] = values
+            if lora is not None and key in lora.modules:
+                a = tape.existing(lora.rank * in_f, itemsize, f"{key}.lora_A", "adapter", True, j)
+                b = tape.existing(out_f * lora.rank, itemsize, f"{key}.lora_B", "adapter", True, j)
+                params += [a, b]
+                shapes += [(lora.rank, in_f), (out_f, lora.rank)]
+                base = dict.__getitem__(lw, key)
+                tape.linear_hooks[id(base.storage)] = _lora_hook(base, a, b, lora.rank)
+    return params, shapes
+
+
+def _quant_hook(qw: quant.QWeight):
+    def hook(tape: Tape, x: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str):
+        return quant.quant_linear(tape, x, qw, bias, rows, out, name)
+
+    return hook
+
+
+def _lora_hook(base: Tensor, a: Tensor, b: Tensor, rank: int):
+    def hook(tape: Tape, x: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str):
+        return lora_linear(tape, x, base, bias, a, b, rank, rows, out, name)
+
+    return hook
+
+
+def check_parallel(job: object, parallel: object) -> None:
+    """Raise ``NotImplementedError`` unless ``job``'s compression under ``parallel`` (not a
+    single GPU) is a combination the cost model covers and verify measured.
+
+    Covered: LoRA or QLoRA (``job.lora``, optionally ``job.quant``) with plain data
+    parallelism (DDP, ``zero=0``, either ``gradient_as_bucket_view``). The frozen base has
+    ``requires_grad=False``, so DDP's reducer leaves it out of its buckets
+    (``torch/nn/parallel/distributed.py``: ``_build_params_for_reducer`` keeps parameters
+    with ``requires_grad`` only): the buckets hold the adapters' gradients, in the order they
+    become ready, as for any trainable parameters (`calc.parallel.data`). LoRA (16-bit base,
+    adapters in the base's dtype) under FSDP2 ``fully_shard`` per layer and root: the frozen
+    base is sharded and all-gathered with the adapters, and only the parameters with a gradient
+    (the adapters) are reduce-scattered (``FSDPParamGroup.post_backward``,
+    ``fsdp_params_with_grad``; `calc.parallel.fsdp`).
+    """
+    if job.pruning is not None or job.distill is not None:
+        raise NotImplementedError(
+            "parallelism together with pruning or distillation is not modelled yet"
+        )
+    if job.lora is None:
+        raise NotImplementedError(
+            "parallelism with a quantized base and no LoRA adapters is not modelled"
+        )
+    others = [f"{name}={getattr(parallel, name)}" for name in ("tp", "pp", "cp")
+              if getattr(parallel, name) > 1]  # fmt: skip
+    if others:
+        raise NotImplementedError(
+            f"LoRA/QLoRA with {', '.join(others)} is not modelled yet (data parallelism only)"
+        )
+    if parallel.offload != "none":
+        raise NotImplementedError(f"LoRA/QLoRA with offload={parallel.offload!r} is not modelled")
+    if parallel.shard_level == 3:  # fsdp=True or zero=3: both replay FSDP2 (calc.parallel.fsdp)
+        if job.quant is not None:
+            raise NotImplementedError(
+                "QLoRA with fsdp=True (or zero=3) is not modelled: fully_shard shards parameters only, "
+                "and a quantized base is buffers (replicated), as bitsandbytes' FSDP support "
+                "changes; use DDP (zero=0)"
+            )
+        if job.lora.adapter_dtype is not None:
+            raise NotImplementedError(
+                "LoRA adapter_dtype with fsdp=True (or zero=3) is not modelled (FSDP2 would all-gather "
+                "mixed dtypes in one group)"
+            )
+        return
+    if parallel.zero == 1 and parallel.zero_partition == "by-parameter":
+        return
+    if parallel.shard_level > 0:
+        raise NotImplementedError(
+            f"LoRA/QLoRA with zero={parallel.zero}, zero_partition={parallel.zero_partition!r} "
+            "is not modelled yet (DDP zero=0, ZeroRedundancyOptimizer zero=1 by-parameter, or "
+            "fsdp=True / zero=3 for LoRA)"
+        )

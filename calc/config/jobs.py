@@ -1,0 +1,175 @@
+"""What the user runs: a training step or an inference pass, each a frozen, validated config.
+
+Every choice that changes memory is a field; invalid values raise ``ValueError`` naming the
+field, the value and what is allowed. Verbose names are the user's; the cost model reads them
+through the same fields (no second spelling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from calc.config.compression import KVQuant, LoRA, Quant, check_kv_quant, check_lora_quant
+from calc.config.distill import Distill
+from calc.config.pruning import Pruning
+
+Precision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-master"]
+Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafactor", "lion"]
+OptimizerImpl = Literal["foreach", "fused", "for-loop"]
+Recompute = Literal["none", "selective", "full"]
+Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
+Implementation = Literal["hf", "reference"]
+ZeroGrad = Literal["after_step", "before_backward"]
+InferencePrecision = Literal["fp32", "bf16", "fp16"]
+Device = Literal["cuda", "cpu"]
+
+PRECISIONS: tuple[str, ...] = get_args(Precision)
+OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
+OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
+RECOMPUTES: tuple[str, ...] = get_args(Recompute)
+ATTENTIONS: tuple[str, ...] = get_args(Attention)
+IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
+INFERENCE_PRECISIONS: tuple[str, ...] = get_args(InferencePrecision)
+DEVICES: tuple[str, ...] = get_args(Device)
+
+MAX_TOKENS = 1 << 40
+"""Upper bound on batch x sequence sizes accepted (beyond any real run; guards typos)."""
+
+
+def check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
+    if value not in allowed:
+        raise ValueError(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+
+def check_size(field: str, value: object, low: int = 1, high: int = MAX_TOKENS) -> None:
+    """Raise ``ValueError`` unless ``value`` is an int in ``[low, high]`` (bools rejected)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{field}={value!r} must be an integer in [{low}, {high}]")
+    if not low <= value <= high:
+        raise ValueError(f"{field}={value} is out of range: allowed [{low}, {high}]")
+
+
+def check_fraction(field: str, value: object, high_inclusive: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` is a real number in ``[0, 1)`` (or ``[0, 1]``)."""
+    ok_type = isinstance(value, int | float) and not isinstance(value, bool)
+    upper_ok = ok_type and (value <= 1 if high_inclusive else value < 1)  # type: ignore[operator]
+    if not ok_type or not (value >= 0 and upper_ok):  # type: ignore[operator]
+        bound = "1]" if high_inclusive else "1)"
+        raise ValueError(f"{field}={value!r} must be a number in [0, {bound}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Training:
+    """One optimizer step of training, per GPU."""
+
+    micro_batch: int
+    """Sequences per micro-batch on this GPU."""
+    seq_len: int
+    """Tokens per sequence."""
+    precision: Precision = "amp-bf16"
+    """``fp32``; ``amp-bf16``/``amp-fp16`` (torch.autocast over fp32 weights, grads and states;
+    GradScaler for fp16); ``bf16`` (weights, grads and states in bf16); ``bf16-master`` (bf16
+    weights and grads, fp32 master weights and fp32 optimizer states)."""
+    optimizer: Optimizer = "adamw"
+    """Optimizer; its states and step-time temporaries are terms of the peak."""
+    optimizer_impl: OptimizerImpl = "foreach"
+    """PyTorch's multi-tensor (``foreach``, the CUDA default), ``fused`` or per-tensor loop."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, ``selective`` (attention core) or ``full`` (every layer)."""
+    attention: Attention = "sdpa"
+    """``sdpa`` (the kernel CUDA picks), a forced SDPA kernel, or ``eager`` softmax attention."""
+    implementation: Implementation = "hf"
+    """Which modeling code runs: Hugging Face transformers (``hf``) or verify's ``reference``."""
+    grad_accum: int = 1
+    """Micro-batches accumulated into one optimizer step."""
+    weight_decay: float = 0.0
+    """Weight decay (coupled Adam/SGD decay allocates a gradient-sized temporary)."""
+    dropout: float | None = None
+    """Dropout probability for every dropout site; None keeps the model config's values."""
+    zero_grad: ZeroGrad = "after_step"
+    """Where ``zero_grad(set_to_none=True)`` runs: after ``step()`` (grads absent during the
+    forward) or just before ``backward()`` (grads of the last step alive through the forward)."""
+    lora: LoRA | None = None
+    """Low-rank adapters on a frozen base (``calc.LoRA``); ``None`` trains every weight."""
+    quant: Quant | None = None
+    """Weight-only quantization of the frozen base (``calc.Quant``); needs ``lora`` (QLoRA)."""
+    pruning: Pruning | None = None
+    """``torch.nn.utils.prune`` reparameterisation of the layers' linears (``calc.Pruning``);
+    for structured pruning use ``calc.pruned_spec`` on the model instead."""
+    distill: Distill | None = None
+    """Knowledge distillation from a frozen teacher (``calc.Distill``); ``None``: plain CE."""
+
+    def __post_init__(self) -> None:
+        check_size("micro_batch", self.micro_batch, 1, 1 << 20)
+        check_size("seq_len", self.seq_len, 1, 1 << 24)
+        check_choice("precision", self.precision, PRECISIONS)
+        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
+        check_choice("recompute", self.recompute, RECOMPUTES)
+        check_choice("attention", self.attention, ATTENTIONS)
+        check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+        check_size("grad_accum", self.grad_accum, 1, 1 << 16)
+        check_choice("zero_grad", self.zero_grad, ZERO_GRADS)
+        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, int | float):
+            raise ValueError(f"weight_decay={self.weight_decay!r} must be a number >= 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        if self.dropout is not None:
+            check_fraction("dropout", self.dropout)
+        if self.optimizer_impl == "fused" and self.optimizer not in (
+            "adam",
+            "adamw",
+            "sgd",
+            "sgd-momentum",
+        ):
+            raise ValueError(
+                f"optimizer_impl='fused' is not available for optimizer={self.optimizer!r}: "
+                "PyTorch fuses adam, adamw, sgd and sgd-momentum"
+            )
+        check_lora_quant(self.lora, self.quant)
+        if self.pruning is not None and not isinstance(self.pruning, Pruning):
+            raise ValueError(f"pruning={self.pruning!r} must be a calc.Pruning or None")
+        if self.distill is not None and not isinstance(self.distill, Distill):
+            raise ValueError(f"distill={self.distill!r} must be a calc.Distill or None")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Inference:
+    """A prefill of ``prompt`` tokens into a KV cache of ``context`` tokens, per GPU."""
+
+    batch: int
+    """Sequences served together."""
+    context: int
+    """Tokens the KV cache holds per sequence (prompt plus generated)."""
+    prompt: int | None = None
+    """Tokens in the prefill forward (default: ``context``)."""
+    precision: InferencePrecision = "bf16"
+    """Weights, activations and KV cache dtype."""
+    attention: Attention = "sdpa"
+    """Attention kernel for the prefill."""
+    implementation: Implementation = "hf"
+    """Which modeling code runs."""
+    quant: Quant | None = None
+    """Weight-only quantization of the weights (``calc.Quant``); ``None`` keeps ``precision``."""
+    kv_quant: KVQuant | None = None
+    """KV-cache quantization: ``int8`` (one scale per token and head) or ``fp8`` (e4m3, one
+    scale per layer for K and for V); ``None`` stores the cache in ``precision``."""
+
+    def __post_init__(self) -> None:
+        check_size("batch", self.batch, 1, 1 << 20)
+        check_size("context", self.context, 1, 1 << 24)
+        if self.prompt is not None:
+            check_size("prompt", self.prompt, 1, self.context)
+        check_choice("precision", self.precision, INFERENCE_PRECISIONS)
+        check_choice("attention", self.attention, ATTENTIONS)
+        check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+        if self.quant is not None and not isinstance(self.quant, Quant):
+            raise ValueError(f"quant={self.quant!r} must be a calc.Quant or None")
+        check_kv_quant(self.kv_quant)
+
+    @property
+    def prompt_len(self) -> int:
+        return self.context if self.prompt is None else self.prompt

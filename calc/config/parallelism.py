@@ -1,0 +1,370 @@
+"""How a training step is spread over GPUs: the `Parallelism` config and its divisibility checks.
+
+Every parallel degree and sharding choice that changes a rank's memory is a field of
+`Parallelism`; invalid values raise ``ValueError`` naming the field, the value and what is
+allowed. `check_divisibility` checks a model against a layout (tensor parallelism must split
+the attention heads and the MLP evenly, pipeline parallelism must place the layers on stages).
+
+Conventions (what PyTorch and Megatron-LM do, cited per field):
+
+* ``dp`` is the data-parallel degree; ``zero`` and ``fsdp`` say what is sharded over it.
+  ``fsdp=True`` means PyTorch FSDP2 ``fully_shard`` on every layer and on the root: parameters,
+  gradients and optimizer states sharded over dp (ZeRO-3, Rajbhandari et al. 2020, §5).
+* ``tp`` splits attention and MLP as Megatron-LM does (Shoeybi et al. 2019, §3), ``sp``
+  additionally splits the norm/dropout activations along the sequence (Korthikanti et al. 2022,
+  §4.2.2), ``cp`` splits the sequence of every activation (context parallelism).
+* ``pp`` places the layers on stages; ``pp_schedule`` and ``pp_microbatches`` decide how many
+  micro-batches of activations a stage holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Literal, get_args
+
+from calc.config.jobs import check_choice, check_size
+
+if TYPE_CHECKING:
+    from calc.config.model_spec import ModelSpec
+    from calc.parallel.data import ReplayPlan
+
+PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Offload = Literal["none", "optimizer", "optimizer+params"]
+ZeroPartition = Literal["shard", "by-parameter"]
+
+PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
+OFFLOADS: tuple[str, ...] = get_args(Offload)
+ZERO_PARTITIONS: tuple[str, ...] = get_args(ZeroPartition)
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+
+BY_PARAMETER_MAX_LAYERS = 16
+"""Largest model (layers) for which the by-parameter ZeRO-1 partition is replayed layer by
+layer (about 5 s per layer and rank on one core)."""
+MAX_DEGREE = 1 << 20
+"""Upper bound on any parallel degree (beyond any real cluster; guards typos)."""
+
+
+def _check_bool(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"{field}={value!r} must be True or False")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Parallelism:
+    """The parallel layout of one training job; ``Parallelism()`` is a single GPU."""
+
+    dp: int = 1
+    """Data-parallel degree: replicas (or shards, with ``zero``/``fsdp``) of the model."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row splits of attention and MLP)."""
+    pp: int = 1
+    """Pipeline-parallel degree: stages the layers are placed on."""
+    sp: bool = False
+    """Sequence parallelism with tp: norm and dropout activations split along the sequence."""
+    cp: int = 1
+    """Context-parallel degree: every activation's sequence split over ``cp`` ranks."""
+    zero: int = 0
+    """ZeRO stage over dp: 0 (DDP, everything replicated), 1 (optimizer states sharded),
+    2 (+ gradients), 3 (+ parameters)."""
+    fsdp: bool = False
+    """PyTorch FSDP2 ``fully_shard`` on each layer and the root (implies ZeRO-3 sharding:
+    ``zero`` must be 0 or 3)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's all-gathered parameters after its forward (re-gathered in the
+    backward); False keeps them from the forward to the backward."""
+    pp_schedule: PipelineSchedule = "1f1b"
+    """Pipeline schedule: ``gpipe``, ``1f1b`` or ``interleaved-1f1b``."""
+    pp_microbatches: int = 1
+    """Micro-batches per optimizer step through the pipeline."""
+    pp_virtual_stages: int = 1
+    """Model chunks per pipeline rank (interleaved 1F1B; 1 otherwise)."""
+    offload: Offload = "none"
+    """CPU offload: ``optimizer`` (optimizer states and their update on the CPU, ZeRO-Offload)
+    or ``optimizer+params`` (parameters too, ZeRO-Infinity style)."""
+    ddp_bucket_mib: int | None = None
+    """DDP ``bucket_cap_mb``: None is PyTorch's default (25 MiB buckets after a 1 MiB first
+    bucket); a number caps every bucket, the first included (as passing it to DDP does)."""
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into the buckets (no second copy of the gradients)."""
+    zero_partition: ZeroPartition = "shard"
+    """How ZeRO-1 splits the optimizer states over dp: ``shard`` (every state tensor's dim 0
+    split over dp, padded, as FSDP2 and DeepSpeed's flat partitions do: 1/dp each) or
+    ``by-parameter`` (whole parameters per rank, largest first to the least-loaded rank:
+    ``torch.distributed.optim.ZeroRedundancyOptimizer``)."""
+    vocab_parallel: bool = False
+    """With tp: the embedding split over the vocabulary and a vocabulary-parallel loss (else the
+    embedding and the head are replicated on every tp rank)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "cp"):
+            check_size(name, getattr(self, name), 1, MAX_DEGREE)
+        for name in (
+            "sp",
+            "fsdp",
+            "reshard_after_forward",
+            "gradient_as_bucket_view",
+            "vocab_parallel",
+        ):
+            _check_bool(name, getattr(self, name))
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise ValueError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
+        check_choice("pp_schedule", self.pp_schedule, PIPELINE_SCHEDULES)
+        check_size("pp_microbatches", self.pp_microbatches, 1, 1 << 16)
+        check_size("pp_virtual_stages", self.pp_virtual_stages, 1, 1 << 10)
+        check_choice("offload", self.offload, OFFLOADS)
+        check_choice("zero_partition", self.zero_partition, ZERO_PARTITIONS)
+        if self.zero_partition == "by-parameter" and self.shard_level != 1:
+            raise ValueError(
+                f"zero_partition='by-parameter' with zero={self.zero}, fsdp={self.fsdp}: "
+                "ZeroRedundancyOptimizer's partition is a ZeRO-1 layout; allowed with zero=1 only"
+            )
+        if self.ddp_bucket_mib is not None:
+            check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
+        if self.fsdp and self.zero not in (0, 3):
+            raise ValueError(
+                f"zero={self.zero} with fsdp=True: FSDP2 fully_shard shards parameters, "
+                "gradients and optimizer states (ZeRO-3); allowed zero: 0 or 3"
+            )
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=True needs tp > 1 (sequence parallelism splits over tp ranks)")
+        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"pp_virtual_stages={self.pp_virtual_stages} needs "
+                "pp_schedule='interleaved-1f1b' (other schedules run one chunk per rank)"
+            )
+        if self.offload == "optimizer+params" and self.shard_level < 3:
+            raise ValueError(
+                "offload='optimizer+params' needs zero=3 or fsdp=True "
+                "(parameters are offloaded as shards, ZeRO-Infinity style)"
+            )
+
+    # ------------------------------------------------------------------ derived
+
+    @property
+    def world_size(self) -> int:
+        """GPUs in the job: dp x tp x pp x cp."""
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shard_level(self) -> int:
+        """ZeRO stage in effect: 3 with ``fsdp``, else ``zero``."""
+        return 3 if self.fsdp else self.zero
+
+    @property
+    def is_single(self) -> bool:
+        """True when this is one GPU with nothing offloaded."""
+        return self.world_size == 1 and self.offload == "none"
+
+
+def check_divisibility(model: ModelSpec, parallel: Parallelism) -> None:
+    """Raise ``ValueError`` when ``parallel`` cannot split ``model`` as its implementations do.
+
+    Tensor parallelism (Megatron-LM column/row parallel linears, Shoeybi et al. 2019 §3; PyTorch
+    ``ColwiseParallel``/``RowwiseParallel``) needs tp to divide the query heads, the KV heads
+    (GQA: each rank holds whole KV heads; Megatron-LM requires ``num_query_groups % tp == 0``),
+    the MLP width and, for the vocab-parallel embedding and loss, the vocabulary. Sequence and
+    context parallelism split the sequence, which is checked against a job's length by the
+    estimate. Pipeline parallelism needs at least one layer per (virtual) stage; an uneven
+    split is accepted and named by the estimate (the first stages take the extra layers).
+    """
+    tp = parallel.tp
+    checks = [("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads), ("ffn", model.ffn)]
+    if parallel.vocab_parallel:
+        checks.append(("vocab", model.vocab))
+    for field, value in checks:
+        if value % tp:
+            raise ValueError(
+                f"tp={tp} does not divide {field}={value} of {model.name}: "
+                f"allowed tp: divisors of {field}"
+            )
+    chunks = parallel.pp * parallel.pp_virtual_stages
+    if chunks > model.n_layers:
+        raise ValueError(
+            f"pp={parallel.pp} x pp_virtual_stages={parallel.pp_virtual_stages} = {chunks} "
+            f"stages exceed n_layers={model.n_layers} of {model.name}: allowed at most "
+            f"{model.n_layers} stages"
+        )
+    if parallel.pp_schedule == "interleaved-1f1b" and parallel.pp_microbatches % parallel.pp:
+        raise ValueError(
+            f"pp_microbatches={parallel.pp_microbatches} must be a multiple of pp={parallel.pp} "
+            "for the interleaved 1F1B schedule (Narayanan et al. 2021, §2.2)"
+        )
+
+
+def layers_per_stage(n_layers: int, parallel: Parallelism) -> tuple[int, ...]:
+    """Layers on each pipeline rank: an even split, the first ``n_layers % chunks`` chunks one
+    layer more (``torch.distributed.pipelining`` and Megatron-LM's uneven split both load the
+    earlier stages), summed over the virtual stages of each rank."""
+    chunks = parallel.pp * parallel.pp_virtual_stages
+    base, extra = divmod(n_layers, chunks)
+    per_chunk = [base + (1 if i < extra else 0) for i in range(chunks)]
+    return tuple(sum(per_chunk[r :: parallel.pp]) for r in range(parallel.pp))
+
+
+# ---------------------------------------------------------------------- the sharding layer
+
+Holding = Literal["replicated", "dp-sharded", "dp-owned", "tp-split", "pp-stage", "cpu"]
+"""How a rank holds a class of tensors: a full copy (``replicated``), a 1/dp slice of every
+tensor (``dp-sharded``: FSDP2/ZeRO-3 parameters, ZeRO-2 gradients), whole tensors owned by one
+dp rank each (``dp-owned``: ``ZeroRedundancyOptimizer``'s states), the rank's part of a
+Megatron split (``tp-split``), only the layers of its pipeline stage (``pp-stage``), or not on
+the GPU at all (``cpu``: offloaded)."""
+TENSOR_KINDS: tuple[str, ...] = ("weight", "grad", "state", "activation")
+
+
+def holding(kind: str, parallel: Parallelism) -> tuple[Holding, ...]:
+    """How one rank holds tensors of ``kind`` under ``parallel``: the holdings that apply, in
+    the order the layer applies them (e.g. ``("pp-stage", "tp-split", "dp-owned")``).
+
+    Sources: ZeRO stages 1/2/3 shard optimizer states / + gradients / + parameters over the
+    data-parallel ranks (Rajbhandari et al. 2020, §5.1-5.3); ``ZeroRedundancyOptimizer`` keeps
+    whole parameters' states per rank; Megatron TP splits weights, their gradients and states,
+    and the activations inside attention and MLP (Shoeybi et al. 2019 §3; with SP also the
+    rest, Korthikanti et al. 2022 §4.2.2); a pipeline stage holds its layers only; ZeRO-Offload
+    keeps optimizer states (and, ZeRO-Infinity, parameters) in CPU memory.
+    """
+    check_choice("kind", kind, TENSOR_KINDS)
+    out: list[Holding] = []
+    if parallel.pp > 1 and kind != "activation":
+        out.append("pp-stage")
+    if parallel.tp > 1:
+        out.append("tp-split")
+    if kind == "activation":
+        return tuple(out) or ("replicated",)
+    level = parallel.shard_level
+    offloaded = (kind == "state" and parallel.offload != "none") or (
+        kind in ("weight",) and parallel.offload == "optimizer+params"
+    )
+    if offloaded:
+        out.append("cpu")
+    elif parallel.dp > 1:
+        sharded_from = {"state": 1, "grad": 2, "weight": 3}[kind]
+        if level >= sharded_from:
+            by_param = kind == "state" and parallel.zero_partition == "by-parameter"
+            out.append("dp-owned" if by_param else "dp-sharded")
+    return tuple(out) or ("replicated",)
+
+
+@dataclass(frozen=True, slots=True)
+class RankClass:
+    """Ranks that hold the same tensors, hence have the same peak."""
+
+    ranks: tuple[int, ...]
+    """Global ranks (mesh ``[dp, pp, cp, tp]``, row-major: tp innermost)."""
+    label: str
+    """What distinguishes this class (e.g. ``dp rank 1``)."""
+    model: ModelSpec
+    """The model one rank of this class replays (tensor parallelism: its part)."""
+    replay: ReplayPlan
+    """Changes to the replayed step (`calc.parallel.data.ReplayPlan`)."""
+    ddp: bool
+    """DDP gradient buckets are held (data parallel without sharded gradients)."""
+    notes: tuple[str, ...] = ()
+
+
+def global_rank(parallel: Parallelism, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
+    """Global rank of mesh coordinates ``[dp, pp, cp, tp]`` (tp innermost)."""
+    return ((dp * parallel.pp + pp) * parallel.cp + cp) * parallel.tp + tp
+
+
+def rank_classes(
+    model: ModelSpec, parallel: Parallelism, trainable_numels: Sequence[int] | None = None
+) -> list[RankClass]:
+    """The classes of ranks of ``parallel`` and what each holds, decided by `holding`.
+    ``trainable_numels``: elements of the trainable parameters in ``parameters()`` order when
+    not all of the model's parameters train (LoRA: the adapters, `calc.compress.lora.trainable_numels`);
+    ``ZeroRedundancyOptimizer`` partitions those.
+
+    Raises ``NotImplementedError`` naming what the cost model does not cover yet.
+    """
+    from calc.parallel.data import ReplayPlan, zero_redundancy_partition
+
+    w, g, s = holding("weight", parallel), holding("grad", parallel), holding("state", parallel)
+    for hold in (w, g, s):
+        if "pp-stage" in hold:
+            raise NotImplementedError("pipeline parallelism (pp > 1) is not modelled yet")
+    fsdp = "dp-sharded" in w or (parallel.offload == "optimizer+params")
+    if parallel.offload != "none" and parallel.dp == 1:
+        raise NotImplementedError("CPU offload is modelled with data parallelism (dp > 1)")
+    local = model  # cp > 1: the job is the rank's (calc.parallel.context, in calc.estimate.ranks)
+    notes: list[str] = []
+    if "tp-split" in w:
+        from calc.parallel import tensor as tensor_parallel
+
+        local = tensor_parallel.rank_model(model, parallel)
+        notes.append(f"tensor parallel: each rank replays {local.name}")
+    zero2 = "dp-sharded" in g and not fsdp
+    ddp = parallel.dp > 1 and not fsdp and not zero2
+    plan = ReplayPlan(
+        grads_in_buckets=ddp and parallel.gradient_as_bucket_view,
+        fsdp=fsdp,
+        shard_world=parallel.dp,
+        reshard_after_forward=parallel.reshard_after_forward,
+        shard_states="dp-sharded" in s and not fsdp,
+        shard_grads=zero2,
+        offload=parallel.offload,
+    )
+    if plan.shard_states:
+        notes.append(
+            f"ZeRO-{parallel.zero} (analytic, no PyTorch engine runs it): optimizer states of "
+            f"each parameter's dim-0 shard (1/{parallel.dp})"
+            + ("; gradients reduce-scattered as they become ready" if zero2 else
+               "; gradients all-reduced through DDP's buckets")
+        )  # fmt: skip
+    if parallel.offload != "none":
+        notes.append(
+            f"offload={parallel.offload} (analytic): optimizer states and step on the CPU; "
+            "gradients leave the GPU after the backward"
+            + ("; parameter shards on the CPU, gathered per layer" if fsdp else "")
+        )
+    if fsdp:
+        notes.append(
+            f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="
+            f"{parallel.reshard_after_forward}; ranks holding smaller (unpadded) shards may "
+            "peak lower"
+        )
+    every = tuple(range(parallel.world_size))
+    if "dp-owned" not in s:
+        return [RankClass(every, "every rank", local, plan, ddp, tuple(notes))]
+    if local.n_layers > BY_PARAMETER_MAX_LAYERS:
+        raise NotImplementedError(
+            f"zero_partition='by-parameter' replays every layer once per dp rank (the partition "
+            f"is not the same in every layer); {local.n_layers} layers is beyond "
+            f"{BY_PARAMETER_MAX_LAYERS}: use zero_partition='shard' (states 1/dp per parameter)"
+        )
+    numels = _param_numels(local) if trainable_numels is None else list(trainable_numels)
+    parts = zero_redundancy_partition(numels, parallel.dp)
+    out = []
+    for d, part in enumerate(parts):
+        ranks = tuple(
+            global_rank(parallel, dp=d, pp=p, cp=c, tp=t)
+            for p in range(parallel.pp)
+            for c in range(parallel.cp)
+            for t in range(parallel.tp)
+        )
+        owned = sum(numels[i] for i in part)
+        out.append(
+            RankClass(
+                ranks, f"dp rank {d}", local, replace(plan, optimizer_params=tuple(part)), ddp,
+                (*notes, f"ZeRO-1 (ZeroRedundancyOptimizer): dp rank {d} holds the optimizer "
+                 f"states of {len(part)} parameters, {owned} elements"),
+            )
+        )  # fmt: skip
+    return out
+
+
+def _param_numels(model: ModelSpec) -> list[int]:
+    """Elements of every parameter in ``model.parameters()`` order (layers expanded)."""
+    tensors = model.param_tensors()
+    out: list[int] = []
+    layer = [int(t.numel) for t in tensors if t.group == "layer"]
+    placed = False
+    for t in tensors:
+        if t.group == "layer":
+            if not placed:
+                out.extend(layer * model.n_layers)
+                placed = True
+            continue
+        out.append(int(t.numel))
+    return out

@@ -1,0 +1,98 @@
+"""The GPU catalog: each GPU's memory, as the vendor states it and as PyTorch can use it.
+
+The catalog is a data file, ``hardware/gpus.json`` (read by ``calc.data.cards``, the one module of
+``calc`` that reads files). Units are explicit: vendors sell memory in "GB" that, for HBM and
+GDDR parts, is a binary capacity (an "80 GB" H100 carries 80 GiB = 80 x 2**30 bytes of DRAM),
+while the driver keeps part of it; ``total_bytes`` is what ``cudaMemGetInfo`` / ``nvidia-smi``
+report as total, ``usable_bytes`` what ``torch.cuda.max_memory_allocated`` can reach: the
+total less the CUDA context and the driver's reservations (``reserved_bytes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from calc.estimate.result import GIB
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GPU:
+    """One GPU model of the catalog."""
+
+    id: str
+    """Catalog id, lower-case (``h100-80gb``)."""
+    name: str
+    """Vendor's product name (``NVIDIA H100 80GB HBM3 (SXM5)``)."""
+    vendor: str
+    """``nvidia`` or ``amd``."""
+    marketed: str
+    """Capacity as the vendor's datasheet writes it (``80 GB HBM3``)."""
+    total_bytes: int
+    """Device memory total as the driver reports it (``cudaMemGetInfo`` total,
+    ``nvidia-smi`` "Total" x 2**20, ``rocm-smi`` VRAM total), in bytes."""
+    reserved_bytes: int
+    """Bytes of ``total_bytes`` PyTorch's allocator cannot hand out: the CUDA/HIP context,
+    kernel images and the driver's reservations (measured where ``source`` says so, else the
+    catalog's stated default)."""
+    source: str
+    """Where ``total_bytes`` comes from (a cited nvidia-smi/rocm-smi reading)."""
+    marketed_source: str = ""
+    """Where ``marketed`` comes from (the vendor's datasheet or product page)."""
+
+    def __post_init__(self) -> None:
+        for name in ("id", "name", "vendor", "marketed", "source", "marketed_source"):
+            if not isinstance(getattr(self, name), str):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be a string")
+        if not self.id or self.id != self.id.lower():
+            raise ValueError(f"id={self.id!r} must be a non-empty lower-case string")
+        for name in ("total_bytes", "reserved_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}={value!r} must be a non-negative integer (bytes)")
+        if self.reserved_bytes >= self.total_bytes:
+            raise ValueError(
+                f"reserved_bytes={self.reserved_bytes} must be below total_bytes={self.total_bytes}"
+            )
+
+    @property
+    def usable_bytes(self) -> int:
+        """Bytes a job's ``max_memory_allocated`` may reach: ``total - reserved``."""
+        return self.total_bytes - self.reserved_bytes
+
+    @property
+    def usable_gib(self) -> float:
+        """``usable_bytes`` in GiB (2**30 bytes)."""
+        return self.usable_bytes / GIB
+
+
+_FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "reserved_bytes", "source")
+_OPTIONAL = ("marketed_source",)
+
+
+@lru_cache(maxsize=1)
+def gpu_catalog() -> dict[str, GPU]:
+    """Every GPU of ``hardware/gpus.json``, by id, smallest usable memory first."""
+    from calc.data.cards import load_gpu_catalog_data
+
+    rows = load_gpu_catalog_data().get("gpus")
+    if not isinstance(rows, list):
+        raise ValueError("hardware/gpus.json: 'gpus' must be a list of GPU objects")
+    gpus = []
+    for row in rows:
+        if not isinstance(row, dict):
+            raise ValueError(f"hardware/gpus.json: each GPU must be an object, got {row!r}")
+        fields = {name: row.get(name) for name in _FIELDS}
+        fields.update({name: str(row[name]) for name in _OPTIONAL if name in row})
+        gpus.append(GPU(**fields))
+    gpus.sort(key=lambda g: (g.usable_bytes, g.id))
+    return {g.id: g for g in gpus}
+
+
+def get_gpu(gpu_id: str) -> GPU:
+    """The catalog GPU ``gpu_id`` (case-insensitive); ``ValueError`` lists the known ids."""
+    catalog = gpu_catalog()
+    key = gpu_id.strip().lower() if isinstance(gpu_id, str) else gpu_id
+    if key not in catalog:
+        raise ValueError(f"gpu={gpu_id!r} is not in the GPU catalog; known: {', '.join(catalog)}")
+    return catalog[key]

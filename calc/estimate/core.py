@@ -1,0 +1,349 @@
+"""`estimate(model, job)`: replay once per structure, compile once, evaluate in microseconds.
+
+A *structure* is everything that changes which tensors exist (precision, optimizer, kernel,
+recompute, implementation, biases, tied head, GQA, ...); sizes are symbols. For each structure
+the step is replayed symbolically (`calc.step.training`), reduced to its possible peaks
+(`calc.replay.timeline`), and the distinct storage sizes are compiled with
+``lambdify(..., cse=True)``. An estimate is then one call of that function and a small
+matrix-vector product.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+import numpy as np
+import sympy as sp
+
+from calc import symbols as S
+from calc.config.jobs import DEVICES, Inference, Training, check_choice
+from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism
+from calc.estimate.result import Estimate
+from calc.models.attention import attention_kernel
+from calc.parallel.data import ReplayPlan
+from calc.replay import timeline
+
+CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
+"""cuBLAS workspace per (handle, stream) on sm90 (H100/H200): ``getChosenWorkspaceSize`` in
+``aten/src/ATen/cuda/CublasHandlePool.cpp`` (torch 2.13). Allocated through the caching
+allocator at the first matmul of a thread, so it counts in ``memory_allocated``."""
+CUBLAS_HANDLES_TRAINING = 2
+"""Forward runs on the Python thread, backward on the autograd device thread: one workspace each."""
+
+
+@dataclass(frozen=True, slots=True)
+class Compiled:
+    """The compiled form of one structure and one branch of the layer count."""
+
+    timeline: timeline.Timeline
+    sizes_fn: object  # (*ALL_SYMBOLS) -> list of sizes
+    l_min: int
+    phase_index: tuple  # (phase, candidate indices)
+    grad_order: tuple = ()  # (name, tag, numel expr, itemsize) of leaves, first-backward order
+    _expr: list = field(default_factory=list)
+
+    def expression(self) -> sp.Expr:
+        """The peak formula of this structure (built once, on first use)."""
+        if not self._expr:
+            self._expr.append(timeline.expression(self.timeline, S.L))
+        return self._expr[0]
+
+
+def _job_structure(job: Training | Inference) -> Training | Inference:
+    """The job with its sizes (which are symbols in the replay) set to 1."""
+    if isinstance(job, Training):
+        return replace(job, micro_batch=1, seq_len=1)
+    return replace(job, batch=1, context=1, prompt=None)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOptions:
+    """How one rank's replay differs from the single-GPU step (part of the compile key)."""
+
+    tp_comm: bool = False
+    """The model is one tensor-parallel rank's, with its all-reduces (`calc.parallel.tensor`)."""
+    tp_vocab: bool = False
+    """The embedding and head are split over the vocabulary (`calc.parallel.tensor`)."""
+    sp: int = 1
+    """Sequence parallelism over this many ranks (tp), or 1: `calc.parallel.sequence`."""
+    dp: ReplayPlan | None = None
+    """Data-parallel changes to the step (`calc.parallel.data`)."""
+    exact_layers: bool = False
+    """Replay every layer (no generalisation from five): the rank's state differs per layer."""
+    stage: object = None
+    """A pipeline stage (`calc.step.pipeline.StagePlan`): the rank replays that stage's schedule."""
+
+
+SINGLE = ReplayOptions()
+
+
+def _structure_key(
+    model: ModelSpec, job: Training | Inference, opts: ReplayOptions = SINGLE
+) -> tuple:
+    gqa = model.n_kv_heads != model.n_heads
+    heads_span_hidden = model.n_heads * model.head_dim == model.hidden
+    # HF inference: a one-token prompt, or a sliding window within the context, takes other
+    # mask paths (calc/models/hf_inference.py refuses them; they must not share a compile).
+    prompt_one = isinstance(job, Inference) and job.prompt_len == 1
+    window_in_context = (
+        isinstance(job, Inference)
+        and model.sliding_window is not None
+        and model.sliding_window <= job.context
+    )
+    small_params = (
+        tuple(p.numel < 4096 for p in model.param_tensors())  # bitsandbytes min_8bit_size
+        if isinstance(job, Training) and job.optimizer == "adam8bit"
+        else ()
+    )
+    if small_params and job.lora is not None:  # LoRA trains the adapters: decide for them
+        from calc.compress.lora import adapter_numels
+
+        small_params = tuple(n < 4096 for n in adapter_numels(model, job.lora))
+    return (
+        heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
+        prompt_one, window_in_context, small_params,
+        model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
+        model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
+        model.learned_positions, model.attention_dropout, model.hidden_dropout,
+        model.embedding_dropout, gqa, opts, attention_kernel(model, job), _job_structure(job),
+    )  # fmt: skip
+
+
+def _branch(n_layers: int) -> int:
+    return min(n_layers, timeline.GENERAL_LAYERS)
+
+
+_EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference, ReplayOptions]] = {}
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a replay runs: a replay makes hundreds of
+    thousands of small objects and keeps nearly all of them, so each collection would walk a
+    growing heap (with it on, a 7B structure's replay took about three times as long; see
+    benchmarks/bench_compile.py). It is switched back on (if it was) afterwards."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
+@lru_cache(maxsize=512)
+def _compile(key: tuple, device: str, branch: int) -> Compiled:
+    with _collector_paused():
+        return _compile_now(key, device, branch)
+
+
+def _compile_now(key: tuple, device: str, branch: int) -> Compiled:
+    model, job, opts = _EXEMPLAR[key]
+    from calc.step.training import replay_training
+
+    order: list = []
+    if isinstance(job, Inference):
+        if opts != SINGLE:
+            raise NotImplementedError("parallel inference is not modelled yet")
+        from calc.step.inference import replay_inference
+
+        events = replay_inference(model, job, device, branch)
+    elif opts.stage is not None:
+        from calc.step.pipeline import replay_stage
+
+        events = replay_stage(model, job, opts.stage, device, n_layers=branch, tp_comm=opts.tp_comm)
+    else:
+        events = replay_training(
+            model,
+            job,
+            device,
+            branch,
+            tp_comm=opts.tp_comm,
+            tp_vocab=opts.tp_vocab,
+            sp=opts.sp,
+            dp=opts.dp,
+            grad_order=order,
+        )
+    grad_order = tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
+    if branch >= timeline.GENERAL_LAYERS and not opts.exact_layers:
+        cands = timeline.candidates_general(events)
+    else:
+        cands = timeline.candidates_exact(events)
+    tl = timeline.build(cands, l_min=branch)
+    fn = sp.lambdify(S.ALL_SYMBOLS, list(tl.sizes), modules="math", cse=True)
+    phase_index = tuple(
+        (phase, np.array([j for j, c in enumerate(tl.candidates) if c.phase == phase]))
+        for phase in dict.fromkeys(c.phase for c in tl.candidates)
+    )
+    return Compiled(tl, fn, branch, phase_index, grad_order)
+
+
+def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, int]:
+    """The value of every symbol for this model and job."""
+    if isinstance(job, Training):
+        b, s, c = job.micro_batch, job.seq_len, job.seq_len
+    else:
+        b, s, c = job.batch, job.prompt_len, job.context
+    vals = {S.b: b, S.s: s, S.c: c}
+    vals.update(model.dims())
+    return vals
+
+
+def estimate(
+    model: ModelSpec,
+    job: Training | Inference,
+    parallel: Parallelism | None = None,
+    device: str = "cuda",
+) -> Estimate:
+    """Peak bytes of ``job`` on one GPU (``device="cuda"``: ``max_memory_allocated``) or under
+    verify's CPU storage tracker (``device="cpu"``), with the phases and the breakdown.
+
+    With ``parallel`` (a `calc.Parallelism` over several GPUs), the estimate is the most-loaded
+    rank's (``Estimate.rank``), with every rank's peak in ``Estimate.rank_peaks`` and
+    ``ranks/<r>`` keys in the breakdown (`calc.estimate.ranks`).
+
+    Raises ``ValueError`` for invalid input and ``NotImplementedError`` for a combination the
+    cost model does not cover yet (the message names it).
+    """
+    check_choice("device", device, DEVICES)
+    if not isinstance(model, ModelSpec):
+        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
+    if not isinstance(job, Training | Inference):
+        raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    if isinstance(job, Training) and job.pruning is not None:
+        job.pruning.modules_for(model)  # ValueError for a module the model lacks
+    if isinstance(job, Training) and job.distill is not None:
+        job.distill.check_student(model)
+    if job.quant is not None:  # the group size must divide every quantized linear
+        from calc.compress.quant import check_fits
+
+        check_fits(model, job.quant)
+    compressed = isinstance(job, Training) and any(
+        x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
+    )
+    if parallel is not None and not parallel.is_single and compressed:
+        from calc.compress.lora import check_parallel
+
+        check_parallel(job, parallel)  # NotImplementedError for the layouts not covered
+    if parallel is not None and not isinstance(parallel, Parallelism):
+        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
+    if parallel is not None and not parallel.is_single:
+        from calc.estimate.ranks import estimate_parallel
+
+        return estimate_parallel(model, job, parallel, device)
+    comp, key = compiled_for(model, job, device)
+    return evaluate(comp, key, model, job, device)
+
+
+def evaluate(
+    comp: Compiled,
+    key: tuple,
+    model: ModelSpec,
+    job: Training | Inference,
+    device: str,
+    extras: tuple[tuple[str, int, int], ...] = (),
+    notes: tuple[str, ...] = (),
+) -> Estimate:
+    """The estimate of one compiled replay at ``model``/``job``'s sizes. ``extras`` are constant
+    storages outside the replay: ``(breakdown key, bytes in step 1, bytes from step 2 on)``."""
+    vals = values_for(model, job)
+    args = [vals[sym] for sym in S.ALL_SYMBOLS]
+    sizes = np.array(comp.sizes_fn(*args), dtype=np.int64)
+    tl = comp.timeline
+    tot = timeline.totals(tl, sizes, model.n_layers)
+    extra, dev_notes = _device_terms(job, device)
+    tot = tot + extra
+    first = timeline.step1_mask([c.phase for c in tl.candidates])
+    for _name, step1, later in extras:
+        tot = tot + np.where(first, step1, later)
+    i = int(np.argmax(tot))
+    phases = {phase: int(tot[idx].max()) for phase, idx in comp.phase_index}
+    cand = tl.candidates[i]
+    n_layers = model.n_layers
+    const = {name: (step1 if first[i] else later) for name, step1, later in extras}
+    const_total = extra + sum(const.values())
+    return Estimate(
+        peak_bytes=int(tot[i]),
+        peak_phase=cand.phase,
+        peak_event=cand.label.lstrip("+"),
+        breakdown_fn=lambda: _breakdown(cand, sizes, tl, n_layers, extra, device, const),
+        phases=phases,
+        expression_fn=lambda: comp.expression() + const_total,
+        peak_expression_fn=lambda: timeline.candidate_expression(tl, i, S.L) + const_total,
+        values=vals,
+        device=device,
+        notes=(f"attention kernel: {key[-2]}", *dev_notes, *notes),
+    )
+
+
+@lru_cache(maxsize=4096)
+def compiled_for(
+    model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
+) -> tuple[Compiled, tuple]:
+    """The compiled replay of this structure (cached) and its key."""
+    key = _structure_key(model, job, opts)
+    _EXEMPLAR.setdefault(key, (model, job, opts))
+    branch = model.n_layers if opts.exact_layers else _branch(model.n_layers)
+    return _compile(key, device, branch), key
+
+
+def _device_terms(job: Training | Inference, device: str) -> tuple[int, tuple[str, ...]]:
+    if device != "cuda":
+        return 0, ()
+    handles = CUBLAS_HANDLES_TRAINING if isinstance(job, Training) else 1
+    return handles * CUBLAS_WORKSPACE_BYTES, (
+        f"cuBLAS workspaces: {handles} x 32 MiB (sm90 default; not yet measured on a GPU)",
+    )
+
+
+_GROUP = {"embed": "embedding", "head": "head", "base": "model", "optimizer": "optimizer"}
+
+
+def _group(tag: object) -> str:
+    return "layers" if isinstance(tag, int) else _GROUP.get(str(tag), str(tag))
+
+
+def _breakdown(
+    cand: timeline.Candidate, sizes: np.ndarray, tl: timeline.Timeline, n_layers: int,
+    extra: int, device: str, const: dict[str, int] | None = None,
+) -> dict[str, int]:  # fmt: skip
+    index = {size: j for j, size in enumerate(tl.sizes)}
+    leaf: dict[str, int] = defaultdict(int)
+    for (kind, name, tag, size), (k0, k1) in cand.counts.items():
+        nbytes = (k0 + k1 * n_layers) * int(sizes[index[size]])
+        if nbytes == 0:
+            continue
+        group = _group(tag)
+        key = {
+            "weight": f"weights/{group}",
+            "qscale": f"weights/quant_scales/{group}",
+            "adapter": f"weights/lora_adapters/{group}",
+            "grad": f"gradients/{group}",
+            "state": f"optimizer/{name.split(':')[0]}",
+            "input": "inputs",
+            "buffer": "buffers",
+            "saved": f"activations/{group}/{name}",
+            "kv_cache": f"kv_cache/{group}",
+            "act": f"temporaries/{name}",
+            "pruning": f"pruning/{name}",
+            "teacher": f"teacher/{name}",
+        }.get(kind, f"other/{name}")
+        leaf[key] += nbytes
+    if extra:
+        leaf[f"{device}/cublas_workspace"] += extra
+    for name, nbytes in (const or {}).items():
+        if nbytes:
+            leaf[name] += nbytes
+    tree: dict[str, int] = defaultdict(int)
+    for key, nbytes in leaf.items():
+        parts = key.split("/")
+        for depth in range(1, len(parts) + 1):
+            tree["/".join(parts[:depth])] += nbytes
+    tree["total"] = sum(leaf.values())
+    return dict(sorted(tree.items(), key=lambda kv: (kv[0] != "total", kv[0])))

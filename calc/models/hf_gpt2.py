@@ -1,0 +1,390 @@
+"""Hugging Face transformers 5.24 ``GPT2LMHeadModel`` as a replay on a `Tape`.
+
+Follows ``transformers/models/gpt2/modeling_gpt2.py`` (and ``pytorch_utils.Conv1D``,
+``activations.NewGELUActivation``, ``integrations/sdpa_attention.py``,
+``cache_utils.DynamicLayer``, ``loss/loss_utils.ForCausalLMLoss``) line by line: the ops in
+order and the moment each Python local dies. The step replayed is ``loss = model(input_ids=ids,
+labels=targets).loss; loss.backward(); del loss`` on a model in train mode with
+``config.use_cache`` True (the harness's config), so ``GPT2Model.forward`` builds a
+``DynamicCache`` even in training and every layer's keys and values are copied into it by
+``torch.cat`` (the copies die with the output object, after the forward).
+
+What differs from the plain reference GPT-2 (`calc.models.reference`), and so is modelled here:
+
+* ``Conv1D`` is ``torch.addmm(bias, x.view(-1, in), weight)`` with the weight stored
+  ``[in, out]``: ``AddmmBackward0`` allocates the input's gradient, the weight's, then the bias'
+  (``sum_to`` in ``validate_outputs``), as `hf_ops.linear`; under autocast ``addmm`` casts its
+  arguments last to first (weight, input, bias);
+* position ids are ``torch.arange(s) + past_seen_tokens`` (two int64 tensors), saved by the
+  ``wpe`` embedding; ``inputs_embeds + position_embeds`` broadcasts, so wpe's gradient is
+  reduced by ``sum_to`` in backward;
+* the activation is ``gelu_new``: ``NewGELUActivation`` written out in Python,
+  ``0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``: eight elementwise ops, five of
+  which autograd sees as saving something;
+* attention: SDPA with ``is_causal=True`` and no mask, or ``eager_attention_forward`` with the
+  additive ``[b, 1, s, s]`` mask of ``create_causal_mask`` (in the embeddings' dtype);
+* the attention output of each block (``attn_output, _ = self.attn(...)``) stays referenced
+  until the block returns;
+* the head runs on ``hidden_states[:, 0:, :]`` (``slice_logits_to_keep``: an ``alias``); the
+  loss upcasts the logits and shifts padded labels (`hf.causal_lm_loss`).
+
+Dropout (``embd_pdrop``, ``attn_pdrop``, ``resid_pdrop``) is ``F.dropout``: with p = 0 it
+returns its input (nothing allocated); with p > 0 on CPU a mask the input's size and dtype and
+the product (`ops.dropout`). Attention dropout sends SDPA to the math backend on CPU
+(`calc.models.attention.cpu_backend`).
+
+``recompute='full'`` (``activation_checkpointing_enable``): each block runs under
+non-reentrant checkpointing with no cache (``use_cache`` off, so ``create_causal_mask`` runs
+its packed-sequence check on the position ids); the frame holds the block's hidden states,
+mask and position ids. ``recompute='selective'`` does not exist in transformers.
+
+Checked against the CPU allocation trace (tests/calc/models/test_hf_gpt2.py): every allocation's
+live total equal for fp32, bf16 and amp-bf16, flash/math SDPA and eager, with and without
+dropout and full recomputation.
+"""
+
+from __future__ import annotations
+
+from calc.models import attention_core as core
+from calc.models import hf, hf_ops
+from calc.models.reference import Shape, Weights
+from calc.replay import ops
+from calc.replay.tape import Size, Tape, Tensor
+
+__all__ = ["Shape", "Weights", "check", "forward"]
+
+INT64 = 8
+FP32 = 4
+
+
+def check(sh: Shape) -> None:
+    """Raise ``NotImplementedError`` for a GPT-2 step this module does not replay."""
+    if sh.recompute == "selective":
+        raise NotImplementedError(
+            "recompute='selective' with implementation='hf': transformers checkpoints whole "
+            "layers only (gradient_checkpointing_enable); use recompute='full'"
+        )
+    if sh.attention not in ("flash", "math", "eager"):
+        raise NotImplementedError(f"attention {sh.attention!r} for hf gpt2")
+    if sh.attention == "math" and sh.attn_dropout <= 0:
+        # the math kernel without dropout is only reachable by forcing it; not measured
+        raise NotImplementedError("hf gpt2 with the math SDPA kernel and no attention dropout")
+
+
+# -- small pieces ---------------------------------------------------------------------------------
+def dropout(tape: Tape, sh: Shape, x: Tensor, p: float, name: str) -> Tensor:
+    """``nn.Dropout(p)`` in training: ``F.dropout`` returns its input when p == 0; else (CPU)
+    ``x * (empty_like(x).bernoulli_(1 - p) / (1 - p))``. The caller's reference to ``x`` is
+    consumed (the name is rebound)."""
+    if p <= 0:
+        return x
+    out = ops.dropout(tape, x, name, sh.device)
+    tape.drop(x)
+    return out
+
+
+def conv1d(
+    tape: Tape,
+    sh: Shape,
+    amp: list | None,
+    x: Tensor,
+    w: Tensor,
+    bias: Tensor,
+    rows: Size,
+    out_features: Size,
+    name: str,
+) -> Tensor:
+    """``Conv1D.forward``: ``torch.addmm(self.bias, x.view(-1, nx), self.weight).view(...)``.
+
+    The views allocate nothing (their backward views the contiguous gradients back). Under
+    autocast ``addmm`` casts weight, input, bias (last argument first); the parameter casts
+    are cached until autocast exits (``amp``), the input's is a fresh copy each call."""
+    if amp is None or not sh.autocast_itemsize:
+        x2 = ops.view(tape, x)
+        y = hf_ops.linear(tape, x2, w, bias, rows, out_features, name)
+        tape.drop(x2)
+        out = ops.view(tape, y)
+        tape.drop(y)
+        return out
+    lo = sh.autocast_itemsize
+    x2 = ops.view(tape, x)
+    wc = hf_ops.to_copy(tape, w, lo, f"{w.name}.lo")
+    amp.append(wc)
+    xc = hf_ops.to_copy(tape, x2, lo, f"{name}.in.lo")
+    bc = hf_ops.to_copy(tape, bias, lo, f"{bias.name}.lo")
+    amp.append(bc)
+    y = hf_ops.linear(tape, xc, wc, bc, rows, out_features, name)
+    tape.drop(xc, x2)
+    out = ops.view(tape, y)
+    tape.drop(y)
+    return out
+
+
+def scalar_add(tape: Tape, x: Tensor, name: str) -> Tensor:
+    """``python_scalar + x`` (``AddBackward1``): saves nothing, hands the gradient on."""
+    return ops.add(tape, x, None, name)
+
+
+def pow3(tape: Tape, x: Tensor, name: str) -> Tensor:
+    """``torch.pow(x, 3.0)``: saves x; backward ``grad * (3.0 * x.pow(2.0))`` (three
+    x-sized tensors, the two temporaries freed at the end of the expression)."""
+    return ops.pow2(tape, x, name)
+
+
+def new_gelu(tape: Tape, x: Tensor) -> Tensor:
+    """``NewGELUActivation.forward``:
+    ``0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 *
+    torch.pow(input, 3.0))))``, evaluated left to right; each temporary dies when its consumer
+    has run (``tanh`` saves its result; the last ``mul`` saves both operands)."""
+    half = core.scale(tape, x, "gelu.half")  # 0.5 * input
+    cube = pow3(tape, x, "gelu.pow")  # torch.pow(input, 3.0)
+    c3 = core.scale(tape, cube, "gelu.cube_c")  # 0.044715 * (...)
+    tape.drop(cube)
+    inner = ops.add(tape, x, c3, "gelu.inner")  # input + (...)
+    tape.drop(c3)
+    arg = core.scale(tape, inner, "gelu.arg")  # sqrt(2/pi) * (...)
+    tape.drop(inner)
+    th = ops.unary(tape, arg, "gelu.tanh", saves="output")  # torch.tanh
+    tape.drop(arg)
+    one = scalar_add(tape, th, "gelu.one_plus")  # 1.0 + tanh(...)
+    tape.drop(th)
+    out = hf_ops.mul(tape, half, one, "gelu.out")
+    tape.drop(half, one)
+    return out
+
+
+# -- attention ------------------------------------------------------------------------------------
+def math_sdpa(
+    tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, kv_contiguous: bool
+) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, dropout_p=attn_pdrop, is_causal=True)`` through
+    ``_scaled_dot_product_attention_math`` (see `attention_core.math_sdpa`), with GPT-2's
+    layouts: q is a transposed view of the fused projection (its fold copies); k and v are
+    the cache's contiguous copies when a cache is used (their folds are views)."""
+    b, s, a, d = sh.b, sh.s, sh.a, sh.d
+    out_itemsize = q.itemsize
+    upcast = q.itemsize < FP32
+    if upcast:
+        qa = ops.to_dtype(tape, q, FP32, "attn.q32")
+        ka = ops.to_dtype(tape, k, FP32, "attn.k32")
+        va = ops.to_dtype(tape, v, FP32, "attn.v32")  # (``_to_copy`` keeps the layouts)
+    else:
+        qa, ka, va = q, k, v
+    query = core.scale(tape, qa, "attn.q_scaled")
+    bias = core.causal_bias(tape, s, qa.itemsize, "attn.mask")
+    kt = core.view(tape, ka, name="Transpose")
+    ks = core.scale(tape, kt, "attn.k_scaled")
+    tape.drop(kt)
+    scores = core.matmul(tape, query, False, ks, kv_contiguous, b * a * s * s, "attn.qk", False)
+    tape.drop(ks)
+    biased = ops.add(tape, scores, bias, "attn.scores")
+    tape.drop(scores)
+    attn = core.softmax(tape, biased, "attn.probs")
+    tape.drop(biased)
+    if sh.attn_dropout > 0:
+        dropped = ops.dropout(tape, attn, "attn.probs_drop", sh.device)
+        tape.drop(attn)
+        attn = dropped
+    second = ops.to_dtype(tape, attn, out_itemsize, "attn.probs_out") if upcast else None
+    out = core.matmul(tape, attn, True, va, kv_contiguous, b * a * s * d, "attn.pv", True)
+    if upcast:
+        cast = ops.to_dtype(tape, out, out_itemsize, "attn.out")
+        tape.drop(out)
+        out = cast
+    tape.drop(attn, query, bias)
+    if upcast:
+        tape.drop(va, ka, qa)
+    tape.drop(second)
+    return out
+
+
+def eager_attention(
+    tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, kv_contiguous: bool
+) -> tuple[Tensor, Tensor]:
+    """``eager_attention_forward`` (GPT-2's own): ``matmul(q, k^T) * scaling + mask``,
+    ``softmax`` (in the promoted dtype), ``.type(value.dtype)``, dropout, ``matmul(., v)``;
+    returns ``attn_output.transpose(1, 2)`` (a view of the contiguous [b, a, s, d] product)
+    and the attention weights (after dropout), which the callers keep referenced."""
+    b, s, a, d = sh.b, sh.s, sh.a, sh.d
+    kt = core.view(tape, k, name="Transpose")
+    prod = core.matmul(tape, q, False, kt, kv_contiguous, b * a * s * s, "attn.qk", False)
+    tape.drop(kt)
+    sc = core.scale(tape, prod, "attn.scaled")  # * scaling
+    tape.drop(prod)
+    masked = hf_ops.add(tape, sc, mask, "attn.masked")  # + attention_mask (no grad)
+    tape.drop(sc)
+    probs = core.softmax(tape, masked, "attn.probs")
+    tape.drop(masked)
+    pv = hf_ops.to_copy(tape, probs, v.itemsize, "attn.probs_cast")  # .type(value.dtype)
+    tape.drop(probs)
+    if sh.attn_dropout > 0:
+        dropped = ops.dropout(tape, pv, "attn.probs_drop", sh.device)
+        tape.drop(pv)
+        pv = dropped
+    out = core.matmul(tape, pv, True, v, kv_contiguous, b * a * s * d, "attn.pv", True)
+    ot = core.view(tape, out, name="Transpose")
+    tape.drop(out)
+    return ot, pv
+
+
+def attention(
+    tape: Tape,
+    sh: Shape,
+    x: Tensor,
+    lw: dict,
+    mask: Tensor | None,
+    use_cache: bool,
+    amp: list | None,
+) -> tuple[Tensor, list, Tensor | None]:
+    """``GPT2Attention.forward`` (self-attention): the output (after ``resid_dropout``), the
+    cache's key and value copies, and the eager attention weights (None for SDPA): returned as
+    ``attn_weights``, they stay referenced (``attn_output, _ = self.attn(...)``) until the
+    block returns, which matters when they are not saved (under checkpointing)."""
+    n = sh.b * sh.s
+    qkv = conv1d(tape, sh, amp, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
+    q, k, v = ops.split3(tape, qkv)
+    tape.drop(qkv)
+    gq, gk, gv = core.view_grad_copies(sh)
+    # key_states.view(shape_kv).transpose(1, 2), value_states likewise, then the query
+    heads = []
+    for t, copy in ((k, gk), (v, gv), (q, gq)):
+        v1 = ops.view(tape, t, copy_back=copy)
+        tape.drop(t)
+        heads.append(core.view(tape, v1, name="Transpose"))
+        tape.drop(v1)
+    kt, vt, qt = heads
+    cache: list = []
+    if use_cache:  # DynamicLayer.update: torch.cat([empty, states], dim=-2) for keys, values
+        kc = hf_ops.cat_onto_empty(tape, kt, "cache.k")
+        vc = hf_ops.cat_onto_empty(tape, vt, "cache.v")
+        cache = [tape.alias(kc), tape.alias(vc)]
+        tape.drop(kt, vt)
+        kt, vt = kc, vc
+    if sh.attention == "eager":
+        assert mask is not None
+        ao, weights = eager_attention(tape, sh, qt, kt, vt, mask, use_cache)
+        # attn_output.reshape(b, s, -1): the transposed product is not viewable: a copy
+        o = core.clone(tape, ao, "attn.merge")
+        tape.drop(ao)
+    else:
+        weights = None
+        if sh.attention == "math":
+            out = math_sdpa(tape, sh, qt, kt, vt, use_cache)
+            # reshape (a view), then .transpose(1, 2).contiguous(): the math output is
+            # contiguous in [b, a, s, d], so contiguous() copies
+            o = core.merge_heads(tape, sh, out)
+        else:
+            out = ops.sdpa_flash(tape, qt, kt, vt, sh.b * sh.a * sh.s, "attn")
+            # the CPU flash output is laid out [b, s, a, d]: reshape, transpose, contiguous
+            # and the reshape to [b, s, h] are views
+            o = ops.view(tape, out)
+        tape.drop(out)
+    y = conv1d(tape, sh, amp, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
+    tape.drop(o)
+    y = dropout(tape, sh, y, sh.hidden_dropout, "resid_drop")
+    tape.drop(qt, kt, vt)  # the query/key/value locals die when forward returns
+    return y, cache, weights
+
+
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, amp: list | None) -> Tensor:
+    """``GPT2MLP.forward``: c_fc, gelu_new, c_proj, dropout."""
+    n = sh.b * sh.s
+    h = conv1d(tape, sh, amp, x, lw["fc"], lw["fc.b"], n, sh.f, "c_fc")
+    act = new_gelu(tape, h)
+    tape.drop(h)
+    y = conv1d(tape, sh, amp, act, lw["proj"], lw["proj.b"], n, sh.h, "mlp.c_proj")
+    tape.drop(act)
+    return dropout(tape, sh, y, sh.hidden_dropout, "mlp_drop")
+
+
+def block(
+    tape: Tape,
+    sh: Shape,
+    x: Tensor,
+    lw: dict,
+    mask: Tensor | None,
+    use_cache: bool,
+    amp: list | None,
+) -> tuple[Tensor, list]:
+    """``GPT2Block.forward``; ``x`` stays the caller's."""
+    n = sh.b * sh.s
+    n1 = ops.layer_norm(tape, x, lw["norm1"], lw["norm1.b"], n)
+    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache, amp)
+    x2 = hf_ops.add(tape, att, x, "resid1")  # attn_output + residual
+    tape.drop(n1)
+    n2 = ops.layer_norm(tape, x2, lw["norm2"], lw["norm2.b"], n)
+    ff = mlp(tape, sh, n2, lw, amp)
+    x3 = hf_ops.add(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
+    tape.drop(n2)
+    # returning frees the locals: attn_output, the weights, the residual, the MLP output
+    tape.drop(att, weights, x2, ff)
+    return x3, cache
+
+
+def model(
+    tape: Tape, sh: Shape, w: Weights, use_cache: bool, amp: list | None
+) -> tuple[Tensor, list]:
+    """``GPT2Model.forward(input_ids)``: ``ln_f``'s output and the cache's tensors."""
+    n = sh.b * sh.s
+    tape.segment = "embed"
+    tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")  # inputs_embeds = self.wte(ids)
+    ar = hf_ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
+    pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
+    tape.drop(ar)
+    pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out", indices=pos)
+    x = hf_ops.add(tape, tok, pe, "embed_out")  # inputs_embeds + position_embeds
+    if not use_cache:  # (no DynamicCache: checkpointing turns use_cache off)
+        hf._packed_sequence_check(tape, sh)
+    # create_causal_mask: None for sdpa (is_causal), an additive float mask for eager
+    mask = hf.causal_mask(tape, sh, tok.itemsize) if sh.attention == "eager" else None
+    x = dropout(tape, sh, x, sh.embed_dropout, "embed_drop")
+    cache: list = []
+    for j, lw in enumerate(w.layers):
+        tape.segment = j
+        if sh.recompute == "full":
+            # GradientCheckpointingLayer: the block runs under non-reentrant
+            # torch.utils.checkpoint with cache=None; the frame holds its arguments (hidden
+            # states, the mask) and the partial's keyword tensors (position_ids)
+            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
+                return block(tape, sh, x, lw, mask, False, amp)[0]
+
+            held = [t for t in (x, mask, pos) if t is not None]
+            x_next, c = tape.checkpoint(run, held), []
+        else:
+            x_next, c = block(tape, sh, x, lw, mask, use_cache, amp)
+        cache += c
+        tape.drop(x)
+        x = x_next
+    tape.segment = "head"
+    hid = ops.layer_norm(tape, x, w.norm, w.norm_b, n)
+    tape.drop(x)
+    out = ops.view(tape, hid)  # hidden_states.view(output_shape)
+    tape.drop(hid, tok, pe, pos, mask)
+    return out, cache
+
+
+def lm_head(tape: Tape, sh: Shape, amp: list | None, x: Tensor, w: Tensor) -> Tensor:
+    """``self.lm_head(hidden_states)`` (``nn.Linear``, no bias) on the 3-D hidden states:
+    ``matmul`` folds them to 2-D (a view), ``mm``, and views the result back."""
+    n = sh.b * sh.s
+    return hf.linear(tape, sh, amp, x, w, None, n, sh.V, "logits")
+
+
+def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor:
+    """``GPT2LMHeadModel.forward(input_ids=ids, labels=targets).loss``; returns the loss.
+
+    With ``sh.autocast_itemsize`` the forward runs under ``torch.autocast`` (fp32 weights),
+    left right after (its cast cache dies). The output object (logits, cache) dies before
+    this returns, as in ``loss = model(...).loss``."""
+    check(sh)
+    amp: list | None = [] if sh.autocast_itemsize else None
+    hid, cache = model(tape, sh, w, use_cache, amp)
+    tape.segment = "head"
+    sl = ops.view(tape, hid)  # slice_logits_to_keep(hidden, 0): hidden[:, 0:, :] (an alias)
+    tape.drop(hid)
+    logits = lm_head(tape, sh, amp, sl, w.head)
+    loss = hf.causal_lm_loss(tape, sh, logits)
+    tape.drop(sl, logits, *cache)
+    if amp:
+        tape.drop(*amp)
+    return loss

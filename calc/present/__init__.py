@@ -1,0 +1,1 @@
+"""What the calculator shows: display rows (GiB, shares, symbols) and sweeps."""

@@ -1,0 +1,6 @@
+"""The replay engine: a symbolic tape of what PyTorch allocates and frees, op by op.
+
+- ``tape``: `Tape`, `Tensor`, `Storage`, the autograd engine's backward and the 512-B rounding.
+- ``ops``: the op library (what each op allocates, saves for backward and frees).
+- ``timeline``: from a replayed step to the peak for any number of layers.
+"""

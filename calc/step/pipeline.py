@@ -1,0 +1,499 @@
+"""Pipeline parallelism: one stage's training step, replayed as ``torch.distributed.pipelining``
+runs it (``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``, torch 2.13).
+
+Stage ``r`` of ``pp`` holds the layers `calc.config.parallelism.layers_per_stage` gives it, plus the
+embedding (first stage) or the final norm, the head and the loss (last stage). A step splits
+the batch into ``m = pp_microbatches`` micro-batches of ``micro_batch / m`` sequences and runs
+the schedule's actions in order (`schedule_actions`):
+
+* GPipe (Huang et al. 2019): all ``m`` forwards, then all ``m`` backwards: a stage holds the
+  activations of ``m`` micro-batches at the turn;
+* 1F1B (Narayanan et al. 2021, PipeDream-Flush, §2.2): stage ``r`` runs ``min(m, pp - r)``
+  forwards, then alternates backward/forward: at most ``pp - r`` micro-batches in flight, so
+  the first stage holds the most (``Schedule1F1B._step_microbatches``: ``warmup_chunks``).
+
+What the stage holds besides the single-GPU tensors (``torch/distributed/pipelining/stage.py``
+and ``schedules.py``), each a tape event here:
+
+* receive buffers, allocated at the first step for all ``m`` micro-batches and kept for the
+  run: activations ``[b/m, s, h]`` on every stage but the first (leaves that require grad:
+  the stage input's gradient accumulates into their ``.grad`` and is handed to the send),
+  gradients ``[b/m, s, h]`` on every stage but the last (the backward's seed);
+* ``fwd_cache``: each micro-batch's stage output, kept from its forward to its backward (the
+  last layer's output is saved by nothing else);
+* the input gradient a stage sends back stays referenced by the schedule's send list:
+  GPipe keeps every send's work to the end of the backward loop (``bwd_sends_to_wait``);
+  1F1B's ``bwd_sends`` (then ``send_work``) holds one until the next backward replaces it;
+* last stage: ``output_chunks`` keeps every micro-batch's logits ``[b/m, s, V]`` until the
+  next step starts (``clear_runtime_states``), and ``step()`` returns them concatenated
+  (``merge_chunks``: one ``[b, s, V]`` tensor, dropped by the caller); the losses are kept to
+  the end of the step; the backward seed is ``ones_like(loss)``.
+
+Interleaved 1F1B (Narayanan et al. 2021, §2.2; ``ScheduleInterleaved1F1B``): rank ``r`` holds
+``v = pp_virtual_stages`` chunks of ``L / (pp * v)`` layers, the stages ``r, r + pp, ...`` (loop
+placement); the embedding is in stage 0 (rank 0), the loss in stage ``pp * v - 1`` (rank
+``pp - 1``). The rank runs its chunks' forwards and backwards in the order
+`interleaved_actions` derives from torch's ``_get_1f1b_rank_ops``. Each chunk has its own
+receive buffers (all ``m`` micro-batches, kept for the run). ``_PipelineScheduleRuntime`` keeps
+every send's work (``send_ops``) to the end of ``step()``: the chunk outputs sent forward and
+the input gradients sent back stay alive to the end of the step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from calc.config.jobs import Training
+from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism, layers_per_stage
+from calc.models import reference
+from calc.replay import ops
+from calc.replay.tape import Event, Tape, Tensor
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StagePlan:
+    """What one pipeline rank runs (the structure of its replay)."""
+
+    stage: int
+    """This rank's stage index, 0 (embedding) to ``stages - 1`` (loss)."""
+    stages: int
+    """Pipeline degree ``pp``."""
+    n_layers: int
+    """Layers held by this stage."""
+    microbatches: int
+    """Micro-batches per step, ``m``."""
+    schedule: str
+    """``gpipe``, ``1f1b`` or ``interleaved-1f1b``."""
+    virtual: int = 1
+    """Chunks (virtual stages) on this rank, ``pp_virtual_stages``; ``n_layers / virtual``
+    layers each (interleaved 1F1B only)."""
+
+    def chunk_index(self, k: int) -> int:
+        """The global stage index of local chunk ``k`` (loop placement: ``stage + k * pp``)."""
+        return self.stage + k * self.stages
+
+    def chunk_first(self, k: int) -> bool:
+        """Whether local chunk ``k`` holds the embedding (global stage 0)."""
+        return self.chunk_index(k) == 0
+
+    def chunk_last(self, k: int) -> bool:
+        """Whether local chunk ``k`` holds the loss (global stage ``pp * v - 1``)."""
+        return self.chunk_index(k) == self.stages * self.virtual - 1
+
+    @property
+    def first(self) -> bool:
+        return self.stage == 0
+
+    @property
+    def last(self) -> bool:
+        return self.stage == self.stages - 1
+
+
+def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> None:
+    """Raise ``ValueError`` for a layout the schedule cannot run and ``NotImplementedError``
+    for one this module does not replay."""
+    m = parallel.pp_microbatches
+    if job.micro_batch % m:
+        raise ValueError(
+            f"pp_microbatches={m} must divide micro_batch={job.micro_batch} (the schedule "
+            "splits the batch into equal micro-batches)"
+        )
+    if parallel.pp_schedule == "1f1b" and m < parallel.pp:
+        raise ValueError(
+            f"pp_microbatches={m} must be >= pp={parallel.pp} for 1F1B "
+            "(torch.distributed.pipelining.Schedule1F1B)"
+        )
+    if parallel.pp_schedule == "interleaved-1f1b":
+        chunks = parallel.pp * parallel.pp_virtual_stages
+        if model.n_layers % chunks:
+            raise ValueError(
+                f"n_layers={model.n_layers} must be a multiple of pp={parallel.pp} x "
+                f"pp_virtual_stages={parallel.pp_virtual_stages} = {chunks} for the interleaved "
+                "1F1B schedule (every chunk holds the same layers; uneven chunks not modelled)"
+            )
+        rounds = max(1, m // parallel.pp)
+        if m % rounds:  # ScheduleInterleaved1F1B.__init__
+            raise ValueError(
+                f"pp_microbatches={m} must be a multiple of the number of rounds "
+                f"max(1, pp_microbatches // pp) = {rounds} (ScheduleInterleaved1F1B)"
+            )
+    if model.model_type == "gpt2" or model.tied_embeddings:
+        raise NotImplementedError("pipeline stages are modelled for untied llama-family models")
+    if job.implementation != "reference" or job.precision.startswith("amp"):
+        raise NotImplementedError(
+            "pipeline parallelism is modelled for implementation='reference' without autocast"
+        )
+    if job.grad_accum != 1 or job.recompute != "none":
+        raise NotImplementedError("pipeline parallelism with grad_accum > 1 or recomputation")
+
+
+def stage_plans(model: ModelSpec, job: Training, parallel: Parallelism) -> list[StagePlan]:
+    """The plan of every pipeline stage (uneven layer counts as `layers_per_stage` splits)."""
+    check_pipeline(model, job, parallel)
+    counts = layers_per_stage(model.n_layers, parallel)
+    return [
+        StagePlan(stage=r, stages=parallel.pp, n_layers=counts[r],
+                  microbatches=parallel.pp_microbatches, schedule=parallel.pp_schedule,
+                  virtual=parallel.pp_virtual_stages)
+        for r in range(parallel.pp)
+    ]  # fmt: skip
+
+
+def microbatch_job(job: Training, parallel: Parallelism) -> Training:
+    """The job of one micro-batch (``micro_batch / pp_microbatches`` sequences): the symbol
+    ``b`` of a stage replay is the micro-batch's size."""
+    return replace(job, micro_batch=job.micro_batch // parallel.pp_microbatches)
+
+
+def schedule_actions(plan: StagePlan) -> list[tuple[str, int]]:
+    """``("F", i)`` / ``("B", i)`` in the order the stage runs them.
+
+    GPipe: ``F0 .. F(m-1), B0 .. B(m-1)``. 1F1B (``Schedule1F1B._step_microbatches``):
+    ``w = min(m, pp - r)`` warm-up forwards, then ``B, F`` pairs until every forward ran, then
+    the remaining backwards."""
+    m = plan.microbatches
+    if plan.schedule == "gpipe":
+        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+    warmup = min(m, plan.stages - plan.stage)
+    out = [("F", i) for i in range(warmup)]
+    f, b = warmup, 0
+    while True:
+        out.append(("B", b))
+        b += 1
+        if f == m:
+            break
+        out.append(("F", f))
+        f += 1
+    out.extend(("B", i) for i in range(b, m))
+    return out
+
+
+def interleaved_actions(plan: StagePlan) -> list[tuple[str, int, int]]:
+    """``(kind, micro-batch, local chunk)`` in the order rank ``plan.stage`` runs them under
+    ``ScheduleInterleaved1F1B`` (torch 2.13 ``_calculate_single_rank_operations`` and
+    ``_get_1f1b_rank_ops``, the idle slots left out).
+
+    ``rounds = max(1, m // pp)``, ``k = m / rounds`` micro-batches per round; the rank warms up
+    with ``w = min((v - 1) k + 2 (pp - 1 - r), m v)`` forwards; then each op runs a forward and
+    a backward, then the remaining ``w`` backwards. Op ``o``'s forward runs chunk
+    ``(o // k) % v``, its backward chunk ``v - 1 - ((o - w) // k) % v``; micro-batches are
+    numbered per chunk in order."""
+    pp, v, m, r = plan.stages, plan.virtual, plan.microbatches, plan.stage
+    per_round = m // max(1, m // pp)
+    total = m * v
+    warmup = min((v - 1) * per_round + 2 * (pp - 1 - r), total)
+    fwd_mb = [0] * v
+    bwd_mb = [0] * v
+    out: list[tuple[str, int, int]] = []
+
+    def forward(op: int) -> None:
+        k = (op // per_round) % v
+        out.append(("F", fwd_mb[k], k))
+        fwd_mb[k] += 1
+
+    def backward(op: int) -> None:
+        k = v - 1 - ((op - warmup) // per_round) % v
+        out.append(("B", bwd_mb[k], k))
+        bwd_mb[k] += 1
+
+    for op in range(total + warmup):
+        if op < warmup:
+            forward(op)
+        elif op < total:
+            forward(op)
+            backward(op)
+        else:
+            backward(op)
+    return out
+
+
+def in_flight(plan: StagePlan) -> int:
+    """Most micro-batches whose activations the stage holds at once (forwards run, backwards
+    not yet): ``m`` for GPipe, ``min(m, pp - r)`` for 1F1B (Narayanan et al. 2021, §2.2).
+    Interleaved 1F1B counts chunk micro-batches (each ``1 / v`` of the rank's layers): rank 0
+    holds ``v pp + pp - 1`` of them when ``pp`` divides ``m``, i.e. ``pp (1 + (pp - 1) /
+    (pp v))`` micro-batches of the rank's layers (Korthikanti et al. 2022, §4.2.3)."""
+    if plan.schedule == "interleaved-1f1b":
+        acts = [kind for kind, _, _ in interleaved_actions(plan)]
+    else:
+        acts = [kind for kind, _ in schedule_actions(plan)]
+    live = peak = 0
+    for kind in acts:
+        live += 1 if kind == "F" else -1
+        peak = max(peak, live)
+    return peak
+
+
+def replay_stage(
+    model: ModelSpec,
+    job: Training,
+    plan: StagePlan,
+    device: str,
+    n_layers: int | None = None,
+    tp_comm: bool = False,
+) -> list[Event]:
+    """Replay two optimizer steps of one pipeline stage; ``job`` is the micro-batch job
+    (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences.
+    ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
+    `calc.replay.timeline` generalises). ``tp_comm``: the stage's layers are one tensor-parallel
+    rank's (`calc.parallel.tensor`)."""
+    from calc.step.optimizer import optimizer_step
+
+    if plan.schedule == "interleaved-1f1b":
+        return _replay_interleaved(model, job, plan, device, tp_comm)
+    layers = plan.n_layers if n_layers is None else n_layers
+    m = plan.microbatches
+    tape, sh, w, keep, shapes, cos, sin = _stage_tape(model, job, plan, device, tp_comm, layers)
+    act = sh.b * sh.s * sh.h
+    recv_act: list[Tensor] = []
+    recv_grad: list[Tensor] = []
+    chunks: list[Tensor] = []
+    states = None
+    for step in (1, 2):
+        tape.phase = f"step{step}/forward"
+        tape.segment = "pipeline"
+        tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
+        chunks = []
+        if step == 1:
+            for _ in range(m if not plan.first else 0):
+                t = tape.new(act, sh.act_itemsize, "pp.recv_act", "buffer")
+                t.leaf = True
+                tape.leaves[id(t.storage)] = t
+                recv_act.append(t)
+            for _ in range(m if not plan.last else 0):
+                recv_grad.append(tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer"))
+        cache: dict[int, Tensor] = {}
+        losses: dict[int, Tensor] = {}
+        sent: list[Tensor] = []  # input gradients still held by the schedule's send lists
+        for kind, i in schedule_actions(plan):
+            if kind == "F":
+                out = _stage_forward(tape, sh, w, plan, cos, sin, recv_act[i] if recv_act else None)
+                cache[i] = out
+                if plan.last:
+                    chunks.append(tape.alias(out))
+                    tape.segment = "head"
+                    flat = ops.view(tape, out)
+                    losses[i] = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, out.itemsize)
+                    tape.drop(flat)
+                continue
+            out = cache.pop(i)
+            if plan.last:
+                tape.segment = "head"
+                tape.backward(losses[i])
+            else:
+                tape.segment = "pipeline"
+                tape.backward(out, seed=recv_grad[i])
+            tape.drop(out)
+            if recv_act:  # the input's gradient: read from .grad, set to None, sent
+                sent.append(tape.grads.pop(id(recv_act[i].storage)))
+                if plan.schedule == "1f1b" and len(sent) > 1:
+                    tape.drop(sent.pop(0))  # the previous send's ops are replaced
+        tape.drop(*sent)  # the schedule returns: its send lists die
+        tape.drop(*losses.values())
+        if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
+            tape.segment = "head"
+            merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
+            tape.drop(merged)
+        tape.phase = f"step{step}/optimizer"
+        tape.segment = "optimizer"
+        states = optimizer_step(
+            tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
+            device=device, states=states, shapes=shapes,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
+    return tape.events
+
+
+def _stage_tape(
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool, layers: int
+) -> tuple:
+    """The tape a pipeline rank starts from: only its stages' parameters live (with their
+    optimizer shapes), the token ids and targets of all ``m`` micro-batches, and the RoPE
+    buffers. Returns ``(tape, shape, weights, kept params, their shapes, cos, sin)``."""
+    from calc.step import training as step_mod
+
+    sh = step_mod.shape_for(model, job, device, layers, tp_comm)
+    m = plan.microbatches
+    tape = Tape(inplace_accumulate=device == "cuda")
+    w = reference.Weights(tape, sh)
+    keep = _stage_params(w, plan)
+    kept = {id(p.storage) for p in keep}
+    for p in w.parameters():  # the other stages' parameters are not on this rank
+        if id(p.storage) not in kept:
+            tape.live.pop(id(p.storage), None)
+    shapes = [s for p, s in zip(w.parameters(), w.shapes(sh), strict=True)
+              if id(p.storage) in kept]  # fmt: skip
+    idx = step_mod.INDEX_ITEMSIZE
+    tape.existing(m * sh.b * sh.s, idx, "input_ids", "input")
+    tape.existing(m * sh.b * sh.s, idx, "targets", "input")
+    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer")
+    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer")
+    return tape, sh, w, keep, shapes, cos, sin
+
+
+def _replay_interleaved(
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool
+) -> list[Event]:
+    """`replay_stage` for interleaved 1F1B: every layer of the rank replayed (chunk ``k`` runs
+    layers ``k L_r / v .. (k + 1) L_r / v - 1`` of the rank's ``L_r``), the actions in
+    `interleaved_actions` order, every send held to the end of the step."""
+    from calc.step.optimizer import optimizer_step
+
+    m, v = plan.microbatches, plan.virtual
+    per_chunk = plan.n_layers // v
+    tape, sh, w, keep, shapes, cos, sin = _stage_tape(
+        model, job, plan, device, tp_comm, plan.n_layers
+    )
+    act = sh.b * sh.s * sh.h
+    recv_act: dict[tuple[int, int], Tensor] = {}
+    recv_grad: dict[tuple[int, int], Tensor] = {}
+    chunks: list[Tensor] = []
+    states = None
+    for step in (1, 2):
+        tape.phase = f"step{step}/forward"
+        tape.segment = "pipeline"
+        tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
+        chunks = []
+        if step == 1:  # each chunk's PipelineStage allocates its buffers
+            for k in range(v):
+                for i in range(m if not plan.chunk_first(k) else 0):
+                    t = tape.new(act, sh.act_itemsize, "pp.recv_act", "buffer")
+                    t.leaf = True
+                    tape.leaves[id(t.storage)] = t
+                    recv_act[k, i] = t
+                for i in range(m if not plan.chunk_last(k) else 0):
+                    recv_grad[k, i] = tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer")
+        cache: dict[tuple[int, int], Tensor] = {}
+        losses: dict[tuple[int, int], Tensor] = {}
+        sent: list[Tensor] = []  # send_ops: every send's tensor, to the end of step()
+        for kind, i, k in interleaved_actions(plan):
+            last = plan.chunk_last(k)
+            if kind == "F":
+                chunk = replace(plan, stage=plan.chunk_index(k), stages=plan.stages * v,
+                                n_layers=per_chunk, virtual=1)  # fmt: skip
+                layers = w.layers[k * per_chunk : (k + 1) * per_chunk]
+                out = _stage_forward(tape, sh, w, chunk, cos, sin, recv_act.get((k, i)), layers)
+                cache[k, i] = out
+                if last:
+                    chunks.append(tape.alias(out))
+                    tape.segment = "head"
+                    flat = ops.view(tape, out)
+                    losses[k, i] = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, out.itemsize)
+                    tape.drop(flat)
+                else:
+                    sent.append(tape.alias(out))
+                continue
+            out = cache.pop((k, i))
+            if last:
+                tape.segment = "head"
+                tape.backward(losses[k, i])
+            else:
+                tape.segment = "pipeline"
+                tape.backward(out, seed=recv_grad[k, i])
+            tape.drop(out)
+            if (k, i) in recv_act:  # the input's gradient: read from .grad, set to None, sent
+                sent.append(tape.grads.pop(id(recv_act[k, i].storage)))
+        tape.drop(*sent)
+        tape.drop(*losses.values())
+        if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
+            tape.segment = "head"
+            merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
+            tape.drop(merged)
+        tape.phase = f"step{step}/optimizer"
+        tape.segment = "optimizer"
+        states = optimizer_step(
+            tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
+            device=device, states=states, shapes=shapes,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
+    return tape.events
+
+
+def _stage_params(w: reference.Weights, plan: StagePlan) -> list[Tensor]:
+    out = [w.embed] if plan.first else []
+    for lw in w.layers:
+        out.extend(t for t in lw.values() if t is not None)
+    if plan.last:
+        out.extend([w.norm, w.head])
+    return out
+
+
+def _stage_forward(
+    tape: Tape, sh: reference.Shape, w: reference.Weights, plan: StagePlan, cos: Tensor,
+    sin: Tensor, received: Tensor | None, layers: list | None = None,
+) -> Tensor:  # fmt: skip
+    """``StageModule.forward`` (verify/dist/pp_plans.py): embedding (first stage), the layers
+    (``layers``, default all of ``w``), norm and head (last stage); returns the stage output."""
+    n = sh.b * sh.s
+    if plan.first:
+        tape.segment = "embed"
+        x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+    else:
+        x = tape.alias(received)
+        x.leaf = True  # the receive buffer is a leaf that requires grad
+    for j, lw in enumerate(w.layers if layers is None else layers):
+        tape.segment = j
+        x_next = reference.block(tape, sh, x, lw, cos, sin)
+        tape.drop(x)
+        x = x_next
+    if not plan.last:
+        return x
+    tape.segment = "head"
+    hid = reference.norm(tape, sh, x, w.norm, None, n)
+    tape.drop(x)
+    logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    tape.drop(hid)
+    return logits
+
+
+def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device: str) -> list:
+    """``[(RankClass, Estimate)]``, one per pipeline stage: each stage's replay compiled and
+    evaluated at the micro-batch's size (`calc.estimate.ranks` takes the most-loaded one).
+
+    Pipeline parallelism combined with dp, tp or cp is not modelled yet
+    (``NotImplementedError``)."""
+    from calc.config.parallelism import RankClass, global_rank
+    from calc.estimate.core import ReplayOptions, compiled_for, evaluate
+    from calc.parallel.data import ReplayPlan
+
+    if parallel.dp > 1 or parallel.cp > 1 or parallel.sp or parallel.vocab_parallel:
+        raise NotImplementedError("pipeline parallelism combined with dp, cp, sp or vocab_parallel")
+    if parallel.shard_level or parallel.offload != "none":
+        raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
+    from calc.parallel.tensor import rank_model
+
+    mb_job = microbatch_job(job, parallel)
+    tp_model = rank_model(model, parallel)  # the model itself when tp == 1
+    opts = {"tp_comm": parallel.tp > 1}
+    if parallel.pp_schedule == "interleaved-1f1b":
+        if parallel.tp > 1:
+            raise NotImplementedError("interleaved 1F1B combined with tensor parallelism")
+        opts["exact_layers"] = True  # the chunks' layers differ: every layer replayed
+    out = []
+    for plan in stage_plans(model, job, parallel):
+        local = tp_model.with_overrides(n_layers=plan.n_layers)
+        comp, key = compiled_for(local, mb_job, device, ReplayOptions(stage=plan, **opts))
+        role = "embedding" if plan.first else "loss" if plan.last else "middle"
+        note = (
+            f"pipeline stage {plan.stage} ({role}): {plan.n_layers} layers, "
+            f"{plan.schedule}"
+            + (
+                f" ({plan.virtual} chunks: stages "
+                f"{', '.join(str(plan.chunk_index(k)) for k in range(plan.virtual))})"
+                if plan.virtual > 1
+                else ""
+            )
+            + f", {plan.microbatches} micro-batches of "
+            f"{mb_job.micro_batch}, at most {in_flight(plan)} "
+            + ("chunk micro-batches " if plan.virtual > 1 else "")
+            + "in flight"
+        )
+        ranks = tuple(global_rank(parallel, pp=plan.stage, tp=t) for t in range(parallel.tp))
+        rc = RankClass(ranks, f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))
+        out.append((rc, evaluate(comp, key, local, mb_job, device, (), (note,))))
+    return out

@@ -1,0 +1,252 @@
+"""The training step the cost model replays: the loop of ``verify/run/step.py``, event by event.
+
+For step in (1, 2) (the first creates optimizer states, the second is steady): for each
+micro-batch, forward (under autocast for ``amp-*``) and backward; then the optimizer step and
+``zero_grad(set_to_none=True)`` (or ``zero_grad`` just before the first backward).
+"""
+
+from __future__ import annotations
+
+from calc import symbols as S
+from calc.config.jobs import Training
+from calc.config.model_spec import ModelSpec
+from calc.models import reference
+from calc.models.attention import attention_kernel, cpu_backend
+from calc.parallel import data as data_parallel
+from calc.parallel.data import ReplayPlan
+from calc.replay import ops
+from calc.replay.tape import Event, Tape, Tensor
+
+WEIGHT_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
+AUTOCAST_ITEMSIZE = {"amp-bf16": 2, "amp-fp16": 2}
+INDEX_ITEMSIZE = 8  # int64 token ids and targets
+
+
+def shape_for(
+    model: ModelSpec,
+    job: Training,
+    device: str,
+    n_layers: int,
+    tp_comm: bool = False,
+    tp_vocab: bool = False,
+    sp: int = 1,
+) -> reference.Shape:
+    """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
+    model is one tensor-parallel rank's (`calc.parallel.tensor`), with its all-reduces."""
+    p_attn0 = model.attention_dropout if job.dropout is None else job.dropout
+    kernel = cpu_backend(attention_kernel(model, job), p_attn0)
+    p_attn = model.attention_dropout if job.dropout is None else job.dropout
+    p_hidden = model.hidden_dropout if job.dropout is None else job.dropout
+    p_embed = model.embedding_dropout if job.dropout is None else job.dropout
+    w = WEIGHT_ITEMSIZE[job.precision]
+    return reference.Shape(
+        b=S.b, s=S.s, h=S.h, a=S.a, f=S.f, V=S.V, P=S.P,
+        # a * d == h (most models): d is written h / a so that shapes the code compares are
+        # equal symbolically exactly when they are equal in the model.
+        d=S.h / S.a if model.n_heads * model.head_dim == model.hidden else S.d,
+        # Without GQA the kv heads are the query heads: one symbol, so that code choosing a
+        # path on ``k == a`` (HF's repeat_kv / enable_gqa) replays the path the model takes.
+        k=S.a if model.n_kv_heads == model.n_heads else (1 if model.n_kv_heads == 1 else S.k),
+        n_layers=n_layers,
+        model_type=model.model_type, mlp=model.mlp, norm=model.norm,
+        qkv_bias=model.qkv_bias, o_bias=model.o_bias, mlp_bias=model.mlp_bias,
+        norm_bias=model.norm_bias, qk_norm=model.qk_norm, tied=model.tied_embeddings,
+        weight_itemsize=w, act_itemsize=w,
+        autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
+        attention=kernel, recompute=job.recompute,
+        attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
+        gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab, sp=sp,
+    )  # fmt: skip
+
+
+def replay_training(
+    model: ModelSpec,
+    job: Training,
+    device: str,
+    n_layers: int,
+    tp_comm: bool = False,
+    tp_vocab: bool = False,
+    sp: int = 1,
+    dp: ReplayPlan | None = None,
+    grad_order: list | None = None,
+) -> list[Event]:
+    """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers (``tp_comm``:
+    as one tensor-parallel rank, `calc.parallel.tensor`; ``dp``: as one data-parallel rank,
+    `calc.parallel.data`). ``grad_order``, when given, receives the parameter leaves in the
+    order their gradients become ready in the first backward."""
+    from calc.estimate.core import values_for
+    from calc.step import optimizer as opt_mod
+    from calc.step.optimizer import optimizer_step
+
+    opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
+
+    sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
+    if tp_comm and job.implementation != "reference":
+        raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
+    hf = job.implementation == "hf"
+    hf_gpt2 = hf and model.model_type == "gpt2"
+    if hf_gpt2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager under autocast)
+        from calc.models import hf_gpt2 as gpt2_graph
+
+        gpt2_graph.check(sh)
+    elif hf:
+        from calc.models import hf as hf_graph
+
+        if job.recompute == "selective":
+            raise NotImplementedError(
+                "recompute='selective' with implementation='hf': transformers checkpoints whole "
+                "layers only (gradient_checkpointing_enable); use recompute='full'"
+            )
+        if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
+            raise NotImplementedError("implementation='hf' with dropout is not modelled yet")
+        sliding = n_layers if model.sliding_window is not None else 0
+    if hf and not hf_gpt2 and sh.attention == "math":
+        raise NotImplementedError("implementation='hf' with the math SDPA kernel is not modelled")
+    if sh.attention == "eager" and sh.autocast_itemsize and not hf_gpt2:
+        raise NotImplementedError("eager attention under autocast is not modelled yet")
+    tape = Tape(inplace_accumulate=device == "cuda")
+    w = reference.Weights(tape, sh)
+    if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
+        from calc.compress import prune_replay
+
+        prune_replay.install(tape, sh, w, job.pruning, model)
+    teacher = None
+    if job.distill is not None:  # a frozen teacher beside the student: calc.compress.distill
+        from calc.compress import distill as distill_replay
+
+        distill_replay.check(job)
+        teacher = distill_replay.setup(tape, sh, job, device)
+    trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
+    if hf and not hf_gpt2:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
+        tape.existing(sh.d / 2, 4, "rope_inv_freq", "buffer")
+        tape.existing(sh.d / 2, 4, "rope_original_inv_freq", "buffer")
+    rope = model.model_type != "gpt2"
+    rope = rope and not hf  # HF computes cos/sin inside each forward
+    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
+    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
+    params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
+    opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
+    if dp is not None and dp.optimizer_params is not None:
+        shapes = [shapes[i] for i in dp.optimizer_params]
+    if dp is not None:
+        opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
+    fsdp = None
+    if dp is not None and dp.fsdp:
+        from calc.parallel.fsdp import Fsdp
+
+        if job.recompute == "selective" or hf_gpt2:
+            raise NotImplementedError(
+                "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
+            )
+        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
+        if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
+            fsdp.install(tape, [*w.parameters(), *params], [*w.shapes(sh), *shapes])
+        else:
+            fsdp.install(tape, params, shapes)
+        opt_params = fsdp.optimizer_params(tape, params)
+    if grad_order is not None:
+        tape.grad_hook = _recording(tape.grad_hook, grad_order)
+    states = None
+    scaler: list = []
+    for step in (1, 2):
+        for mb in range(job.grad_accum):
+            tape.phase = f"step{step}/forward"
+            tape.segment = "embed"
+            if hf_gpt2:  # enters and leaves autocast itself
+                loss = gpt2_graph.forward(tape, sh, w, use_cache=job.recompute == "none")
+            elif hf:  # hf.forward enters and leaves autocast itself
+                loss = hf_graph.forward(
+                    tape, sh, w, use_cache=job.recompute == "none", sliding_layers=sliding
+                )
+                if fsdp is not None:
+                    fsdp.end_forward(tape)
+            else:
+                if sh.autocast_itemsize:
+                    tape.autocast_enter(sh.autocast_itemsize)
+                if teacher is None:
+                    loss = reference.forward(tape, sh, w, cos, sin)
+                else:
+                    loss = distill_replay.forward(tape, sh, w, cos, sin, teacher)
+                if fsdp is not None:
+                    fsdp.end_forward(tape)
+                tape.autocast_exit()
+            if job.precision == "amp-fp16":
+                loss, scaler = _scale_loss(tape, loss, scaler)
+            if job.zero_grad == "before_backward" and mb == 0:
+                tape.zero_grad()
+            tape.phase = f"step{step}/backward"
+            tape.segment = "head"
+            if fsdp is not None:
+                fsdp.start_backward(tape)
+            tape.backward(loss)
+            if fsdp is not None:
+                fsdp.end_backward(tape)
+            tape.drop(loss)
+        tape.phase = f"step{step}/optimizer"
+        tape.segment = "optimizer"
+        if fsdp is not None:
+            fsdp.before_optimizer(tape)
+        if dp is not None and dp.offload != "none":  # states and step on the CPU
+            tape.zero_grad()  # the gradients went to the host during the backward
+            continue
+        states = optimizer_step(
+            tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
+            device=device, states=states, shapes=shapes,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
+    return tape.events
+
+
+def _scale_loss(tape: Tape, loss: Tensor, scaler: list) -> tuple[Tensor, list]:
+    """``GradScaler.scale(loss)``: its first call creates ``_scale`` (fp32) and
+    ``_growth_tracker`` (int32), 0-d tensors kept for the run (``torch/amp/grad_scaler.py``,
+    ``_lazy_init_scale_growth_tracker``); then ``loss * _scale``."""
+    if not scaler:
+        saved, tape.segment = tape.segment, "base"
+        scaler = [tape.new(1, 4, "grad_scaler.scale", "state"), tape.new(1, 4, "growth", "state")]
+        tape.segment = saved
+    scaled = ops.mul(tape, loss, scaler[0], "scaled_loss")
+    tape.drop(loss)
+    return scaled, scaler
+
+
+def _compress(
+    tape: Tape, sh: reference.Shape, w: reference.Weights, model: ModelSpec, job: Training
+) -> tuple | None:
+    """LoRA/QLoRA (`calc.compress.lora.compress_weights`): the trainable adapters and their shapes."""
+    if job.lora is None:
+        return None
+    amp = job.precision.startswith("amp-")
+    if amp and job.quant is not None:
+        raise NotImplementedError(
+            f"precision={job.precision!r} with a quantized base is not modelled yet "
+            "(use bf16 or fp32)"
+        )
+    if job.pruning is not None or job.distill is not None:
+        raise NotImplementedError("LoRA together with pruning or distillation")
+    if job.lora.adapter_dtype is not None and (amp or job.precision == "bf16-master"):
+        raise NotImplementedError(
+            f"adapter_dtype with precision={job.precision!r} is not modelled (use bf16 or fp32)"
+        )
+    from calc.compress.lora import compress_weights
+
+    compute = "fp32" if job.precision == "fp32" or amp else "bf16"
+    return compress_weights(tape, w, sh, job.lora, job.quant, compute)
+
+
+def _recording(hook, order: list):
+    """Wrap a grad hook to append each leaf the first time its gradient is ready."""
+    seen: set[int] = set()
+
+    def record(tape: Tape, leaf: Tensor) -> None:
+        if id(leaf.storage) not in seen:
+            seen.add(id(leaf.storage))
+            order.append(leaf)
+        if hook is not None:
+            hook(tape, leaf)
+
+    return record

@@ -1,0 +1,77 @@
+"""The GPU catalog (`calc.data.gpus`, data in hardware/gpus.json) against the published figures.
+
+Totals are the driver-reported totals cited in the catalog: nvidia-smi's "Total" in MiB
+(x 2**20 bytes) or rocm-smi's VRAM total in bytes. modal-labs/modal-client PR #2797 also
+states the H100's total in bytes, 85,520,809,984 = 81559 MiB, which checks the unit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from calc.data.gpus import GPU, get_gpu, gpu_catalog
+
+MIB = 2**20
+GIB = 2**30
+PUBLISHED_TOTAL_BYTES = {
+    "h200-141gb": 143771 * MIB,  # nvidia-smi on this project's H200 machine
+    "h100-80gb": 85_520_809_984,  # modal-labs/modal-client PR #2797, in bytes
+    "a100-80gb": 81920 * MIB,  # modal-labs/modal-client PR #2797
+    "a100-40gb": 40960 * MIB,  # modal-labs/modal-client PR #2797
+    "l40s-48gb": 46068 * MIB,  # modal-labs/modal-client PR #2797
+    "a10-24gb": 23028 * MIB,  # modal-labs/modal-client PR #2797
+    "t4-16gb": 15360 * MIB,  # modal-labs/modal-client PR #2797
+    "rtx4090-24gb": 24564 * MIB,  # RLinf/RLinf issue #255
+    "rtx3090-24gb": 24576 * MIB,  # noonghunna/club-3090 issue #1128
+    "mi300x-192gb": 206_141_652_992,  # ROCm/legacy-rocm-build issue #4750 (rocm-smi, bytes)
+}
+MARKETED_GB = {
+    "h200-141gb": "141", "h100-80gb": "80", "a100-80gb": "80", "a100-40gb": "40",
+    "l40s-48gb": "48", "a10-24gb": "24", "t4-16gb": "16", "rtx4090-24gb": "24",
+    "rtx3090-24gb": "24", "mi300x-192gb": "192",
+}  # fmt: skip
+
+
+def test_catalog_holds_the_gpus_the_issue_names_with_published_totals() -> None:
+    catalog = gpu_catalog()
+    assert set(PUBLISHED_TOTAL_BYTES) <= set(catalog)
+    for gpu_id, total in PUBLISHED_TOTAL_BYTES.items():
+        gpu = catalog[gpu_id]
+        assert gpu.total_bytes == total, gpu_id
+        assert gpu.marketed.startswith(MARKETED_GB[gpu_id] + " GB"), gpu_id
+        assert gpu.source and gpu.marketed_source  # every figure is cited
+
+
+def test_usable_is_total_less_reserved_and_catalog_is_sorted() -> None:
+    catalog = list(gpu_catalog().values())
+    for gpu in catalog:
+        assert gpu.usable_bytes == gpu.total_bytes - gpu.reserved_bytes
+        assert 0 < gpu.usable_bytes < gpu.total_bytes
+    usable = [g.usable_bytes for g in catalog]
+    assert usable == sorted(usable)
+    # H100: 81559 MiB - 1024 MiB reserved = 80535 MiB = 78.647... GiB
+    assert get_gpu("h100-80gb").usable_bytes == (81559 - 1024) * MIB
+
+
+def test_lookup_is_case_insensitive_and_names_known_ids() -> None:
+    assert get_gpu(" H100-80GB ").id == "h100-80gb"
+    with pytest.raises(ValueError, match="h100-80gb"):
+        get_gpu("h300")
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"id": "H100"}, "id"),
+        ({"name": None}, "name"),
+        ({"total_bytes": -1}, "total_bytes"),
+        ({"reserved_bytes": 1.5}, "reserved_bytes"),
+        ({"reserved_bytes": 10 * GIB, "total_bytes": GIB}, "reserved_bytes"),
+    ],
+)
+def test_bad_gpu_fields_raise_naming_the_field(changes: dict, field: str) -> None:
+    fields = dict(id="x", name="x", vendor="nvidia", marketed="1 GB", total_bytes=2 * GIB,
+                  reserved_bytes=GIB, source="test")  # fmt: skip
+    fields.update(changes)
+    with pytest.raises(ValueError, match=field):
+        GPU(**fields)  # type: ignore[arg-type]

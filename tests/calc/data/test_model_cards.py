@@ -1,0 +1,143 @@
+"""Every card's count equals its published figure; tiny configs equal hand-derived counts."""
+
+from __future__ import annotations
+
+import pytest
+import sympy as sp
+
+from calc import symbols as S
+from calc.config.model_spec import ModelSpec
+from calc.data.cards import list_cards, load_card, load_card_config, published_params
+
+EXPECTED_CARDS = {
+    "gpt2",
+    "gpt2-xl",
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-3.1-8b",
+    "mistral-7b-v0.1",
+    "qwen2.5-0.5b",
+    "qwen2.5-7b",
+    "qwen2.5-14b",
+    "qwen2.5-32b",
+    "qwen3-32b",
+    "yi-34b",
+}
+
+
+def test_all_cards_present() -> None:
+    assert EXPECTED_CARDS <= set(list_cards())
+
+
+@pytest.mark.parametrize("card_id", list_cards())
+def test_count_equals_published(card_id: str) -> None:
+    assert load_card(card_id).n_params == published_params(card_id)
+
+
+@pytest.mark.parametrize("card_id", list_cards())
+def test_symbolic_tensors_agree_with_numeric(card_id: str) -> None:
+    spec = load_card(card_id)
+    dims = spec.dims()
+    numeric = spec.param_tensors()
+    symbolic = spec.param_tensors(symbolic=True)
+    assert [t.name for t in numeric] == [t.name for t in symbolic]
+    assert [t.group for t in numeric] == [t.group for t in symbolic]
+    for num, sym in zip(numeric, symbolic, strict=True):
+        assert all(isinstance(x, int) for x in num.shape)
+        assert tuple(int(sp.sympify(x).subs(dims)) for x in sym.shape) == num.shape
+    assert spec.n_params_expr.free_symbols <= set(S.MODEL_SYMBOLS)
+    assert int(spec.n_params_expr.subs(dims)) == spec.n_params
+
+
+def test_card_lookup_is_case_insensitive_and_unknown_lists_ids() -> None:
+    assert load_card("Llama-2-7B") == load_card("llama-2-7b")
+    assert load_card_config("GPT2")["model_type"] == "gpt2"
+    with pytest.raises(ValueError, match=r"known.*gpt2"):
+        load_card("no-such-model")
+
+
+def test_tiny_llama_hand_count() -> None:
+    # h=8, L=2, a=2 heads, k=1 kv head, d=h/a=4, f=16, V=10, untied.
+    #   embed_tokens      V*h              = 10*8        =   80
+    #   per layer: q_proj (a*d)*h          = 8*8         =   64
+    #              k_proj (k*d)*h          = 4*8         =   32
+    #              v_proj (k*d)*h          = 4*8         =   32
+    #              o_proj h*(a*d)          = 8*8         =   64
+    #              gate+up+down 3*f*h      = 3*16*8      =  384
+    #              two RMSNorms 2*h        = 16
+    #              layer total             = 592, times L=2 = 1184
+    #   final norm        h                = 8
+    #   lm_head           V*h              = 80
+    #   total = 80 + 1184 + 8 + 80 = 1352
+    config = {
+        "model_type": "llama",
+        "hidden_size": 8,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "intermediate_size": 16,
+        "vocab_size": 10,
+        "tie_word_embeddings": False,
+    }
+    spec = ModelSpec.from_hf_config(config)
+    assert spec.head_dim == 4
+    assert spec.n_params == 1352
+
+
+def test_tiny_gpt2_hand_count() -> None:
+    # h=8, L=2, 2 heads, P=6 positions, V=10, n_inner=None -> f=4h=32, tied head.
+    #   wte V*h = 80;  wpe P*h = 48
+    #   per layer: ln_1 weight+bias 2h           =  16
+    #              c_attn h*3h + 3h = 192 + 24   = 216
+    #              c_proj h*h + h   = 64 + 8     =  72
+    #              ln_2 2h                       =  16
+    #              c_fc h*f + f     = 256 + 32   = 288
+    #              c_proj f*h + h   = 256 + 8    = 264
+    #              layer total                   = 872, times L=2 = 1744
+    #   ln_f 2h = 16; lm_head tied -> 0
+    #   total = 80 + 48 + 1744 + 16 = 1888
+    config = {
+        "model_type": "gpt2",
+        "n_embd": 8,
+        "n_layer": 2,
+        "n_head": 2,
+        "n_inner": None,
+        "n_positions": 6,
+        "vocab_size": 10,
+    }
+    spec = ModelSpec.from_hf_config(config)
+    assert spec.ffn == 32 and spec.tied_embeddings and spec.learned_positions
+    assert spec.n_params == 1888
+    assert spec.dims()[S.P] == 6
+    assert [t.name for t in spec.param_tensors()][:3] == [
+        "wte.weight",
+        "wpe.weight",
+        "h.*.ln_1.weight",
+    ]
+
+
+def test_tiny_qwen3_hand_count() -> None:
+    # Qwen3 with explicit head_dim=2 != h/a: h=8, L=1, a=2, k=1, d=2, f=4, V=5, untied.
+    #   embed V*h = 40; q (a*d)*h = 32; k,v (k*d)*h = 16 each; o h*(a*d) = 32
+    #   q_norm, k_norm d each = 4; mlp 3*f*h = 96; 2 norms = 16
+    #   layer = 32+16+16+32+4+96+16 = 212; final norm 8; lm_head 40
+    #   total = 40 + 212 + 8 + 40 = 300
+    config = {
+        "model_type": "qwen3",
+        "hidden_size": 8,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 2,
+        "intermediate_size": 4,
+        "vocab_size": 5,
+    }
+    assert ModelSpec.from_hf_config(config).n_params == 300
+
+
+def test_with_overrides_scales_down() -> None:
+    spec = load_card("llama-2-7b").with_overrides(n_layers=1)
+    assert spec.n_layers == 1
+    assert spec.n_params < load_card("llama-2-7b").n_params
+    with pytest.raises(ValueError, match="n_layers"):
+        load_card("llama-2-7b").with_overrides(n_layers=0)

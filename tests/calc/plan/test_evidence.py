@@ -1,0 +1,63 @@
+"""`calc.plan.evidence`: the nearest verified cases of a job and their largest error.
+
+Reports are written by hand here; the expected cases and errors follow from the rule in the
+module docstring (same kind of job, most shared fields, largest absolute error among them).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import calc
+from calc.plan.evidence import error_bar, nearest_cases, verified_cases
+
+
+def _case(name: str, err: object, kind: str = "training", model_type: str = "llama",
+          **job: object) -> dict:  # fmt: skip
+    return {"name": name, "kind": kind, "error_pct": err, "device": "cpu", "job": job,
+            "spec": {"model_type": model_type}}  # fmt: skip
+
+
+MODEL = calc.ModelSpec(
+    name="tiny-qwen", model_type="qwen2", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
+    head_dim=8, ffn=24, vocab=50, max_positions=64, mlp="swiglu", norm="rmsnorm",
+    qkv_bias=True, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
+    tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
+    hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
+)  # fmt: skip
+JOB = calc.Training(micro_batch=1, seq_len=8, precision="bf16-master", optimizer="adamw",
+                    recompute="full")  # fmt: skip
+
+
+def test_only_compared_cases_count() -> None:
+    report = {"cases": [_case("ok", -0.4, implementation="hf"), _case("nm", None),
+                        _case("bad", True), "not a case"]}  # fmt: skip
+    cases = verified_cases(report)
+    assert [c.name for c in cases] == ["ok"]
+    assert cases[0].abs_error_pct == pytest.approx(0.4)
+    assert verified_cases(None) == () and verified_cases({"cases": []}) == ()
+
+
+def test_nearest_share_most_fields_and_the_bar_is_their_largest_error() -> None:
+    hf_full = dict(implementation="hf", precision="bf16-master", optimizer="adamw",
+                   recompute="full", attention="sdpa", optimizer_impl="foreach")  # fmt: skip
+    report = {"cases": [
+        # all six job fields and the model type: the nearest two, errors 0.2 and 0.9
+        _case("a", 0.2, model_type="qwen2", **hf_full),
+        _case("b", -0.9, model_type="qwen2", **hf_full),
+        # same job fields, other model type: one field fewer
+        _case("c", 5.0, model_type="llama", **hf_full),
+        # an inference case is never near a training job
+        _case("d", 0.0, kind="inference", model_type="qwen2", implementation="hf"),
+    ]}  # fmt: skip
+    bar = error_bar(JOB, MODEL, verified_cases(report))
+    assert bar is not None
+    assert set(bar.cases) == {"a", "b"}
+    assert bar.max_abs_error_pct == pytest.approx(0.9)
+    assert "model_type=qwen2" in bar.similarity
+
+
+def test_no_case_of_the_kind_gives_no_bar() -> None:
+    report = {"cases": [_case("d", 0.1, kind="inference", implementation="hf")]}
+    assert error_bar(JOB, MODEL, verified_cases(report)) is None
+    assert nearest_cases(JOB, MODEL, ()) == ((), ())

@@ -1,0 +1,280 @@
+"""The package tree is the architecture: each package imports only the layers below it.
+
+An ``ast`` walk of ``calc/``, ``verify/`` and ``webapp/`` (no import is executed). Three rules:
+
+1. a module imports first-party modules only from its own layer or a lower one (``LAYERS``);
+2. no first-party import inside a function: deferred imports hid cycles; only an optional
+   third-party dependency (torch in ``verify``, streamlit in ``webapp``) may be imported late;
+3. no import cycle between modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIRST_PARTY = ("calc", "verify", "webapp")
+
+LAYERS: dict[str, tuple[str, ...]] = {
+    "calc": (
+        "calc.symbols",
+        "calc.config",
+        "calc.data",
+        "calc.replay",
+        "calc.parallel",
+        "calc.models",
+        "calc.compress",
+        "calc.step",
+        "calc.estimate",
+        "calc.plan",
+        "calc.present",
+        "calc.cli",
+        "calc",
+    ),
+    "verify": (
+        "verify.measure",
+        "verify.cases",
+        "verify.models",
+        "verify.run",
+        "verify.dist",
+        "verify",
+    ),
+    "webapp": ("webapp", "webapp.pages"),
+}
+"""Each top package's layers, lowest first. A module belongs to the longest prefix it matches;
+``calc`` itself (its ``__init__`` and ``__main__``) is the top of ``calc``."""
+
+ALLOWED: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("calc.cli.main", "calc"),
+        ("calc.cli.main", "calc.cli.plan"),
+        ("calc.cli.main", "calc.cli.prune_distill"),
+        ("calc.cli.main", "calc.cli.report"),
+        ("calc.cli.prune_distill", "calc"),
+        ("calc.cli.report", "calc.cli.main"),
+        ("calc.compress.distill", "calc.compress.lora"),
+        ("calc.compress.quant", "calc.replay.ops"),
+        ("calc.config.distill", "calc.data.cards"),
+        ("calc.config.parallelism", "calc.parallel.data"),
+        ("calc.config.parallelism", "calc.parallel.tensor"),
+        ("calc.config.pruning", "calc.replay.tape"),
+        ("calc.data.gpus", "calc.data.cards"),
+        ("calc.data.gpus", "calc.estimate.result"),
+        ("calc.estimate.core", "calc.compress.lora"),
+        ("calc.estimate.core", "calc.compress.quant"),
+        ("calc.estimate.core", "calc.estimate.ranks"),
+        ("calc.estimate.core", "calc.step.inference"),
+        ("calc.estimate.core", "calc.step.pipeline"),
+        ("calc.estimate.core", "calc.step.training"),
+        ("calc.estimate.ranks", "calc.compress.lora"),
+        ("calc.estimate.ranks", "calc.parallel.context"),
+        ("calc.estimate.ranks", "calc.step.pipeline"),
+        ("calc.models.attention_core", "calc.models.reference"),
+        ("calc.models.hf_inference", "calc.compress.lora"),
+        ("calc.models.hf_inference", "calc.step.inference"),
+        ("calc.models.hf_ops", "calc.replay.ops"),
+        ("calc.parallel.data", "calc.parallel.fsdp"),
+        ("calc.plan.engine", "calc.compress.lora"),
+        ("calc.plan.engine", "calc.compress.quant"),
+        ("calc.plan.engine", "calc.config.compression"),
+        ("calc.plan.engine", "calc.data.cards"),
+        ("calc.plan.engine", "calc.estimate.ranks"),
+        ("calc.plan.grid", "calc.data.cards"),
+        ("calc.plan.result", "calc.plan.layouts"),
+        ("calc.plan.throughput", "calc.config.parallelism"),
+        ("calc.step.inference", "calc.compress.kv_quant"),
+        ("calc.step.inference", "calc.compress.lora"),
+        ("calc.step.inference", "calc.models.hf_inference"),
+        ("calc.step.pipeline", "calc.estimate.core"),
+        ("calc.step.pipeline", "calc.parallel.data"),
+        ("calc.step.pipeline", "calc.parallel.tensor"),
+        ("calc.step.pipeline", "calc.step.optimizer"),
+        ("calc.step.pipeline", "calc.step.training"),
+        ("calc.step.training", "calc.compress.distill"),
+        ("calc.step.training", "calc.compress.lora"),
+        ("calc.step.training", "calc.compress.prune_replay"),
+        ("calc.step.training", "calc.estimate.core"),
+        ("calc.step.training", "calc.models.hf"),
+        ("calc.step.training", "calc.models.hf_gpt2"),
+        ("calc.step.training", "calc.parallel.fsdp"),
+        ("calc.step.training", "calc.step.optimizer"),
+        ("verify.__main__", "verify.cases.single"),
+        ("verify.__main__", "verify.dist.launch"),
+        ("verify.__main__", "verify.run.report"),
+        ("verify.__main__", "verify.run.runner"),
+        ("verify.cases.distributed", "verify.dist.launch"),
+        ("verify.cases.model_parallel", "verify.dist.launch"),
+        ("verify.cases.single", "calc.config.compression"),
+        ("verify.cases.single", "calc.config.distill"),
+        ("verify.cases.single", "calc.config.pruning"),
+        ("verify.cases.single", "verify.cases.compression"),
+        ("verify.dist.compare", "calc"),
+        ("verify.dist.launch", "verify.dist.compare"),
+        ("verify.dist.launch", "verify.measure.tracker"),
+        ("verify.dist.launch", "verify.run.step"),
+        ("verify.dist.pp_plans", "calc.config.parallelism"),
+        ("verify.dist.pp_plans", "verify.cases.scale"),
+        ("verify.dist.pp_plans", "verify.dist.launch"),
+        ("verify.dist.pp_plans", "verify.dist.tp_plans"),
+        ("verify.dist.pp_plans", "verify.models.build"),
+        ("verify.dist.tp_plans", "verify.cases.scale"),
+        ("verify.dist.tp_plans", "verify.dist.launch"),
+        ("verify.dist.tp_plans", "verify.dist.pp_plans"),
+        ("verify.dist.tp_plans", "verify.models.build"),
+        ("verify.models.build", "verify.models.compress"),
+        ("verify.models.build", "verify.models.distill"),
+        ("verify.models.build", "verify.models.hf"),
+        ("verify.models.build", "verify.models.pruning"),
+        ("verify.models.distill", "verify.models.compress"),
+        ("verify.run.report", "verify.cases.single"),
+        ("verify.run.report", "verify.dist.compare"),
+        ("verify.run.runner", "calc.estimate"),
+        ("verify.run.runner", "verify.models.hf"),
+        ("verify.run.step", "calc"),
+        ("verify.run.step", "verify.models.reference_inference"),
+    }
+)
+"""(importer, imported) pairs that break a rule today and are being removed; empty when done."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def sources() -> Iterator[tuple[str, Path]]:
+    for top in FIRST_PARTY:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            yield module_name(path), path
+
+
+def _resolve(name: str, known: set[str]) -> str:
+    """``calc.config.jobs.Training`` -> ``calc.config.jobs`` (the longest known module)."""
+    while name and name not in known:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def imports(path: Path, module: str, known: set[str]) -> Iterator[tuple[str, bool]]:
+    """(imported first-party module, at module level?) for every import in the file."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
+    for node in tree.body:  # `if TYPE_CHECKING:` blocks count as module level
+        if isinstance(node, ast.If):
+            top_level |= {id(n) for n in node.body}
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")
+                parts = parts if is_package else parts[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            targets = [f"{base}.{alias.name}" for alias in node.names]
+        for target in targets:
+            if target.split(".")[0] in FIRST_PARTY:
+                resolved = _resolve(target, known)
+                if resolved and resolved != module:
+                    yield resolved, id(node) in top_level
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    top = module.split(".")[0]
+    layers = LAYERS[top]
+    best = max(
+        (
+            i
+            for i, prefix in enumerate(layers)
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        key=lambda i: len(layers[i]),
+    )
+    return top, best
+
+
+def graph() -> dict[str, dict[str, bool]]:
+    files = dict(sources())
+    known = set(files)
+    out: dict[str, dict[str, bool]] = {}
+    for module, path in files.items():
+        edges: dict[str, bool] = {}
+        for target, at_top in imports(path, module, known):
+            edges[target] = edges.get(target, False) or at_top
+        out[module] = edges
+    return out
+
+
+def test_every_module_has_a_layer() -> None:
+    for module in graph():
+        _top, index = layer_of(module)
+        assert index >= 0, module
+
+
+def test_imports_go_only_downward() -> None:
+    upward = []
+    for module, edges in graph().items():
+        top, mine = layer_of(module)
+        for target in edges:
+            ttop, theirs = layer_of(target)
+            if ttop != top:
+                if (top, ttop) not in {
+                    ("verify", "calc"),
+                    ("webapp", "calc"),
+                    ("webapp", "verify"),
+                }:
+                    upward.append((module, target))
+            elif theirs > mine and (module, target) not in ALLOWED:
+                upward.append((module, target))
+    assert not upward, "upward imports:\n" + "\n".join(f"  {a} -> {b}" for a, b in upward)
+
+
+def test_no_first_party_import_inside_functions() -> None:
+    late = [
+        (module, target)
+        for module, edges in graph().items()
+        for target, at_top in edges.items()
+        if not at_top and (module, target) not in ALLOWED
+    ]
+    assert not late, "imports inside functions:\n" + "\n".join(f"  {a} -> {b}" for a, b in late)
+
+
+def test_no_import_cycles() -> None:
+    g = {m: {t for t in edges if t != m} for m, edges in graph().items()}
+    # a package's __init__ importing its own submodules is not a cycle of the tree
+    cycles = []
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(g.get(m, ())):
+            if (m, t) in ALLOWED:
+                continue
+            if state.get(t) == 1:
+                cycles.append([*stack[stack.index(t) :], t])
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles:\n" + "\n".join("  " + " -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("module", ["calc.replay.tape", "calc.config.jobs"])
+def test_layer_of_names_the_package(module: str) -> None:
+    top, index = layer_of(module)
+    assert LAYERS[top][index] == module.rsplit(".", 1)[0]

@@ -1,0 +1,87 @@
+"""The web calculator's background compiling of the structures one choice away
+(``webapp/prefetch.py``): which jobs it compiles, that a page queues them, and that a queued
+structure is then a compile-cache hit for ``calc.estimate`` (what makes the next rerun fast)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+import calc
+from calc.estimate import core as _estimate
+from webapp import prefetch
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+
+SMALL = {
+    "name": "prefetch-check", "model_type": "llama", "hidden": 48, "n_heads": 4,
+    "n_kv_heads": 2, "head_dim": 12, "ffn": 80, "vocab": 200, "max_positions": 256,
+    "mlp": "swiglu", "norm": "rmsnorm", "qkv_bias": False, "o_bias": False, "mlp_bias": False,
+    "norm_bias": False, "qk_norm": False, "tied_embeddings": True, "learned_positions": False,
+    "attention_dropout": 0.0, "hidden_dropout": 0.0, "embedding_dropout": 0.0,
+    "norm_eps": 1e-6, "rope_theta": 10000.0, "n_layers": 3,
+}  # fmt: skip
+"""A model no other test compiles (tied embeddings, odd sizes), so cache hits here are ours."""
+
+
+def _differences(a: object, b: object) -> list[str]:
+    return [f.name for f in dataclasses.fields(a) if getattr(a, f.name) != getattr(b, f.name)]  # type: ignore[arg-type]
+
+
+def test_neighbours_differ_in_exactly_one_structural_choice() -> None:
+    job = calc.Training(micro_batch=2, seq_len=64)
+    others = prefetch.neighbours(job)
+    assert len(set(others)) == len(others)
+    for other in others:
+        (field,) = _differences(job, other)
+        assert field in ("precision", "optimizer", "recompute", "attention", "implementation")
+    # Every other optimizer is one step away (Training accepts each with the defaults).
+    optimizers = {o.optimizer for o in others if _differences(job, o) == ["optimizer"]}
+    assert optimizers == set(calc.config.jobs.OPTIMIZERS) - {job.optimizer}
+
+
+def test_inference_neighbours_use_the_inference_precisions() -> None:
+    job = calc.Inference(batch=1, context=32)
+    precisions = {o.precision for o in prefetch.neighbours(job) if o.precision != job.precision}
+    assert precisions == set(calc.config.jobs.INFERENCE_PRECISIONS) - {job.precision}
+
+
+def test_off_switch_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VRAMPLAN_PREFETCH", "0")
+    spec = calc.ModelSpec(**SMALL)
+    assert (
+        prefetch.warm(spec, "off-switch", calc.Training(micro_batch=1, seq_len=32), None, "cpu")
+        == 0
+    )
+
+
+def test_a_warmed_neighbour_is_compiled_before_it_is_asked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
+    spec = calc.ModelSpec(**SMALL)
+    job = calc.Training(micro_batch=1, seq_len=32, implementation="reference")
+    neighbour = dataclasses.replace(job, recompute="full")
+    queued = prefetch.warm(spec, "warm-check", job, None, "cpu")
+    assert queued == len(prefetch.neighbours(job))
+    prefetch.wait_idle()
+    assert prefetch.warm(spec, "warm-check", job, None, "cpu") == 0  # remembered
+    before = _estimate._compile.cache_info()
+    calc.estimate(spec, neighbour, device="cpu")
+    after = _estimate._compile.cache_info()
+    assert after.misses == before.misses  # nothing replayed now: the thread did it
+
+
+def test_the_calculator_page_queues_its_neighbours(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update({"card": "qwen2.5-0.5b", "train.precision": "bf16"})
+    at.run()
+    assert not at.exception
+    prefetch.wait_idle()
+    keys = {k for k in prefetch._queued if k[0] == "card:qwen2.5-0.5b"}
+    precisions = {k[1].precision for k in keys}
+    assert "amp-bf16" in precisions  # the default, one change away from bf16

@@ -1,0 +1,128 @@
+"""Engines of the data-parallel cases: how each rank wraps the model on torch.distributed.
+
+* ``replicas``: no wrapper, no communication (a control: every rank is a single-GPU run);
+* ``ddp``: ``DistributedDataParallel`` (``bucket_cap_mb``, ``gradient_as_bucket_view`` from the
+  case's `calc.Parallelism`);
+* ``zero1``: DDP plus ``torch.distributed.optim.ZeroRedundancyOptimizer`` (optimizer states
+  sharded over ranks: ZeRO stage 1);
+* ``fsdp2``: ``fully_shard`` on every layer, then on the root (ZeRO-3 sharding), with
+  ``reshard_after_forward`` from the case.
+
+Each builder runs inside the rank's tracker, so what the wrapper allocates at construction
+counts (DDP's buckets are allocated in C++ then).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verify.models.build import LEARNING_RATE, SGD_MOMENTUM, build_model, build_optimizer, impl_kwargs
+from verify.dist.launch import Built, DistCase, RankContext, register_engine
+from verify.cases.scale import with_dropout
+
+
+def _model(case: DistCase, spec: Any, ctx: RankContext) -> tuple[torch.nn.Module, Any]:
+    spec = with_dropout(spec, case.job.dropout)
+    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    if hasattr(model, "set_rope") and not spec.learned_positions:
+        model.set_rope(case.job.seq_len)
+    return model, loss_fn
+
+
+def _bundle_built(wrapped: Any, loss_fn: Any, bundle: Any) -> Built:
+    return Built(
+        model=wrapped,
+        loss_fn=loss_fn,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        scale=bundle.scale,
+    )
+
+
+def replicas(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """The unwrapped model on every rank."""
+    model, loss_fn = _model(case, spec, ctx)
+    return _bundle_built(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
+
+
+def _ddp(case: DistCase, model: torch.nn.Module) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    par = case.parallel
+    return DDP(
+        model,
+        bucket_cap_mb=par.ddp_bucket_mib,  # None: torch's default (1 MiB first bucket, 25 MiB)
+        gradient_as_bucket_view=par.gradient_as_bucket_view,
+    )
+
+
+def _call(wrapped: torch.nn.Module, case: DistCase) -> Any:
+    if case.impl == "hf":
+        return lambda ids, targets: wrapped(input_ids=ids, labels=targets).loss
+    return lambda ids, targets: wrapped(ids, targets)
+
+
+def ddp(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """``DistributedDataParallel`` around the model; the optimizer over its parameters."""
+    model, _ = _model(case, spec, ctx)
+    wrapped = _ddp(case, model)
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    return _bundle_built(wrapped, _call(wrapped, case), bundle)
+
+
+_OPTIM_CLASSES = {
+    "adamw": (torch.optim.AdamW, {}),
+    "adam": (torch.optim.Adam, {}),
+    "sgd": (torch.optim.SGD, {}),
+    "sgd-momentum": (torch.optim.SGD, {"momentum": SGD_MOMENTUM}),
+}
+
+
+def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """DDP plus ``ZeroRedundancyOptimizer``: each rank keeps the states of its parameters."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    job = case.job
+    if job.optimizer not in _OPTIM_CLASSES or job.precision in ("amp-fp16", "bf16-master"):
+        raise ValueError(f"zero1 engine: optimizer={job.optimizer}, precision={job.precision}")
+    model, _ = _model(case, spec, ctx)
+    wrapped = _ddp(case, model)
+    cls, extra = _OPTIM_CLASSES[job.optimizer]
+    opt = ZeroRedundancyOptimizer(
+        [p for p in model.parameters() if p.requires_grad],  # LoRA: the adapters only
+        optimizer_class=cls,
+        **extra,
+        lr=LEARNING_RATE,
+        weight_decay=job.weight_decay,
+        **impl_kwargs(job.optimizer_impl),
+    )
+    return Built(
+        model=wrapped,
+        loss_fn=_call(wrapped, case),
+        optimizer=opt,
+        step=opt.step,
+        zero_grad=lambda: opt.zero_grad(set_to_none=True),
+    )
+
+
+def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """``fully_shard`` on each layer and on the root; the optimizer over the DTensor shards."""
+    from torch.distributed.fsdp import fully_shard
+
+    model, _ = _model(case, spec, ctx)
+    reshard = case.parallel.reshard_after_forward
+    layers = model.blocks if hasattr(model, "blocks") else model.model.layers
+    for layer in layers:
+        fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    return _bundle_built(model, _call(model, case), bundle)
+
+
+register_engine("replicas", replicas)
+register_engine("ddp", ddp)
+register_engine("zero1", zero1)
+register_engine("fsdp2", fsdp2)

@@ -1,0 +1,174 @@
+"""Pipeline parallelism of verify's reference model with ``torch.distributed.pipelining``.
+
+Each rank keeps one stage of a `verify.models.reference.ReferenceLM` (llama family): the first
+stage the embedding and the first layers, the last stage the last layers, the final norm, the
+head and the loss; layers are split as `calc.config.parallelism.layers_per_stage` says (the first stages
+take the extra ones). A stage is a `StageModule` around the rank's modules (the others are
+deleted, so a rank holds only its parameters), wrapped in ``PipelineStage`` and driven by
+``ScheduleGPipe`` or ``Schedule1F1B`` (``pp_schedule``), ``pp_microbatches`` micro-batches per
+step, each ``micro_batch / pp_microbatches`` sequences. Runs on gloo (CPU) with one stage per
+rank, or, for ``interleaved-1f1b``, ``pp_virtual_stages`` stages per rank in the loop placement
+(rank ``r`` runs stages ``r, r + pp, ...``; layers split evenly over all ``pp * v`` stages,
+the first ones taking the extra) driven by ``ScheduleInterleaved1F1B``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from verify.models.reference import ReferenceLM
+
+
+class StageModule(nn.Module):
+    """The part of a `ReferenceLM` one pipeline stage runs: ``ids -> hidden`` (first stage),
+    ``hidden -> hidden`` (middle) or ``hidden -> logits`` (last)."""
+
+    def __init__(self, model: ReferenceLM, first: int, stop: int, *, is_first: bool,
+                 is_last: bool) -> None:  # fmt: skip
+        super().__init__()
+        if model.spec.model_type == "gpt2":
+            raise ValueError("pipeline stages are planned for the llama family only")
+        self.embed_tokens = model.embed_tokens if is_first else None
+        self.layers = nn.ModuleList(model.layers[first:stop])
+        self.norm = model.norm if is_last else None
+        self.lm_head = model.lm_head if is_last else None
+        self.register_buffer("cos", model.cos, persistent=False)
+        self.register_buffer("sin", model.sin, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed_tokens is not None:
+            x = self.embed_tokens(x)
+        rope = (self.cos, self.sin)
+        for block in self.layers:
+            x = block(x, rope)
+        if self.norm is not None:
+            x = F.linear(self.norm(x), self.lm_head.weight)
+        return x
+
+
+def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The last stage's loss: ``F.cross_entropy`` over the flattened micro-batch."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
+    """``pp``: one stage per rank, ``ScheduleGPipe`` / ``Schedule1F1B``."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    from calc.config.parallelism import layers_per_stage
+    from verify.models.build import build_model, build_optimizer
+    from verify.dist.launch import Built
+    from verify.cases.scale import with_dropout
+
+    par = case.parallel
+    if par.pp_schedule == "interleaved-1f1b":
+        return _interleaved_engine(case, spec, ctx)
+    if par.pp * par.tp != ctx.world or par.pp_virtual_stages != 1 or par.dp * par.cp != 1:
+        raise ValueError(f"pp engine: one stage per pp rank (pp={par.pp}, tp={par.tp})")
+    spec = with_dropout(spec, case.job.dropout)
+    model, _ = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    if spec.tied_embeddings:
+        raise ValueError("pp engine: a tied head is not planned (untied models only)")
+    model.set_rope(case.job.seq_len)
+    counts = layers_per_stage(spec.n_layers, par)
+    r, last = ctx.rank // par.tp, par.pp - 1  # mesh [pp, tp], tp innermost
+    start = sum(counts[:r])
+    stage_mod = StageModule(model, start, start + counts[r], is_first=r == 0, is_last=r == last)
+    del model
+    group = None
+    if par.tp > 1:  # a 2-D mesh: Megatron splits inside each stage, stages over pp
+        from verify.dist.tp_plans import _mesh, parallelize_blocks
+
+        mesh = _mesh(ctx.world, (par.pp, par.tp), ("pp", "tp"))
+        parallelize_blocks(stage_mod.layers, mesh["tp"])
+        group = mesh["pp"].get_group()
+    stage = PipelineStage(stage_mod, r, par.pp, torch.device(ctx.device), group=group)
+    cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(par.pp_schedule)
+    if cls is None:
+        raise ValueError(f"pp engine: pp_schedule={par.pp_schedule!r} is not planned")
+    schedule = cls(stage, n_microbatches=par.pp_microbatches, loss_fn=pipeline_loss)
+    bundle = build_optimizer(stage_mod, case.job, device=ctx.device)
+
+    def train_step(ids: torch.Tensor, targets: torch.Tensor) -> None:
+        if r == 0:
+            schedule.step(ids)
+        elif r == last:
+            schedule.step(target=targets)
+        else:
+            schedule.step()
+
+    return Built(
+        model=stage_mod,
+        loss_fn=lambda ids, targets: None,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        train_step=train_step,
+    )
+
+
+def _interleaved_engine(case: Any, spec: Any, ctx: Any) -> Any:
+    """``pp`` with ``interleaved-1f1b``: ``pp_virtual_stages`` `StageModule` chunks per rank
+    (loop placement), one ``PipelineStage`` each, ``ScheduleInterleaved1F1B``."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
+
+    from verify.models.build import build_model, build_optimizer
+    from verify.dist.launch import Built
+    from verify.cases.scale import with_dropout
+
+    par = case.parallel
+    if par.pp != ctx.world or par.tp * par.dp * par.cp != 1:
+        raise ValueError(f"pp engine (interleaved): pp only, one rank per pp rank (pp={par.pp})")
+    spec = with_dropout(spec, case.job.dropout)
+    model, _ = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    if spec.tied_embeddings:
+        raise ValueError("pp engine: a tied head is not planned (untied models only)")
+    model.set_rope(case.job.seq_len)
+    n_stages = par.pp * par.pp_virtual_stages
+    base, extra = divmod(spec.n_layers, n_stages)
+    counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
+    r = ctx.rank
+    ids = [r + k * par.pp for k in range(par.pp_virtual_stages)]
+    chunks = []
+    for i in ids:
+        start = sum(counts[:i])
+        chunks.append(StageModule(model, start, start + counts[i], is_first=i == 0,
+                                  is_last=i == n_stages - 1))  # fmt: skip
+    del model
+    holder = nn.ModuleList(chunks)  # the rank's parameters, for the optimizer and attribution
+    stages = [
+        PipelineStage(c, i, n_stages, torch.device(ctx.device))
+        for c, i in zip(chunks, ids, strict=True)
+    ]
+    schedule = ScheduleInterleaved1F1B(
+        stages, n_microbatches=par.pp_microbatches, loss_fn=pipeline_loss
+    )
+    bundle = build_optimizer(holder, case.job, device=ctx.device)
+    first, last = 0 in ids, n_stages - 1 in ids
+
+    def train_step(ids_: torch.Tensor, targets: torch.Tensor) -> None:
+        args = (ids_,) if first else ()
+        kwargs = {"target": targets} if last else {}
+        schedule.step(*args, **kwargs)
+
+    return Built(
+        model=holder,
+        loss_fn=lambda ids, targets: None,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        train_step=train_step,
+    )
+
+
+def _register() -> None:
+    from verify.dist.launch import register_engine
+
+    register_engine("pp", pp_engine)
+
+
+_register()

@@ -1,0 +1,240 @@
+"""Tensor (and sequence) parallel plans for verify's reference model, on the real engine.
+
+`tensor_parallel` applies ``torch.distributed.tensor.parallel.parallelize_module`` to a
+`verify.models.reference.ReferenceLM` (llama-family: separate q/k/v, SwiGLU) over a 1-D
+``DeviceMesh``, the way torchtitan's ``parallelize_llama`` does (Megatron-LM's split,
+Shoeybi et al. 2019, Section 3):
+
+* attention: ``q_proj``/``k_proj``/``v_proj`` column-parallel (heads and kv heads split over
+  ``tp``), ``o_proj`` row-parallel (its output all-reduced, or reduce-scattered over the
+  sequence under sequence parallelism);
+* MLP: ``gate_proj``/``up_proj`` column-parallel (ffn split), ``down_proj`` row-parallel;
+* sequence parallelism (Korthikanti et al. 2022): the norms run on ``Shard(1)`` (sequence)
+  DTensors (``SequenceParallel``); the attention and MLP inputs are all-gathered
+  (``PrepareModuleInput``); the residual stream is a local ``[b, s/tp, h]`` tensor;
+* the embedding stays replicated (every rank holds the whole table) and so does the head,
+  unless ``vocab_parallel``: embedding row-parallel over the vocabulary, head column-parallel
+  with a vocabulary-sharded loss (``loss_parallel``).
+
+After the plan, each attention module's ``spec`` is replaced by the per-rank one (heads and kv
+heads divided by ``tp``): the model's ``view(b, s, heads, head_dim)`` then sees the local heads.
+`TensorParallelLM` is the loss function of a parallelized model: it calls the head as a module
+(so the plan's hooks run), where ``ReferenceLM.forward`` calls ``F.linear`` on its weight.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    loss_parallel,
+    parallelize_module,
+)
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from verify.models.reference import ReferenceLM
+
+
+def check_supported(model: ReferenceLM, tp: int) -> None:
+    """Raise ``ValueError`` when the plan does not cover this model or ``tp`` does not divide."""
+    spec = model.spec
+    if spec.model_type == "gpt2":
+        raise ValueError(
+            "tensor_parallel: gpt2's fused c_attn has no plan here (llama family only)"
+        )
+    if spec.tied_embeddings:
+        raise ValueError("tensor_parallel: a tied head is not planned (untied models only)")
+    for field, value in (("n_heads", spec.n_heads), ("n_kv_heads", spec.n_kv_heads),
+                         ("ffn", spec.ffn)):  # fmt: skip
+        if value % tp:
+            raise ValueError(f"tensor_parallel: tp={tp} must divide {field}={value}")
+
+
+def tensor_parallel(
+    model: ReferenceLM,
+    mesh: DeviceMesh,
+    *,
+    sequence_parallel: bool = False,
+    vocab_parallel: bool = False,
+) -> None:
+    """Parallelize ``model`` in place over the 1-D ``mesh`` (module docstring)."""
+    tp = mesh.size()
+    check_supported(model, tp)
+    sp = sequence_parallel
+    top: dict = {}
+    if vocab_parallel:
+        top["embed_tokens"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1) if sp else Replicate()
+        )
+    elif sp:  # a replicated table: its output is sliced to the local sequence (no comm)
+        top["embed_tokens"] = PrepareModuleOutput(
+            output_layouts=Replicate(), desired_output_layouts=Shard(1)
+        )
+    if sp:
+        top["norm"] = SequenceParallel()
+    top["lm_head"] = ColwiseParallel(
+        input_layouts=Shard(1) if sp else Replicate(),
+        output_layouts=Shard(-1) if vocab_parallel else Replicate(),
+        use_local_output=not vocab_parallel,
+    )
+    if not vocab_parallel and not sp:
+        del top["lm_head"]  # replicated head: a plain nn.Linear on every rank
+    if top:
+        parallelize_module(model, mesh, top)
+    parallelize_blocks(model.layers, mesh, sequence_parallel=sp)
+
+
+def parallelize_blocks(
+    blocks: torch.nn.ModuleList, mesh: DeviceMesh, *, sequence_parallel: bool = False
+) -> None:
+    """The per-layer part of `tensor_parallel` (also used on a pipeline stage's layers)."""
+    tp = mesh.size()
+    sp = sequence_parallel
+    for block in blocks:
+        plan: dict = {
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1) if sp else Replicate()),
+        }
+        if sp:
+            plan["input_layernorm"] = SequenceParallel()
+            plan["post_attention_layernorm"] = SequenceParallel()
+            plan["self_attn"] = PrepareModuleInput(
+                input_layouts=(Shard(1), None),
+                desired_input_layouts=(Replicate(), None),
+                use_local_output=True,
+            )
+            plan["mlp"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                use_local_output=True,
+            )  # fmt: skip
+        parallelize_module(block, mesh, plan)
+        attn = block.self_attn
+        attn.spec = attn.spec.with_overrides(
+            n_heads=attn.spec.n_heads // tp, n_kv_heads=attn.spec.n_kv_heads // tp
+        )
+
+
+class TensorParallelLM:
+    """``(ids, targets) -> loss`` of a parallelized `ReferenceLM`: the head as a module call.
+
+    With ``vocab_parallel`` the logits are a vocabulary-sharded DTensor and the cross entropy
+    runs under ``loss_parallel()`` (its backward too: call `backward_context` around it)."""
+
+    def __init__(self, model: ReferenceLM, *, vocab_parallel: bool) -> None:
+        self.model = model
+        self.vocab_parallel = vocab_parallel
+
+    def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.model.lm_head(self.model.hidden_states(ids))
+        with self.backward_context():
+            return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def backward_context(self) -> contextlib.AbstractContextManager:
+        """``loss_parallel()`` for a vocabulary-sharded loss, else nothing."""
+        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------------- engines
+
+
+def _mesh(ctx_world: int, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
+    """A CPU ``DeviceMesh``, built outside the tracker: its rank tensor lives on the host on
+    every backend (on a GPU run it never counts in ``memory_allocated``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def tp_engine(case, spec, ctx):
+    """``tp``: the reference model parallelized over all ranks (`tensor_parallel`); options
+    ``sequence_parallel`` and ``vocab_parallel`` come from the case's `calc.Parallelism`."""
+    from verify.models.build import build_model, build_optimizer
+    from verify.dist.launch import Built
+    from verify.cases.scale import with_dropout
+
+    par = case.parallel
+    vocab = bool(getattr(par, "vocab_parallel", False))
+    spec = with_dropout(spec, case.job.dropout)
+    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    model.set_rope(case.job.seq_len)
+    mesh = _mesh(ctx.world, (par.tp,), ("tp",))
+    tensor_parallel(model, mesh, sequence_parallel=par.sp, vocab_parallel=vocab)
+    if par.sp or vocab:
+        fn = TensorParallelLM(model, vocab_parallel=vocab)
+        loss_fn = fn
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    built = Built(
+        model=model,
+        loss_fn=loss_fn,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        scale=bundle.scale,
+    )
+    if vocab and hasattr(built, "backward"):
+        built.backward = lambda loss: _backward_in(fn, loss)
+    return built
+
+
+def fsdp_tp_engine(case, spec, ctx):
+    """``fsdp-tp``: a 2-D ``[dp, tp]`` mesh (tp innermost, as `calc.config.parallelism.global_rank`):
+    the tensor-parallel plan over ``tp``, then FSDP2 ``fully_shard`` of every layer and the
+    root over ``dp`` (torchtitan's 2-D order: TP first, then FSDP on the DTensor weights)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from verify.models.build import build_model, build_optimizer
+    from verify.dist.launch import Built
+    from verify.cases.scale import with_dropout
+
+    par = case.parallel
+    spec = with_dropout(spec, case.job.dropout)
+    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
+    model.set_rope(case.job.seq_len)
+    mesh = _mesh(ctx.world, (par.dp, par.tp), ("dp", "tp"))
+    tensor_parallel(model, mesh["tp"])
+    for layer in model.layers:
+        fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
+    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    return Built(
+        model=model,
+        loss_fn=loss_fn,
+        optimizer=bundle.optimizer,
+        step=bundle.step,
+        zero_grad=bundle.zero_grad,
+        scale=bundle.scale,
+    )
+
+
+def _backward_in(fn: TensorParallelLM, loss: torch.Tensor) -> None:
+    with fn.backward_context():
+        loss.backward()
+
+
+def _register() -> None:
+    from verify.dist.launch import register_engine
+
+    register_engine("tp", tp_engine)
+    register_engine("fsdp-tp", fsdp_tp_engine)
+    import verify.dist.pp_plans  # noqa: F401  (registers "pp"; verify.dist.launch loads this module)
+
+
+_register()

@@ -1,0 +1,198 @@
+"""Building what a case runs: the model (reference or hf) and the optimizer, from spec and job.
+
+The optimizer goes through ``verify.models.optimizers`` (``build(model, job)``, ``step``,
+``zero_grad``, ``scale_loss``) when it imports; otherwise a fallback here builds the
+``torch.optim`` ones directly (no lion, adam8bit or bf16-master), with
+the implementation (foreach / fused / for-loop) always passed explicitly: PyTorch's default is
+foreach on CUDA but a per-tensor loop on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from verify.models.reference import ReferenceLM
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from calc.config.jobs import Inference, Training
+    from calc.config.model_spec import ModelSpec
+
+LEARNING_RATE = 1e-3
+"""Learning rate of every case (memory does not depend on it)."""
+SGD_MOMENTUM = 0.9
+"""Momentum of ``sgd-momentum`` (plain ``sgd`` has none, hence no state)."""
+
+WEIGHT_DTYPE: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "amp-bf16": torch.float32,
+    "amp-fp16": torch.float32,
+    "bf16": torch.bfloat16,
+    "bf16-master": torch.bfloat16,
+    "fp16": torch.float16,
+}
+"""Dtype of the model's weights for each training or inference precision."""
+
+
+class NotRunnable(Exception):
+    """The harness cannot run this case yet (a helper module it needs is not there)."""
+
+
+def _optional(module: str) -> Any | None:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+# Imported here, before any tracker is entered: verify.models.optimizers makes module-level tensors
+# (the 8-bit quantisation maps) that would otherwise count in the first case that imports it.
+OPTIMIZERS = _optional("verify.models.optimizers")
+
+
+# ---------------------------------------------------------------------- model
+
+
+def build_model(
+    spec: ModelSpec, job: Training | Inference, *, seed: int, device: str = "cpu"
+) -> tuple[torch.nn.Module, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+    """The model ``job.implementation`` names, with weights in the job's dtype, and its loss
+    ``(ids, targets) -> loss`` (hf: ``labels=ids``, shifted inside transformers)."""
+    torch.manual_seed(seed)
+    attention = "eager" if job.attention == "eager" else "sdpa"
+    if job.implementation == "hf":
+        from verify.models import hf as hf_model
+
+        if not hf_model.available():
+            raise NotRunnable("transformers is not installed (the hf extra)")
+        model = hf_model.build_hf(spec, attention, device=device)
+        if getattr(job, "recompute", "none") == "full":
+            # non-reentrant in transformers 5.24 (gradient_checkpointing_enable is deprecated)
+            enable = getattr(model, "activation_checkpointing_enable", None)
+            (enable or model.gradient_checkpointing_enable)()
+        elif getattr(job, "recompute", "none") == "selective":
+            raise NotRunnable("transformers has no selective recomputation")
+
+        def loss_fn(ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return hf_model.hf_loss(model, ids, targets)
+
+    else:
+        recompute = getattr(job, "recompute", "none")
+        with torch.device(device):
+            model = ReferenceLM(spec, attention=attention, recompute=recompute)
+        loss_fn = model
+    dtype = WEIGHT_DTYPE[job.precision]
+    if dtype != torch.float32:
+        model.to(dtype)
+    if getattr(job, "quant", None) is not None or getattr(job, "lora", None) is not None:
+        from verify.models import compress
+
+        compress.apply(model, job.quant, getattr(job, "lora", None), dtype)
+    if getattr(job, "pruning", None) is not None:  # torch.nn.utils.prune, final dtype
+        from verify.models import pruning
+
+        pruning.apply(model, job.pruning, spec)
+    if getattr(job, "distill", None) is not None:  # a frozen teacher beside the student
+        from verify.models import distill
+
+        if job.implementation != "reference":
+            raise NotRunnable("distillation runs with implementation='reference' only")
+        loss_fn = distill.wrap(model, job, seed=seed, device=device)
+    return model, loss_fn
+
+
+def build_reference_on_meta(spec: ModelSpec) -> ReferenceLM:
+    """The reference model on the ``meta`` device: shapes only (for full-size cards)."""
+    with torch.device("meta"):
+        return ReferenceLM(spec)
+
+
+# ---------------------------------------------------------------------- optimizer
+
+
+@dataclass(slots=True)
+class OptBundle:
+    """What the optimizer step needs: ``verify.models.optimizers``' bundle when that module built it,
+    else a ``torch.optim`` optimizer and the GradScaler for ``amp-fp16``."""
+
+    fallback: torch.optim.Optimizer | None = None
+    scaler: Any | None = None
+    external: Any | None = None
+    """The bundle ``verify.models.optimizers.build`` returned."""
+    module: Any | None = None
+    """``verify.models.optimizers`` itself, when it built the bundle."""
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer | None:
+        """The torch optimizer holding the states (None for bf16-master before its first step)."""
+        if self.external is not None:
+            return self.external.optimizer
+        return self.fallback
+
+    @property
+    def extra_states(self) -> list[torch.Tensor]:
+        """Tensors the step holds besides the optimizer's states: fp32 masters (bf16-master)."""
+        masters = getattr(getattr(self.external, "stepper", None), "masters", None)
+        return list(masters or [])
+
+    def step(self) -> None:
+        """One optimizer step (through the scaler for ``amp-fp16``)."""
+        if self.module is not None:
+            self.module.step(self.external)
+        elif self.scaler is not None:
+            self.scaler.step(self.fallback)
+            self.scaler.update()
+        else:
+            self.fallback.step()
+
+    def zero_grad(self) -> None:
+        """``zero_grad(set_to_none=True)``."""
+        if self.module is not None:
+            self.module.zero_grad(self.external)
+        else:
+            self.fallback.zero_grad(set_to_none=True)
+
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``scaler.scale(loss)`` under ``amp-fp16``, else ``loss``."""
+        if self.module is not None:
+            return self.module.scale_loss(self.external, loss)
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+
+def impl_kwargs(impl: str) -> dict[str, bool]:
+    """The ``torch.optim`` keyword that pins the implementation."""
+    return {"foreach": {"foreach": True}, "fused": {"fused": True}, "for-loop": {"foreach": False}}[
+        impl
+    ]
+
+
+def build_optimizer(model: torch.nn.Module, job: Training, device: str = "cpu") -> OptBundle:
+    """The job's optimizer over ``model.parameters()``, implementation pinned."""
+    ext = OPTIMIZERS
+    if ext is not None and all(hasattr(ext, f) for f in ("build", "step", "zero_grad")):
+        external = ext.build(model, job)
+        return OptBundle(scaler=external.scaler, external=external, module=ext)
+    scaler = torch.amp.GradScaler(device) if job.precision == "amp-fp16" else None
+    if job.precision == "bf16-master":
+        raise NotRunnable("bf16-master needs verify.models.optimizers (fp32 master weights)")
+    params = [p for p in model.parameters() if p.requires_grad]
+    wd = job.weight_decay
+    kw = impl_kwargs(job.optimizer_impl)
+    name = job.optimizer
+    if name in ("sgd", "sgd-momentum"):
+        momentum = SGD_MOMENTUM if name == "sgd-momentum" else 0.0
+        opt = torch.optim.SGD(params, lr=LEARNING_RATE, momentum=momentum, weight_decay=wd, **kw)
+    elif name == "adam":
+        opt = torch.optim.Adam(params, lr=LEARNING_RATE, weight_decay=wd, **kw)
+    elif name == "adamw":
+        opt = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=wd, **kw)
+    elif name == "adafactor":
+        opt = torch.optim.Adafactor(params, lr=LEARNING_RATE, weight_decay=wd, **kw)
+    else:
+        raise NotRunnable(f"optimizer={name!r} needs verify.models.optimizers")
+    return OptBundle(fallback=opt, scaler=scaler)

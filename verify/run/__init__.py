@@ -1,0 +1,1 @@
+"""Running a case: the training-step protocol, measuring it, comparing with calc, reports."""

@@ -1,0 +1,222 @@
+"""The training-step protocol every case runs, and the pins that decide its memory.
+
+``calc.step.training.replay_training`` models exactly this loop::
+
+    for step in (1, 2):                 # step 1 creates optimizer states lazily; step 2 is steady
+        for each micro-batch:
+            mark("step{n}/forward");  loss = model(ids, targets)   (under autocast for amp-*)
+            amp-fp16: loss = scaler.scale(loss)
+            zero_grad == "before_backward" and first micro-batch: zero_grad(set_to_none=True)
+            mark("step{n}/backward"); loss.backward(); del loss
+        mark("step{n}/optimizer"); optimizer step; zero_grad == "after_step": zero_grad(...)
+
+Inputs are built before measuring starts; model and optimizer are built inside the meter (the
+caller's job, see `verify.run.runner`). A meter is anything with ``mark(phase)``: the CPU
+`verify.measure.tracker.StorageTracker` or the CUDA meter of `verify.run.runner`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from calc.config.jobs import Inference, Training
+    from calc.config.model_spec import ModelSpec
+    from verify.models.build import OptBundle
+
+AUTOCAST_DTYPE: dict[str, torch.dtype] = {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}
+"""Autocast dtype of each ``amp-*`` precision."""
+INFERENCE_DTYPE: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "fp16": torch.float16,
+}
+
+
+class Meter(Protocol):
+    """What the protocol needs from a measuring backend."""
+
+    def mark(self, phase: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pins:
+    """Everything that decides a case's memory besides the model's sizes, as recorded."""
+
+    kernel: str
+    """Attention kernel calc says CUDA runs (``flash``/``efficient``/``cudnn``/``math``/``eager``)."""
+    sdpa_backend: str
+    """Backend forced with ``torch.nn.attention.sdpa_kernel`` on this device: ``flash``,
+    ``efficient``, ``cudnn``, ``math``, or ``none`` (eager attention: no SDPA call)."""
+    optimizer: str
+    optimizer_impl: str
+    """``foreach``/``fused``/``for-loop``, passed explicitly to ``torch.optim``."""
+    autocast_dtype: str | None
+    grad_scaler: bool
+    zero_grad: str
+    tied_embeddings: bool
+    dropout: tuple[float, float, float]
+    """(attention, hidden, embedding) dropout probabilities of the model that ran."""
+    seed: int
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def calc_kernel(spec: ModelSpec, job: Training | Inference) -> str:
+    """``calc.attention_kernel`` when calc has it, else ``flash`` (the CUDA default)."""
+    try:
+        from calc import attention_kernel
+    except ImportError:
+        return "eager" if job.attention == "eager" else "flash"
+    return attention_kernel(spec, job)
+
+
+def sdpa_backend_for(kernel: str, device: str, dropout: float) -> tuple[str, str]:
+    """(backend to force, note). On CPU flash/efficient/cudnn run as the CPU flash kernel and
+    math as math. CPU flash has no dropout, so with attention dropout it falls back to math."""
+    if kernel == "eager":
+        return "none", ""
+    if device == "cuda":
+        return kernel, ""
+    if kernel == "math":
+        return "math", ""
+    if dropout > 0:
+        return "math", f"CPU flash SDPA has no dropout: {kernel} runs as math on CPU"
+    return "flash", ""
+
+
+def pins_for(spec: ModelSpec, job: Training | Inference, *, seed: int, device: str) -> Pins:
+    """The pins of ``job`` on ``spec`` (the model as run, dropout applied)."""
+    kernel = calc_kernel(spec, job)
+    training = hasattr(job, "optimizer")
+    p_attn = spec.attention_dropout if training else 0.0  # inference runs in eval mode
+    backend, note = sdpa_backend_for(kernel, device, p_attn)
+    amp = AUTOCAST_DTYPE.get(job.precision)
+    return Pins(
+        kernel=kernel,
+        sdpa_backend=backend,
+        optimizer=job.optimizer if training else "",
+        optimizer_impl=job.optimizer_impl if training else "",
+        autocast_dtype=str(amp).removeprefix("torch.") if amp is not None else None,
+        grad_scaler=job.precision == "amp-fp16",
+        zero_grad=job.zero_grad if training else "",
+        tied_embeddings=spec.tied_embeddings,
+        dropout=(spec.attention_dropout, spec.hidden_dropout, spec.embedding_dropout),
+        seed=seed,
+        note=note,
+    )
+
+
+_BACKENDS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+}
+
+
+@contextlib.contextmanager
+def forced_sdpa(backend: str) -> Iterator[None]:
+    """``sdpa_kernel`` restricted to ``backend`` (no-op for ``none``)."""
+    if backend == "none":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, _BACKENDS[backend])):
+        yield
+
+
+def make_batch(
+    spec: ModelSpec, batch: int, seq: int, *, seed: int, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids and next-token targets, int64 ``[batch, seq]``, from a seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, spec.vocab, (batch, seq), generator=gen)
+    targets = torch.randint(0, spec.vocab, (batch, seq), generator=gen)
+    return ids.to(device), targets.to(device)
+
+
+def train_two_steps(
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    bundle: OptBundle,
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    job: Training,
+    pins: Pins,
+    meter: Meter,
+    *,
+    device_type: str = "cpu",
+) -> None:
+    """Run the protocol above: two optimizer steps of ``job.grad_accum`` micro-batches each."""
+    amp = AUTOCAST_DTYPE.get(job.precision)
+    with forced_sdpa(pins.sdpa_backend):
+        for step in (1, 2):
+            for mb in range(job.grad_accum):
+                meter.mark(f"step{step}/forward")
+                ctx = (
+                    torch.autocast(device_type, dtype=amp)
+                    if amp is not None
+                    else contextlib.nullcontext()
+                )
+                with ctx:
+                    loss = loss_fn(ids, targets)
+                loss = bundle.scale(loss)
+                if job.zero_grad == "before_backward" and mb == 0:
+                    bundle.zero_grad()
+                meter.mark(f"step{step}/backward")
+                loss.backward()
+                del loss
+            meter.mark(f"step{step}/optimizer")
+            bundle.step()
+            if job.zero_grad == "after_step":
+                bundle.zero_grad()
+
+
+def prefill(
+    model: torch.nn.Module, ids: torch.Tensor, job: Inference, pins: Pins, meter: Meter
+) -> None:
+    """One prefill of ``ids`` into a KV cache of ``job.context`` tokens under ``no_grad``.
+
+    hf: a ``StaticCache`` of ``context`` tokens and ``logits_to_keep=1``. reference: the KV-cache
+    helper of ``verify.models.reference_inference`` (``prefill(model, ids, context)``), which raises
+    `verify.models.build.NotRunnable` while that module is missing.
+    """
+    from verify.models.build import NotRunnable
+
+    model.eval()
+    meter.mark("prefill")
+    with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
+        if job.implementation == "hf":
+            import transformers
+
+            cache = transformers.StaticCache(config=model.config, max_cache_len=job.context)
+            # transformers 5.x: ``cache=`` (``past_key_values=`` is deprecated)
+            kw = {"cache": cache} if _takes_cache(model) else {"past_key_values": cache}
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
+            del out, cache
+        else:
+            try:
+                from verify.models import reference_inference
+            except ImportError as exc:
+                raise NotRunnable(
+                    "reference inference needs verify.models.reference_inference"
+                ) from exc
+            logits = reference_inference.prefill(
+                model, ids, job.context, getattr(job, "kv_quant", None)
+            )
+            del logits
+
+
+def _takes_cache(model: torch.nn.Module) -> bool:
+    import inspect
+
+    return "cache" in inspect.signature(model.forward).parameters
