@@ -216,6 +216,8 @@ def estimate(
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    if parallel is not None and not isinstance(parallel, Parallelism):
+        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
     if isinstance(job, Training) and job.pruning is not None:
         job.pruning.modules_for(model)  # ValueError for a module the model lacks
     if isinstance(job, Training) and job.distill is not None:
@@ -231,8 +233,6 @@ def estimate(
         from calc.compress.lora import check_parallel
 
         check_parallel(job, parallel)  # NotImplementedError for the layouts not covered
-    if parallel is not None and not isinstance(parallel, Parallelism):
-        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
     if parallel is not None and not parallel.is_single:
         from calc.estimate.ranks import estimate_parallel
 
