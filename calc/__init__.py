@@ -13,7 +13,8 @@ from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism, check_divisibility
 from calc.config.pruning import Pruning, pruned_spec, storage_verdict
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
-from calc.estimate.core import estimate, values_for
+from calc.estimate.core import estimate
+from calc.step.sizes import values_for
 from calc.estimate.result import GIB, Estimate
 from calc.models.attention import attention_kernel
 

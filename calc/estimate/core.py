@@ -28,6 +28,7 @@ from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
+from calc.step.sizes import values_for
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
 """cuBLAS workspace per (handle, stream) on sm90 (H100/H200): ``getChosenWorkspaceSize`` in
@@ -182,17 +183,6 @@ def _compile_now(key: tuple, device: str, branch: int) -> Compiled:
         for phase in dict.fromkeys(c.phase for c in tl.candidates)
     )
     return Compiled(tl, fn, branch, phase_index, grad_order)
-
-
-def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, int]:
-    """The value of every symbol for this model and job."""
-    if isinstance(job, Training):
-        b, s, c = job.micro_batch, job.seq_len, job.seq_len
-    else:
-        b, s, c = job.batch, job.prompt_len, job.context
-    vals = {S.b: b, S.s: s, S.c: c}
-    vals.update(model.dims())
-    return vals
 
 
 def estimate(

@@ -44,7 +44,7 @@ so a caller can scale per-layer tensors; tensors shared by all parameters are ta
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import sympy as sp
@@ -57,6 +57,12 @@ from calc.config.jobs import (
     check_choice,
 )
 from calc.replay.tape import Size, Tape, Tensor, round_block
+
+SizeValues = Mapping[sp.Symbol, int]
+"""Symbol values at which size thresholds (8-bit Adam's ``min_8bit_size``) are decided: the
+model's, from `calc.step.sizes.values_for` (the decisions are part of the compile cache key,
+see ``calc.estimate.core._structure_key``). Passed to each call, never kept: the app compiles
+on a background thread."""
 
 BNB_BLOCK = 256
 """Elements per absmax block of bitsandbytes' blockwise 8-bit states."""
@@ -141,16 +147,11 @@ def _groups(slots: Sequence[_Slot]) -> list[list[_Slot]]:
     return list(groups.values())
 
 
-SIZE_VALUES: dict = {}
-"""Symbol values at which size thresholds are decided (set by the caller for one replay; the
-decisions are part of the compile cache key, see ``calc.estimate.core._structure_key``)."""
-
-
-def _is_small(numel: Size, limit: int) -> bool:
-    """``numel < limit``; a symbolic size is decided at ``SIZE_VALUES`` (the model's dims),
-    else, when sympy cannot decide it, it counts as large."""
-    if not isinstance(numel, int) and SIZE_VALUES:
-        numel = sp.sympify(numel).subs(SIZE_VALUES)
+def _is_small(numel: Size, limit: int, size_values: SizeValues | None) -> bool:
+    """``numel < limit``; a symbolic size is decided at ``size_values`` (the model's dims,
+    `calc.step.sizes.values_for`), else, when sympy cannot decide it, it counts as large."""
+    if not isinstance(numel, int) and size_values:
+        numel = sp.sympify(numel).subs(size_values)
     rel = sp.Lt(numel, limit) if not isinstance(numel, int) else numel < limit
     return bool(rel) if rel in (True, False, sp.true, sp.false) else False
 
@@ -178,6 +179,7 @@ def _init_states(
     impl: str,
     device: str,
     fresh: bool,
+    size_values: SizeValues | None,
 ) -> None:
     """State creation: ``_init_group`` order for the torch optimizers (all params before any
     update). SGD momentum buffers are made by the update itself on a fresh first step."""
@@ -203,7 +205,7 @@ def _init_states(
         elif optimizer == "lion":
             d["exp_avg"] = a.state(fresh, tag, n, i, "exp_avg")
         elif optimizer == "adam8bit":
-            if _is_small(n, BNB_MIN_8BIT_SIZE):
+            if _is_small(n, BNB_MIN_8BIT_SIZE, size_values):
                 d["state1"] = a.state(fresh, tag, n, FP32, "state1")
                 d["state2"] = a.state(fresh, tag, n, FP32, "state2")
                 continue
@@ -385,12 +387,14 @@ def optimizer_step(
     device: str,
     shapes: Sequence[tuple] | None = None,
     states: OptimizerStates | None = None,
+    size_values: SizeValues | None = None,
 ) -> OptimizerStates:
     """Replay one optimizer step on ``tape`` and return the persistent states.
 
     ``params`` are the model's parameter leaves in ``model.parameters()`` order; each one's
     gradient is ``tape.grads[id(p.storage)]``, its dtype is its ``itemsize`` (4 fp32, 2 bf16).
-    ``shapes`` (per param) is needed by Adafactor only. ``states`` are those returned by the
+    ``shapes`` (per param) is needed by Adafactor only; ``size_values`` (`SizeValues`) decide
+    8-bit Adam's ``min_8bit_size`` for symbolic sizes. ``states`` are those returned by the
     previous step (or by `existing_states`); with ``first_step=False`` and no ``states``,
     `existing_states` makes them first, which adds to ``tape.live`` before the first event. The
     events carry the tape's current phase (the caller names it, e.g. ``step1/optimizer``).
@@ -421,6 +425,7 @@ def optimizer_step(
             precision=precision,
             device=device,
             shapes=shapes,
+            size_values=size_values,
         )
     st = states if states is not None else OptimizerStates()
     a = _Alloc(tape)
@@ -440,7 +445,7 @@ def optimizer_step(
     scaler_fused = precision == "amp-fp16" and impl == "fused"
     found_inf = _scaler_before(a, fused=scaler_fused) if precision == "amp-fp16" else []
     if first_step:  # inside optimizer.step(), after GradScaler's unscale_ / inf check
-        _init_states(a, slots, st, optimizer, impl, device, fresh=True)
+        _init_states(a, slots, st, optimizer, impl, device, fresh=True, size_values=size_values)
     decoupled = optimizer == "adamw"
     wd = weight_decay != 0
     if optimizer in ("adam", "adamw"):
@@ -479,6 +484,7 @@ def existing_states(
     precision: str,
     device: str,
     shapes: Sequence[tuple] | None = None,
+    size_values: SizeValues | None = None,
 ) -> OptimizerStates:
     """The states a step after the first finds (made by an earlier step), as storages alive
     before the replay (``Tape.existing``: no event), tagged like `optimizer_step` tags them."""
@@ -493,7 +499,7 @@ def existing_states(
                 False, s.tag, s.numel, FP32, "master"
             )
             s.itemsize = FP32
-    _init_states(a, slots, st, optimizer, impl, device, fresh=False)
+    _init_states(a, slots, st, optimizer, impl, device, fresh=False, size_values=size_values)
     return st
 
 
@@ -539,6 +545,7 @@ def state_bytes_per_param(
     impl: str,
     precision: str,
     shape: tuple | None = None,
+    size_values: SizeValues | None = None,
 ) -> Size:
     """Persistent optimizer bytes of one param (each tensor rounded to 512 B), excluding the
     per-device tensors (8-bit quantisation maps). ``itemsize`` is the model param's.
@@ -566,7 +573,7 @@ def state_bytes_per_param(
         else:
             core = r(numel * s)
     elif optimizer == "adam8bit":
-        if _is_small(numel, BNB_MIN_8BIT_SIZE):
+        if _is_small(numel, BNB_MIN_8BIT_SIZE, size_values):
             core = 2 * r(numel * FP32)
         else:
             blocks = (

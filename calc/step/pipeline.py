@@ -49,6 +49,7 @@ from calc.config.parallelism import Parallelism, layers_per_stage
 from calc.models import reference
 from calc.replay import ops
 from calc.replay.tape import Event, Tape, Tensor
+from calc.step.sizes import values_for
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -300,7 +301,7 @@ def replay_stage(
         states = optimizer_step(
             tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
-            device=device, states=states, shapes=shapes,
+            device=device, states=states, shapes=shapes, size_values=values_for(model, job),
         )  # fmt: skip
         if job.zero_grad == "after_step":
             tape.zero_grad()
@@ -407,7 +408,7 @@ def _replay_interleaved(
         states = optimizer_step(
             tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
-            device=device, states=states, shapes=shapes,
+            device=device, states=states, shapes=shapes, size_values=values_for(model, job),
         )  # fmt: skip
         if job.zero_grad == "after_step":
             tape.zero_grad()

@@ -16,6 +16,7 @@ from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.replay import ops
 from calc.replay.tape import Event, Tape, Tensor
+from calc.step.sizes import values_for
 
 WEIGHT_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
 AUTOCAST_ITEMSIZE = {"amp-bf16": 2, "amp-fp16": 2}
@@ -74,12 +75,9 @@ def replay_training(
     as one tensor-parallel rank, `calc.parallel.tensor`; ``dp``: as one data-parallel rank,
     `calc.parallel.data`). ``grad_order``, when given, receives the parameter leaves in the
     order their gradients become ready in the first backward."""
-    from calc.estimate.core import values_for
-    from calc.step import optimizer as opt_mod
     from calc.step.optimizer import optimizer_step
 
-    opt_mod.SIZE_VALUES = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
-
+    size_values = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
     sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
@@ -194,7 +192,7 @@ def replay_training(
         states = optimizer_step(
             tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
-            device=device, states=states, shapes=shapes,
+            device=device, states=states, shapes=shapes, size_values=size_values,
         )  # fmt: skip
         if job.zero_grad == "after_step":
             tape.zero_grad()
