@@ -4,19 +4,22 @@
 >>> model = calc.load_card("qwen2.5-32b")
 >>> job = calc.Training(micro_batch=1, seq_len=2048, precision="bf16", optimizer="adamw")
 >>> est = calc.estimate(model, job)  # doctest: +SKIP
+
+``calc.plan`` is the capacity planner (``calc.plan.planner.plan``, ``evaluate``,
+``least_hardware``, ``changes_to_fit``).
 """
 
+import calc.plan.planner  # noqa: F401 (the README's calc.plan.planner.plan(...))
+from calc import plan
 from calc.config.compression import LoRA, Quant
 from calc.config.distill import Distill
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec, ParamTensor
-from calc.config.parallelism import Parallelism, check_divisibility
+from calc.config.parallelism import Parallelism
 from calc.config.pruning import Pruning, pruned_spec, storage_verdict
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.estimate.core import estimate
-from calc.step.sizes import values_for
 from calc.estimate.result import GIB, Estimate
-from calc.models.attention import attention_kernel
 
 __all__ = [
     "GIB",
@@ -30,14 +33,12 @@ __all__ = [
     "Pruning",
     "Quant",
     "Training",
-    "attention_kernel",
-    "check_divisibility",
     "estimate",
     "list_cards",
     "load_card",
     "load_card_config",
+    "plan",
     "pruned_spec",
     "published_params",
     "storage_verdict",
-    "values_for",
 ]

@@ -71,12 +71,12 @@ class Pins:
 
 
 def calc_kernel(spec: ModelSpec, job: Training | Inference) -> str:
-    """``calc.attention_kernel`` when calc has it, else ``flash`` (the CUDA default)."""
+    """``calc.models.attention.attention_kernel`` when calc has it, else ``flash`` (the CUDA default)."""
     try:
-        from calc import attention_kernel
+        import calc
     except ImportError:
         return "eager" if job.attention == "eager" else "flash"
-    return attention_kernel(spec, job)
+    return calc.models.attention.attention_kernel(spec, job)
 
 
 def sdpa_backend_for(kernel: str, device: str, dropout: float) -> tuple[str, str]:

@@ -25,8 +25,10 @@ from calc import symbols as Sy  # noqa: E402
 from calc.config.model_spec import ModelSpec  # noqa: E402
 from calc.models import attention_core as AC  # noqa: E402
 from calc.models import reference as R  # noqa: E402
+from calc.models.attention import attention_kernel  # noqa: E402
 from calc.replay import ops  # noqa: E402
 from calc.replay.tape import Tape  # noqa: E402
+from calc.step.sizes import values_for  # noqa: E402
 from calc.step.training import shape_for  # noqa: E402
 from verify.measure.trace import AllocationTrace  # noqa: E402
 from verify.models.reference import ReferenceLM  # noqa: E402
@@ -66,7 +68,7 @@ def _measure(spec: ModelSpec, job: calc.Training) -> list[int]:
     model = ReferenceLM(spec, attention="eager" if eager else "sdpa")
     if job.precision == "bf16":
         model = model.to(torch.bfloat16)
-    fused = calc.attention_kernel(spec, job) in ("flash", "efficient")
+    fused = attention_kernel(spec, job) in ("flash", "efficient")
     backend = SDPBackend.FLASH_ATTENTION if fused else SDPBackend.MATH
     if spec.model_type != "gpt2":
         model.set_rope(S)
@@ -89,7 +91,7 @@ def _measure(spec: ModelSpec, job: calc.Training) -> list[int]:
 
 def _replay(spec: ModelSpec, job: calc.Training) -> list[tuple[str, int]]:
     sh = shape_for(spec, job, "cpu", spec.n_layers)
-    vals = calc.values_for(spec, job)
+    vals = values_for(spec, job)
     sh = dataclasses.replace(
         sh, b=vals[Sy.b], s=vals[Sy.s], h=vals[Sy.h], a=vals[Sy.a], k=vals[Sy.k],
         d=vals[Sy.d], f=vals[Sy.f], V=vals[Sy.V], P=vals[Sy.P],

@@ -21,6 +21,7 @@ from calc import symbols as S  # noqa: E402
 from calc.models import hf_gpt2  # noqa: E402
 from calc.models.reference import Weights  # noqa: E402
 from calc.replay.tape import Tape  # noqa: E402
+from calc.step.sizes import values_for  # noqa: E402
 from calc.step.training import shape_for  # noqa: E402
 from verify.cases.scale import scaled_spec, with_dropout  # noqa: E402
 from verify.measure.trace import AllocationTrace  # noqa: E402
@@ -66,7 +67,7 @@ def measured(spec, job) -> tuple[list[int], list]:
 def replayed(spec, job) -> list[tuple[str, int]]:
     """(label, live bytes) after each allocation of the replayed forward + backward."""
     sh = shape_for(spec, job, "cpu", spec.n_layers)
-    v = calc.values_for(spec, job)
+    v = values_for(spec, job)
     sh = dataclasses.replace(
         sh, b=v[S.b], s=v[S.s], h=v[S.h], a=v[S.a], k=v[S.k], d=v[S.d], f=v[S.f], V=v[S.V],
         P=v[S.P],

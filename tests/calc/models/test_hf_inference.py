@@ -17,6 +17,7 @@ import sympy as sp
 import calc
 from calc.config.model_spec import ModelSpec
 from calc.models import hf_inference
+from calc.step.sizes import values_for
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -134,7 +135,7 @@ def test_symbolic_replay_evaluates_to_the_numeric_one() -> None:
     model = ModelSpec(**{**QWEN2, "n_layers": 3})
     job = _job(3, 21, 50, "bf16")
     sym = hf_inference.replay_hf_prefill(model, job, "cpu", model.n_layers)
-    vals = calc.values_for(model, job)
+    vals = values_for(model, job)
     sh, ctx = hf_inference.numeric_shape(model, job, "cpu")
     num = hf_inference.replay(sh, ctx)
     assert [e.label for e in sym] == [e.label for e in num]

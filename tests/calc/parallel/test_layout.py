@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import calc
-from calc.config.parallelism import holding, layers_per_stage
+from calc.config.parallelism import check_divisibility, holding, layers_per_stage
 from calc.parallel.data import assign_buckets, bucket_bytes, zero_redundancy_partition
 from calc.parallel.fsdp import shard_numel
 
@@ -81,13 +81,13 @@ def test_world_size_and_shard_level() -> None:
 
 def test_divisibility_errors_name_the_dimension() -> None:
     qwen = calc.load_card("qwen2.5-32b")  # 40 heads, 8 kv heads, 64 layers
-    calc.check_divisibility(qwen, calc.Parallelism(tp=8))
+    check_divisibility(qwen, calc.Parallelism(tp=8))
     with pytest.raises(ValueError, match="n_heads=40"):
-        calc.check_divisibility(qwen, calc.Parallelism(tp=16))
+        check_divisibility(qwen, calc.Parallelism(tp=16))
     with pytest.raises(ValueError, match="n_kv_heads=8"):
-        calc.check_divisibility(qwen, calc.Parallelism(tp=5))
+        check_divisibility(qwen, calc.Parallelism(tp=5))
     with pytest.raises(ValueError, match="n_layers=64"):
-        calc.check_divisibility(qwen, calc.Parallelism(pp=65))
+        check_divisibility(qwen, calc.Parallelism(pp=65))
 
 
 def test_uneven_pipeline_split_puts_extra_layers_first() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import calc
+from calc.step.sizes import values_for
 from calc.step.training import replay_training
 from tests.specs import tiny_llama
 
@@ -22,7 +23,7 @@ BASE = {"name": "gen", "hidden": 64, "n_heads": 4, "n_kv_heads": 2, "head_dim": 
 
 
 def _replayed_peak(model: calc.ModelSpec, job: calc.Training) -> int:
-    values = calc.values_for(model, job)
+    values = values_for(model, job)
     cache: dict = {}
     best = 0
     for event in replay_training(model, job, "cpu", model.n_layers):

@@ -15,6 +15,7 @@ import calc
 from calc import symbols as S
 from calc.config.model_spec import ModelSpec
 from calc.step import inference
+from calc.step.sizes import values_for
 
 torch = pytest.importorskip("torch")
 
@@ -120,7 +121,7 @@ def test_symbolic_replay_evaluates_to_the_numeric_one() -> None:
     job = calc.Inference(batch=3, context=50, prompt=21, precision="bf16",
                          implementation="reference")  # fmt: skip
     sym = inference.replay_inference(model, job, "cpu", model.n_layers, decode=True)
-    vals = calc.values_for(model, job)
+    vals = values_for(model, job)
     sh, ctx = inference.numeric_shape(model, job, "cpu")
     num = inference.replay(sh, ctx, decode=True)
     assert [e.label for e in sym] == [e.label for e in num]
