@@ -54,6 +54,7 @@ from calc.config.jobs import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
+    Training,
     check_choice,
 )
 from calc.replay.tape import Size, Tape, Tensor, round_block
@@ -375,6 +376,27 @@ def _lion(a: _Alloc, slots: Sequence[_Slot], impl: str) -> None:
 # ---------------------------------------------------------------------------------- the step
 
 
+def _update(
+    a: _Alloc,
+    slots: Sequence[_Slot],
+    st: OptimizerStates,
+    optimizer: str,
+    impl: str,
+    wd: bool,
+    first_step: bool,
+) -> None:
+    """The update's temporaries, per optimizer (``wd``: a non-zero weight decay)."""
+    if optimizer in ("adam", "adamw"):
+        _adam(a, slots, impl, coupled_wd=wd and optimizer != "adamw")  # adamw: decoupled
+    elif optimizer in ("sgd", "sgd-momentum"):
+        _sgd(a, slots, st, impl, wd, optimizer == "sgd-momentum", first_step)
+    elif optimizer == "adafactor":
+        _adafactor(a, slots, impl)
+    elif optimizer == "lion":
+        _lion(a, slots, impl)
+    # adam8bit: bitsandbytes' update kernels write in place
+
+
 def optimizer_step(
     tape: Tape,
     params: Sequence[Tensor],
@@ -446,22 +468,46 @@ def optimizer_step(
     found_inf = _scaler_before(a, fused=scaler_fused) if precision == "amp-fp16" else []
     if first_step:  # inside optimizer.step(), after GradScaler's unscale_ / inf check
         _init_states(a, slots, st, optimizer, impl, device, fresh=True, size_values=size_values)
-    decoupled = optimizer == "adamw"
-    wd = weight_decay != 0
-    if optimizer in ("adam", "adamw"):
-        _adam(a, slots, impl, coupled_wd=wd and not decoupled)
-    elif optimizer in ("sgd", "sgd-momentum"):
-        _sgd(a, slots, st, impl, wd, optimizer == "sgd-momentum", first_step)
-    elif optimizer == "adafactor":
-        _adafactor(a, slots, impl)
-    elif optimizer == "lion":
-        _lion(a, slots, impl)
-    # adam8bit: bitsandbytes' update kernels write in place
+    _update(a, slots, st, optimizer, impl, weight_decay != 0, first_step)
     for t in found_inf:  # grad_scale/found_inf attributes deleted, then update() resets state
         a.drop(t)
     a.drop_all(master_grads)  # master.grad = None
     tape.phase = saved_phase
     return st
+
+
+@dataclass
+class OptimizerTail:
+    """The end of every replayed training step, written once for the plain and the pipeline
+    replays: ``optimizer.step()`` (`optimizer_step`, the states carried from step to step),
+    then ``zero_grad(set_to_none=True)`` when ``job.zero_grad == "after_step"``. With
+    ``offloaded`` (DeepSpeed-style CPU offload) the states and the step live on the host:
+    the GPU only drops the gradients, which went to the host during the backward."""
+
+    job: Training
+    device: str
+    params: Sequence[Tensor]
+    """The parameter leaves this rank's optimizer steps."""
+    shapes: Sequence[tuple] | None
+    size_values: SizeValues | None
+    offloaded: bool = False
+    states: OptimizerStates | None = None
+    """The states after the last step (``None`` before the first)."""
+
+    def step(self, tape: Tape, *, first_step: bool) -> None:
+        """Replay the step on ``tape``, in the phase the caller set."""
+        if self.offloaded:
+            tape.zero_grad()
+            return
+        job = self.job
+        self.states = optimizer_step(
+            tape, self.params, optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=first_step, weight_decay=job.weight_decay,
+            device=self.device, states=self.states, shapes=self.shapes,
+            size_values=self.size_values,
+        )  # fmt: skip
+        if job.zero_grad == "after_step":
+            tape.zero_grad()
 
 
 def _slots(tape: Tape, params: Sequence[Tensor], shapes: Sequence[tuple] | None) -> list[_Slot]:

@@ -49,6 +49,8 @@ from calc.config.parallelism import Parallelism, layers_per_stage
 from calc.models import reference
 from calc.replay import ops
 from calc.replay.tape import Event, Tape, Tensor
+from calc.step import training as step_mod
+from calc.step.optimizer import OptimizerTail
 from calc.step.sizes import values_for
 
 
@@ -239,31 +241,22 @@ def replay_stage(
     ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
     `calc.replay.timeline` generalises). ``tp_comm``: the stage's layers are one tensor-parallel
     rank's (`calc.parallel.tensor`)."""
-    from calc.step.optimizer import optimizer_step
-
     if plan.schedule == "interleaved-1f1b":
         return _replay_interleaved(model, job, plan, device, tp_comm)
     layers = plan.n_layers if n_layers is None else n_layers
     m = plan.microbatches
     tape, sh, w, keep, shapes, cos, sin = _stage_tape(model, job, plan, device, tp_comm, layers)
-    act = sh.b * sh.s * sh.h
     recv_act: list[Tensor] = []
     recv_grad: list[Tensor] = []
     chunks: list[Tensor] = []
-    states = None
+    tail = OptimizerTail(job, device, keep, shapes, values_for(model, job))
     for step in (1, 2):
         tape.phase = f"step{step}/forward"
         tape.segment = "pipeline"
         tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
         chunks = []
         if step == 1:
-            for _ in range(m if not plan.first else 0):
-                t = tape.new(act, sh.act_itemsize, "pp.recv_act", "buffer")
-                t.leaf = True
-                tape.leaves[id(t.storage)] = t
-                recv_act.append(t)
-            for _ in range(m if not plan.last else 0):
-                recv_grad.append(tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer"))
+            recv_act, recv_grad = _recv_buffers(tape, sh, plan)
         cache: dict[int, Tensor] = {}
         losses: dict[int, Tensor] = {}
         sent: list[Tensor] = []  # input gradients still held by the schedule's send lists
@@ -298,14 +291,28 @@ def replay_stage(
             tape.drop(merged)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
-        states = optimizer_step(
-            tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
-            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
-            device=device, states=states, shapes=shapes, size_values=values_for(model, job),
-        )  # fmt: skip
-        if job.zero_grad == "after_step":
-            tape.zero_grad()
+        tail.step(tape, first_step=step == 1)
     return tape.events
+
+
+def _recv_buffers(
+    tape: Tape, sh: reference.Shape, plan: StagePlan
+) -> tuple[list[Tensor], list[Tensor]]:
+    """The stage's receive buffers, made by its first step (``PipelineStage`` allocates them
+    once and keeps them): one activation ``[b, s, h]`` per micro-batch unless it is the first stage (a leaf: its ``.grad`` is what is sent back), one
+    gradient per micro-batch unless it is the last."""
+    act = sh.b * sh.s * sh.h
+    recv_act: list[Tensor] = []
+    for _ in range(plan.microbatches if not plan.first else 0):
+        t = tape.new(act, sh.act_itemsize, "pp.recv_act", "buffer")
+        t.leaf = True
+        tape.leaves[id(t.storage)] = t
+        recv_act.append(t)
+    recv_grad = [
+        tape.new(act, sh.act_itemsize, "pp.recv_grad", "buffer")
+        for _ in range(plan.microbatches if not plan.last else 0)
+    ]
+    return recv_act, recv_grad
 
 
 def _stage_tape(
@@ -314,8 +321,6 @@ def _stage_tape(
     """The tape a pipeline rank starts from: only its stages' parameters live (with their
     optimizer shapes), the token ids and targets of all ``m`` micro-batches, and the RoPE
     buffers. Returns ``(tape, shape, weights, kept params, their shapes, cos, sin)``."""
-    from calc.step import training as step_mod
-
     sh = step_mod.shape_for(model, job, device, layers, tp_comm)
     m = plan.microbatches
     tape = Tape(inplace_accumulate=device == "cuda")
@@ -341,8 +346,6 @@ def _replay_interleaved(
     """`replay_stage` for interleaved 1F1B: every layer of the rank replayed (chunk ``k`` runs
     layers ``k L_r / v .. (k + 1) L_r / v - 1`` of the rank's ``L_r``), the actions in
     `interleaved_actions` order, every send held to the end of the step."""
-    from calc.step.optimizer import optimizer_step
-
     m, v = plan.microbatches, plan.virtual
     per_chunk = plan.n_layers // v
     tape, sh, w, keep, shapes, cos, sin = _stage_tape(
@@ -352,7 +355,7 @@ def _replay_interleaved(
     recv_act: dict[tuple[int, int], Tensor] = {}
     recv_grad: dict[tuple[int, int], Tensor] = {}
     chunks: list[Tensor] = []
-    states = None
+    tail = OptimizerTail(job, device, keep, shapes, values_for(model, job))
     for step in (1, 2):
         tape.phase = f"step{step}/forward"
         tape.segment = "pipeline"
@@ -405,13 +408,7 @@ def _replay_interleaved(
             tape.drop(merged)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
-        states = optimizer_step(
-            tape, keep, optimizer=job.optimizer, impl=job.optimizer_impl,
-            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
-            device=device, states=states, shapes=shapes, size_values=values_for(model, job),
-        )  # fmt: skip
-        if job.zero_grad == "after_step":
-            tape.zero_grad()
+        tail.step(tape, first_step=step == 1)
     return tape.events
 
 

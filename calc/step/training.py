@@ -7,15 +7,22 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
+
 from calc import symbols as S
+from calc.compress import distill, prune_replay
+from calc.compress.lora import compress_weights
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.models import reference
+from calc.models import hf, hf_gpt2, reference
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
+from calc.parallel.fsdp import Fsdp
 from calc.replay import ops
 from calc.replay.tape import Event, Tape, Tensor
+from calc.step.optimizer import OptimizerTail, SizeValues
 from calc.step.sizes import values_for
 
 WEIGHT_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
@@ -74,22 +81,35 @@ def replay_training(
     """Replay two optimizer steps of ``job`` with ``n_layers`` concrete layers (``tp_comm``:
     as one tensor-parallel rank, `calc.parallel.tensor`; ``dp``: as one data-parallel rank,
     `calc.parallel.data`). ``grad_order``, when given, receives the parameter leaves in the
-    order their gradients become ready in the first backward."""
-    from calc.step.optimizer import optimizer_step
+    order their gradients become ready in the first backward.
 
-    size_values = values_for(model, job)  # 8-bit Adam's min_8bit_size decisions
+    The story: `check_supported` refuses what the cost model does not cover, `build_step`
+    lays out what exists before the first forward, `run_steps` replays the loop."""
     sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
+    check_supported(model, job, sh, tp_comm, dp)
+    setup = build_step(model, job, sh, device, dp)
+    if grad_order is not None:
+        setup.tape.grad_hook = _recording(setup.tape.grad_hook, grad_order)
+    return run_steps(job, setup, device, dp, size_values=values_for(model, job))
+
+
+def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
+    if job.implementation != "hf":
+        return ForwardPath.REFERENCE
+    return ForwardPath.HF_GPT2 if model.model_type == "gpt2" else ForwardPath.HF
+
+
+def check_supported(
+    model: ModelSpec, job: Training, sh: reference.Shape, tp_comm: bool, dp: ReplayPlan | None
+) -> None:
+    """Raise ``NotImplementedError`` (naming the combination) for a job the replay does not
+    model; ``ValueError`` for a GPT-2 shape Hugging Face's model would refuse."""
+    path = _forward_path(model, job)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
-    hf = job.implementation == "hf"
-    hf_gpt2 = hf and model.model_type == "gpt2"
-    if hf_gpt2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager under autocast)
-        from calc.models import hf_gpt2 as gpt2_graph
-
-        gpt2_graph.check(sh)
-    elif hf:
-        from calc.models import hf as hf_graph
-
+    if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
+        hf_gpt2.check(sh)
+    if path is ForwardPath.HF:
         if job.recompute == "selective":
             raise NotImplementedError(
                 "recompute='selective' with implementation='hf': transformers checkpoints whole "
@@ -97,31 +117,72 @@ def replay_training(
             )
         if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
             raise NotImplementedError("implementation='hf' with dropout is not modelled yet")
-        sliding = n_layers if model.sliding_window is not None else 0
-    if hf and not hf_gpt2 and sh.attention == "math":
-        raise NotImplementedError("implementation='hf' with the math SDPA kernel is not modelled")
-    if sh.attention == "eager" and sh.autocast_itemsize and not hf_gpt2:
+        if sh.attention == "math":
+            raise NotImplementedError(
+                "implementation='hf' with the math SDPA kernel is not modelled"
+            )
+    if sh.attention == "eager" and sh.autocast_itemsize and path is not ForwardPath.HF_GPT2:
         raise NotImplementedError("eager attention under autocast is not modelled yet")
+    if job.distill is not None:
+        distill.check(job)
+    if dp is not None and dp.fsdp and (job.recompute == "selective" or path is ForwardPath.HF_GPT2):
+        raise NotImplementedError(
+            "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
+        )
+
+
+class ForwardPath(Enum):
+    """Which model's forward the step replays."""
+
+    REFERENCE = "reference"
+    """`calc.models.reference` (with a distillation teacher: `calc.compress.distill`)."""
+    HF = "hf"
+    """Hugging Face llama-family models, `calc.models.hf`."""
+    HF_GPT2 = "hf_gpt2"
+    """Hugging Face ``GPT2LMHeadModel``, `calc.models.hf_gpt2`."""
+
+
+@dataclass
+class StepSetup:
+    """What exists before the first forward of a replayed training step."""
+
+    tape: Tape
+    sh: reference.Shape
+    w: reference.Weights
+    path: ForwardPath
+    sliding_layers: int
+    """Layers with a sliding window (Hugging Face models): all or none."""
+    cos: Tensor | None
+    sin: Tensor | None
+    teacher: distill.Teacher | None
+    """`calc.compress.distill.setup`'s frozen teacher, or ``None``."""
+    opt_params: list[Tensor]
+    shapes: list
+    fsdp: Fsdp | None
+
+
+def build_step(
+    model: ModelSpec, job: Training, sh: reference.Shape, device: str, dp: ReplayPlan | None
+) -> StepSetup:
+    """The tape with the weights, pruning masks, teacher, adapters, inputs and RoPE tables, and
+    the parameters the optimizer steps (sharded by ``dp``/FSDP2 when given)."""
+    path = _forward_path(model, job)
+    hf_path = path is not ForwardPath.REFERENCE
     tape = Tape(inplace_accumulate=device == "cuda")
     w = reference.Weights(tape, sh)
     if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
-        from calc.compress import prune_replay
-
         prune_replay.install(tape, sh, w, job.pruning, model)
     teacher = None
     if job.distill is not None:  # a frozen teacher beside the student: calc.compress.distill
-        from calc.compress import distill as distill_replay
-
-        distill_replay.check(job)
-        teacher = distill_replay.setup(tape, sh, job, device)
+        teacher = distill.setup(tape, sh, job, device)
     trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
-    if hf and not hf_gpt2:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
+    if path is ForwardPath.HF:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
         tape.existing(sh.d / 2, 4, "rope_inv_freq", "buffer")
         tape.existing(sh.d / 2, 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
-    rope = rope and not hf  # HF computes cos/sin inside each forward
+    rope = rope and not hf_path  # HF computes cos/sin inside each forward
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
@@ -132,44 +193,59 @@ def replay_training(
         opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
     fsdp = None
     if dp is not None and dp.fsdp:
-        from calc.parallel.fsdp import Fsdp
-
-        if job.recompute == "selective" or hf_gpt2:
-            raise NotImplementedError(
-                "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
-            )
         fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
         if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
             fsdp.install(tape, [*w.parameters(), *params], [*w.shapes(sh), *shapes])
         else:
             fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)
-    if grad_order is not None:
-        tape.grad_hook = _recording(tape.grad_hook, grad_order)
-    states = None
+    sliding = sh.n_layers if model.sliding_window is not None else 0
+    return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp)
+
+
+def forward(setup: StepSetup, job: Training) -> Tensor:
+    """One micro-batch's forward, to the loss, on the path the model takes."""
+    tape, sh, w = setup.tape, setup.sh, setup.w
+    use_cache = job.recompute == "none"
+    if setup.path is ForwardPath.HF_GPT2:  # enters and leaves autocast itself
+        return hf_gpt2.forward(tape, sh, w, use_cache=use_cache)
+    if setup.path is ForwardPath.HF:  # hf.forward enters and leaves autocast itself
+        loss = hf.forward(tape, sh, w, use_cache=use_cache, sliding_layers=setup.sliding_layers)
+        if setup.fsdp is not None:
+            setup.fsdp.end_forward(tape)
+        return loss
+    if sh.autocast_itemsize:
+        tape.autocast_enter(sh.autocast_itemsize)
+    if setup.teacher is None:
+        loss = reference.forward(tape, sh, w, setup.cos, setup.sin)
+    else:
+        loss = distill.forward(tape, sh, w, setup.cos, setup.sin, setup.teacher)
+    if setup.fsdp is not None:
+        setup.fsdp.end_forward(tape)
+    tape.autocast_exit()
+    return loss
+
+
+def run_steps(
+    job: Training,
+    setup: StepSetup,
+    device: str,
+    dp: ReplayPlan | None,
+    size_values: SizeValues,
+) -> list[Event]:
+    """Steps 1 and 2: ``grad_accum`` forward/backward pairs, then the optimizer step
+    (`calc.step.optimizer.optimizer_step`; none on the GPU when ``dp`` offloads it)."""
+    tape, fsdp = setup.tape, setup.fsdp
+    stepper = OptimizerTail(
+        job, device, setup.opt_params, setup.shapes, size_values,
+        offloaded=dp is not None and dp.offload != "none",
+    )  # fmt: skip
     scaler: list = []
     for step in (1, 2):
         for mb in range(job.grad_accum):
             tape.phase = f"step{step}/forward"
             tape.segment = "embed"
-            if hf_gpt2:  # enters and leaves autocast itself
-                loss = gpt2_graph.forward(tape, sh, w, use_cache=job.recompute == "none")
-            elif hf:  # hf.forward enters and leaves autocast itself
-                loss = hf_graph.forward(
-                    tape, sh, w, use_cache=job.recompute == "none", sliding_layers=sliding
-                )
-                if fsdp is not None:
-                    fsdp.end_forward(tape)
-            else:
-                if sh.autocast_itemsize:
-                    tape.autocast_enter(sh.autocast_itemsize)
-                if teacher is None:
-                    loss = reference.forward(tape, sh, w, cos, sin)
-                else:
-                    loss = distill_replay.forward(tape, sh, w, cos, sin, teacher)
-                if fsdp is not None:
-                    fsdp.end_forward(tape)
-                tape.autocast_exit()
+            loss = forward(setup, job)
             if job.precision == "amp-fp16":
                 loss, scaler = _scale_loss(tape, loss, scaler)
             if job.zero_grad == "before_backward" and mb == 0:
@@ -186,16 +262,7 @@ def replay_training(
         tape.segment = "optimizer"
         if fsdp is not None:
             fsdp.before_optimizer(tape)
-        if dp is not None and dp.offload != "none":  # states and step on the CPU
-            tape.zero_grad()  # the gradients went to the host during the backward
-            continue
-        states = optimizer_step(
-            tape, opt_params, optimizer=job.optimizer, impl=job.optimizer_impl,
-            precision=job.precision, first_step=step == 1, weight_decay=job.weight_decay,
-            device=device, states=states, shapes=shapes, size_values=size_values,
-        )  # fmt: skip
-        if job.zero_grad == "after_step":
-            tape.zero_grad()
+        stepper.step(tape, first_step=step == 1)
     return tape.events
 
 
@@ -230,8 +297,6 @@ def _compress(
         raise NotImplementedError(
             f"adapter_dtype with precision={job.precision!r} is not modelled (use bf16 or fp32)"
         )
-    from calc.compress.lora import compress_weights
-
     compute = "fp32" if job.precision == "fp32" or amp else "bf16"
     return compress_weights(tape, w, sh, job.lora, job.quant, compute)
 
