@@ -21,6 +21,8 @@ import numpy as np
 import sympy as sp
 
 from calc import symbols as S
+from calc.compress.lora import adapter_numels, check_parallel
+from calc.compress.quant import check_fits
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
@@ -28,7 +30,10 @@ from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
+from calc.step.inference import replay_inference
+from calc.step.pipeline import replay_stage
 from calc.step.sizes import values_for
+from calc.step.training import replay_training
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
 """cuBLAS workspace per (handle, stream) on sm90 (H100/H200): ``getChosenWorkspaceSize`` in
@@ -84,11 +89,49 @@ class ReplayOptions:
 SINGLE = ReplayOptions()
 
 
+@dataclass(frozen=True, slots=True)
+class StructureKey:
+    """What decides the compiled replay of ``(model, job, opts)``: two jobs with equal keys
+    differ only in sizes (the replay's symbols) and share one compile. Hashes and compares by
+    value (the in-memory caches); its ``repr`` names the on-disk one (`calc.plan.grid`)."""
+
+    heads_span_hidden: bool
+    """``n_heads * head_dim == hidden``: ``d`` is written ``h / a`` (`calc.step.training.shape_for`)."""
+    multi_query: bool
+    """One kv head (``n_kv_heads == 1``)."""
+    sliding: bool
+    """The model has a sliding window."""
+    prompt_one: bool
+    """HF inference with a one-token prompt (another mask path)."""
+    window_in_context: bool
+    """HF inference with a sliding window within the context (another mask path)."""
+    small_params: tuple[bool, ...]
+    """8-bit Adam: per trained param, fewer than ``min_8bit_size`` elements (else empty)."""
+    model_type: str
+    mlp: str
+    norm: str
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    norm_bias: bool
+    qk_norm: bool
+    tied_embeddings: bool
+    learned_positions: bool
+    attention_dropout: float
+    hidden_dropout: float
+    embedding_dropout: float
+    gqa: bool
+    """``n_kv_heads != n_heads``."""
+    opts: ReplayOptions
+    attention_kernel: str
+    """The SDPA kernel the job runs (`calc.models.attention.attention_kernel`)."""
+    job: Training | Inference
+    """The job with its sizes set to 1 (``_job_structure``)."""
+
+
 def _structure_key(
     model: ModelSpec, job: Training | Inference, opts: ReplayOptions = SINGLE
-) -> tuple:
-    gqa = model.n_kv_heads != model.n_heads
-    heads_span_hidden = model.n_heads * model.head_dim == model.hidden
+) -> StructureKey:
     # HF inference: a one-token prompt, or a sliding window within the context, takes other
     # mask paths (calc/models/hf_inference.py refuses them; they must not share a compile).
     prompt_one = isinstance(job, Inference) and job.prompt_len == 1
@@ -97,30 +140,46 @@ def _structure_key(
         and model.sliding_window is not None
         and model.sliding_window <= job.context
     )
-    small_params = (
-        tuple(p.numel < 4096 for p in model.param_tensors())  # bitsandbytes min_8bit_size
-        if isinstance(job, Training) and job.optimizer == "adam8bit"
-        else ()
+    small_params: tuple[bool, ...] = ()
+    if isinstance(job, Training) and job.optimizer == "adam8bit":  # bitsandbytes min_8bit_size
+        numels = (
+            adapter_numels(model, job.lora)  # LoRA trains the adapters: decide for them
+            if job.lora is not None
+            else [p.numel for p in model.param_tensors()]
+        )
+        small_params = tuple(n < 4096 for n in numels)
+    return StructureKey(
+        heads_span_hidden=model.n_heads * model.head_dim == model.hidden,
+        multi_query=model.n_kv_heads == 1,
+        sliding=model.sliding_window is not None,
+        prompt_one=prompt_one,
+        window_in_context=window_in_context,
+        small_params=small_params,
+        model_type=model.model_type,
+        mlp=model.mlp,
+        norm=model.norm,
+        qkv_bias=model.qkv_bias,
+        o_bias=model.o_bias,
+        mlp_bias=model.mlp_bias,
+        norm_bias=model.norm_bias,
+        qk_norm=model.qk_norm,
+        tied_embeddings=model.tied_embeddings,
+        learned_positions=model.learned_positions,
+        attention_dropout=model.attention_dropout,
+        hidden_dropout=model.hidden_dropout,
+        embedding_dropout=model.embedding_dropout,
+        gqa=model.n_kv_heads != model.n_heads,
+        opts=opts,
+        attention_kernel=attention_kernel(model, job),
+        job=_job_structure(job),
     )
-    if small_params and job.lora is not None:  # LoRA trains the adapters: decide for them
-        from calc.compress.lora import adapter_numels
-
-        small_params = tuple(n < 4096 for n in adapter_numels(model, job.lora))
-    return (
-        heads_span_hidden, model.n_kv_heads == 1, model.sliding_window is not None,
-        prompt_one, window_in_context, small_params,
-        model.model_type, model.mlp, model.norm, model.qkv_bias, model.o_bias,
-        model.mlp_bias, model.norm_bias, model.qk_norm, model.tied_embeddings,
-        model.learned_positions, model.attention_dropout, model.hidden_dropout,
-        model.embedding_dropout, gqa, opts, attention_kernel(model, job), _job_structure(job),
-    )  # fmt: skip
 
 
 def _branch(n_layers: int) -> int:
     return min(n_layers, timeline.GENERAL_LAYERS)
 
 
-_EXEMPLAR: dict[tuple, tuple[ModelSpec, Training | Inference, ReplayOptions]] = {}
+_EXEMPLAR: dict[StructureKey, tuple[ModelSpec, Training | Inference, ReplayOptions]] = {}
 
 
 @contextmanager
@@ -139,25 +198,19 @@ def _collector_paused() -> Iterator[None]:
 
 
 @lru_cache(maxsize=512)
-def _compile(key: tuple, device: str, branch: int) -> Compiled:
+def _compile(key: StructureKey, device: str, branch: int) -> Compiled:
     with _collector_paused():
         return _compile_now(key, device, branch)
 
 
-def _compile_now(key: tuple, device: str, branch: int) -> Compiled:
+def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
     model, job, opts = _EXEMPLAR[key]
-    from calc.step.training import replay_training
-
     order: list = []
     if isinstance(job, Inference):
         if opts != SINGLE:
             raise NotImplementedError("parallel inference is not modelled yet")
-        from calc.step.inference import replay_inference
-
         events = replay_inference(model, job, device, branch)
     elif opts.stage is not None:
-        from calc.step.pipeline import replay_stage
-
         events = replay_stage(model, job, opts.stage, device, n_layers=branch, tp_comm=opts.tp_comm)
     else:
         events = replay_training(
@@ -213,15 +266,11 @@ def estimate(
     if isinstance(job, Training) and job.distill is not None:
         job.distill.check_student(model)
     if job.quant is not None:  # the group size must divide every quantized linear
-        from calc.compress.quant import check_fits
-
         check_fits(model, job.quant)
     compressed = isinstance(job, Training) and any(
         x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
     )
     if parallel is not None and not parallel.is_single and compressed:
-        from calc.compress.lora import check_parallel
-
         check_parallel(job, parallel)  # NotImplementedError for the layouts not covered
     if parallel is not None and not parallel.is_single:
         from calc.estimate.ranks import estimate_parallel
@@ -233,7 +282,7 @@ def estimate(
 
 def evaluate(
     comp: Compiled,
-    key: tuple,
+    key: StructureKey,
     model: ModelSpec,
     job: Training | Inference,
     device: str,
@@ -268,14 +317,14 @@ def evaluate(
         peak_expression_fn=lambda: timeline.candidate_expression(tl, i, S.L) + const_total,
         values=vals,
         device=device,
-        notes=(f"attention kernel: {key[-2]}", *dev_notes, *notes),
+        notes=(f"attention kernel: {key.attention_kernel}", *dev_notes, *notes),
     )
 
 
 @lru_cache(maxsize=4096)
 def compiled_for(
     model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
-) -> tuple[Compiled, tuple]:
+) -> tuple[Compiled, StructureKey]:
     """The compiled replay of this structure (cached) and its key."""
     key = _structure_key(model, job, opts)
     _EXEMPLAR.setdefault(key, (model, job, opts))

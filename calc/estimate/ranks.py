@@ -21,7 +21,14 @@ from dataclasses import dataclass, replace
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism, RankClass, check_divisibility, rank_classes
-from calc.estimate.core import Compiled, ReplayOptions, compiled_for, evaluate, values_for
+from calc.estimate.core import (
+    Compiled,
+    ReplayOptions,
+    StructureKey,
+    compiled_for,
+    evaluate,
+    values_for,
+)
 from calc.estimate.result import Estimate
 from calc.parallel import data as dpm
 from calc.replay.timeline import MIDDLE
@@ -185,7 +192,7 @@ _GRADS: dict[tuple, tuple] = {}
 the job's sizes), so an app rerun with a new micro-batch reuses them."""
 
 
-def _ddp_grads(comp: Compiled, key: tuple, model: ModelSpec, job: Training) -> tuple:
+def _ddp_grads(comp: Compiled, key: StructureKey, model: ModelSpec, job: Training) -> tuple:
     """(itemsize, numel) of every gradient in ready order for the real layer count
     (`expand_layers`), memoised in `_GRADS`."""
     vals = values_for(model, job)

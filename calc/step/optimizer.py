@@ -152,7 +152,7 @@ def _is_small(numel: Size, limit: int, size_values: SizeValues | None) -> bool:
     """``numel < limit``; a symbolic size is decided at ``size_values`` (the model's dims,
     `calc.step.sizes.values_for`), else, when sympy cannot decide it, it counts as large."""
     if not isinstance(numel, int) and size_values:
-        numel = sp.sympify(numel).subs(size_values)
+        numel = sp.sympify(numel).subs(list(size_values.items()))
     rel = sp.Lt(numel, limit) if not isinstance(numel, int) else numel < limit
     return bool(rel) if rel in (True, False, sp.true, sp.false) else False
 
@@ -273,11 +273,13 @@ def _sgd(
         return
     if impl == "foreach":
         for group in _groups(slots):
-            tmp = [a.new(s.tag, s.numel, s.itemsize, "sgd_wd_grad") for s in group] if wd else []
+            wd_grads = (
+                [a.new(s.tag, s.numel, s.itemsize, "sgd_wd_grad") for s in group] if wd else []
+            )
             if momentum and first:
                 for s in group:
                     buffer(s)  # device_grads[i].detach().clone()
-            a.drop_all(tmp)  # device_grads = bufs, or rebound by the next group
+            a.drop_all(wd_grads)  # device_grads = bufs, or rebound by the next group
         return
     tmp: Tensor | None = None
     for s in slots:
@@ -323,7 +325,7 @@ def _adafactor(a: _Alloc, slots: Sequence[_Slot], impl: str) -> None:
                         for s, (ld, _, c) in zip(group, dims, strict=True)
                     ]
                 )
-                est = [a.new(s.tag, s.numel, s.itemsize, "var_estimate") for s in group]
+                ests = [a.new(s.tag, s.numel, s.itemsize, "var_estimate") for s in group]
                 a.drop_all(
                     [
                         a.new(s.tag, ld, s.itemsize, "row_var_mean")
@@ -332,15 +334,18 @@ def _adafactor(a: _Alloc, slots: Sequence[_Slot], impl: str) -> None:
                 )
             else:
                 a.drop_all([a.new(s.tag, s.numel, s.itemsize, "grad_squared") for s in group])
-                est = [a.new(s.tag, s.numel, s.itemsize, "var_estimate") for s in group]
+                ests = [a.new(s.tag, s.numel, s.itemsize, "var_estimate") for s in group]
             a.drop_all(updates_prev)  # updates = var_estimates
-            updates_prev = est
+            updates_prev = ests
             for s in group:
                 a.scalar(s.tag, s.itemsize, "update_norm")  # update.norm(2).item()
         a.drop_all(updates_prev)
         return
     # _single_tensor_adafactor: loop locals live until rebound (or the function returns)
-    row_mean = col_mean = update = grad_squared = None
+    row_mean: Tensor | None = None
+    col_mean: Tensor | None = None
+    update: Tensor | None = None
+    grad_squared: Tensor | None = None
     for s in slots:
         a.scalar(s.tag, s.itemsize, "param_norm")
         if len(shape_of(s)) > 1:
