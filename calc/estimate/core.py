@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import gc
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -31,7 +31,7 @@ from calc.models.attention import attention_kernel
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
 from calc.step.inference import replay_inference
-from calc.step.pipeline import replay_stage
+from calc.step.pipeline import StagePlan, replay_stage
 from calc.step.sizes import values_for
 from calc.step.training import replay_training
 
@@ -48,7 +48,7 @@ class Compiled:
     """The compiled form of one structure and one branch of the layer count."""
 
     timeline: timeline.Timeline
-    sizes_fn: object  # (*ALL_SYMBOLS) -> list of sizes
+    sizes_fn: Callable[..., Sequence[int]]  # (*ALL_SYMBOLS) -> list of sizes
     l_min: int
     phase_index: tuple  # (phase, candidate indices)
     grad_order: tuple = ()  # (name, tag, numel expr, itemsize) of leaves, first-backward order
@@ -82,7 +82,7 @@ class ReplayOptions:
     """Data-parallel changes to the step (`calc.parallel.data`)."""
     exact_layers: bool = False
     """Replay every layer (no generalisation from five): the rank's state differs per layer."""
-    stage: object = None
+    stage: StagePlan | None = None
     """A pipeline stage (`calc.step.pipeline.StagePlan`): the rank replays that stage's schedule."""
 
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from calc.config.jobs import Training
+from calc.compress.lora import trainable_numels
+from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism, RankClass, check_divisibility, rank_classes
 from calc.estimate.core import (
@@ -30,7 +31,9 @@ from calc.estimate.core import (
     values_for,
 )
 from calc.estimate.result import Estimate
+from calc.estimate.stages import stage_results
 from calc.parallel import data as dpm
+from calc.parallel.context import rank_job, ring_kv_bytes
 from calc.replay.timeline import MIDDLE
 from calc.symbols import JOB_SYMBOLS
 
@@ -81,15 +84,13 @@ class RankReplay:
 
 
 def estimate_parallel(
-    model: ModelSpec, job: Training, parallel: Parallelism, device: str
+    model: ModelSpec, job: Training | Inference, parallel: Parallelism, device: str
 ) -> Estimate:
     """The most-loaded rank of ``job`` run under ``parallel`` (see the module docstring)."""
     if not isinstance(job, Training):
         raise NotImplementedError("parallel layouts are modelled for training only")
     results: list[tuple[RankClass, Estimate]] = []
     if parallel.pp > 1:  # one replay per pipeline stage (calc.step.pipeline)
-        from calc.step.pipeline import stage_results
-
         check_divisibility(model, parallel)
         results = stage_results(model, _rank_job(job, parallel), parallel, device)
     else:
@@ -116,8 +117,6 @@ def estimate_parallel(
 
 def _rank_job(job: Training, parallel: Parallelism) -> Training:
     if parallel.cp > 1:  # analytic: each rank runs s / cp tokens (calc.parallel.context)
-        from calc.parallel.context import rank_job
-
         return rank_job(job, parallel)
     return job
 
@@ -131,8 +130,6 @@ def rank_replays(
     ``NotImplementedError`` for what the cost model does not cover."""
     if parallel.pp > 1:
         raise NotImplementedError("rank_replays: pipeline stages are calc.step.pipeline's")
-    from calc.compress.lora import trainable_numels
-
     check_divisibility(model, parallel)
     job = _rank_job(job, parallel)
     return [
@@ -161,8 +158,6 @@ def _rank_replay(
     extras: list[Extra] = []
     notes: list[str] = list(rc.notes)
     if parallel.cp > 1:
-        from calc.parallel.context import ring_kv_bytes
-
         kv = ring_kv_bytes(local, job)
         extras.append(("context_parallel/ring_kv", kv, kv))
         notes.append(

@@ -139,8 +139,11 @@ def numeric_shape(
     sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
     _check(model, job, sh)
     dims = model.dims()
-    sizes = {name: dims[getattr(S, name)] for name in ("h", "a", "k", "d", "f", "V", "P")}
-    return replace(sh, b=job.batch, s=job.prompt_len, **sizes), job.context
+    sized = replace(
+        sh, b=job.batch, s=job.prompt_len, h=dims[S.h], a=dims[S.a], k=dims[S.k], d=dims[S.d],
+        f=dims[S.f], V=dims[S.V], P=dims[S.P],
+    )  # fmt: skip
+    return sized, job.context
 
 
 def replay(

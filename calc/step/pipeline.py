@@ -432,6 +432,7 @@ def _stage_forward(
         tape.segment = "embed"
         x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
     else:
+        assert received is not None, "a stage after the first receives its input"
         x = tape.alias(received)
         x.leaf = True  # the receive buffer is a leaf that requires grad
     for j, lw in enumerate(w.layers if layers is None else layers):
@@ -447,51 +448,3 @@ def _stage_forward(
     logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
     tape.drop(hid)
     return logits
-
-
-def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device: str) -> list:
-    """``[(RankClass, Estimate)]``, one per pipeline stage: each stage's replay compiled and
-    evaluated at the micro-batch's size (`calc.estimate.ranks` takes the most-loaded one).
-
-    Pipeline parallelism combined with dp, tp or cp is not modelled yet
-    (``NotImplementedError``)."""
-    from calc.config.parallelism import RankClass, global_rank
-    from calc.estimate.core import ReplayOptions, compiled_for, evaluate
-    from calc.parallel.data import ReplayPlan
-
-    if parallel.dp > 1 or parallel.cp > 1 or parallel.sp or parallel.vocab_parallel:
-        raise NotImplementedError("pipeline parallelism combined with dp, cp, sp or vocab_parallel")
-    if parallel.shard_level or parallel.offload != "none":
-        raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
-    from calc.parallel.tensor import rank_model
-
-    mb_job = microbatch_job(job, parallel)
-    tp_model = rank_model(model, parallel)  # the model itself when tp == 1
-    opts = {"tp_comm": parallel.tp > 1}
-    if parallel.pp_schedule == "interleaved-1f1b":
-        if parallel.tp > 1:
-            raise NotImplementedError("interleaved 1F1B combined with tensor parallelism")
-        opts["exact_layers"] = True  # the chunks' layers differ: every layer replayed
-    out = []
-    for plan in stage_plans(model, job, parallel):
-        local = tp_model.with_overrides(n_layers=plan.n_layers)
-        comp, key = compiled_for(local, mb_job, device, ReplayOptions(stage=plan, **opts))
-        role = "embedding" if plan.first else "loss" if plan.last else "middle"
-        note = (
-            f"pipeline stage {plan.stage} ({role}): {plan.n_layers} layers, "
-            f"{plan.schedule}"
-            + (
-                f" ({plan.virtual} chunks: stages "
-                f"{', '.join(str(plan.chunk_index(k)) for k in range(plan.virtual))})"
-                if plan.virtual > 1
-                else ""
-            )
-            + f", {plan.microbatches} micro-batches of "
-            f"{mb_job.micro_batch}, at most {in_flight(plan)} "
-            + ("chunk micro-batches " if plan.virtual > 1 else "")
-            + "in flight"
-        )
-        ranks = tuple(global_rank(parallel, pp=plan.stage, tp=t) for t in range(parallel.tp))
-        rc = RankClass(ranks, f"pp stage {plan.stage}", local, ReplayPlan(), False, (note,))
-        out.append((rc, evaluate(comp, key, local, mb_job, device, (), (note,))))
-    return out

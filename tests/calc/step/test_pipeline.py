@@ -14,6 +14,7 @@ import pytest
 
 import calc
 from calc.config.parallelism import Parallelism
+from calc.estimate.stages import stage_results
 from calc.step import pipeline
 
 
@@ -65,7 +66,7 @@ def test_micro_batches_in_flight(stage: int) -> None:
 
 
 def test_each_parameter_on_one_stage() -> None:
-    res = pipeline.stage_results(_llama(), _job(), Parallelism(pp=2, pp_microbatches=2), "cpu")
+    res = stage_results(_llama(), _job(), Parallelism(pp=2, pp_microbatches=2), "cpu")
     weights = [est.breakdown["weights"] for _, est in res]
     assert weights == [181248, 181760]
 
@@ -93,7 +94,7 @@ def test_receive_buffers_grow_with_micro_batches() -> None:
     peaks = {}
     for m in (2, 4):
         par = Parallelism(pp=2, pp_microbatches=m, pp_schedule="1f1b")
-        res = pipeline.stage_results(model, _job(micro_batch=m, seq_len=64), par, "cpu")
+        res = stage_results(model, _job(micro_batch=m, seq_len=64), par, "cpu")
         peaks[m] = res[0][1].phases["step2/optimizer"]
     assert peaks[4] - peaks[2] == 32768 + 2048
 
@@ -166,7 +167,7 @@ def test_interleaved_chunk_ownership() -> None:
     layers, the final norm and the head: 2 * 164864 + 512 + 16384 = 346624 B."""
     par = Parallelism(pp=2, pp_microbatches=2, pp_schedule="interleaved-1f1b",
                       pp_virtual_stages=2)  # fmt: skip
-    res = pipeline.stage_results(_llama(n_layers=4), _job(), par, "cpu")
+    res = stage_results(_llama(n_layers=4), _job(), par, "cpu")
     assert [est.breakdown["weights"] for _, est in res] == [346112, 346624]
     plan = pipeline.stage_plans(_llama(n_layers=4), _job(), par)[1]
     assert [plan.chunk_index(k) for k in range(2)] == [1, 3]
