@@ -107,19 +107,9 @@ class StructureKey:
     """HF inference with a sliding window within the context (another mask path)."""
     small_params: tuple[bool, ...]
     """8-bit Adam: per trained param, fewer than ``min_8bit_size`` elements (else empty)."""
-    model_type: str
-    mlp: str
-    norm: str
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    norm_bias: bool
-    qk_norm: bool
-    tied_embeddings: bool
-    learned_positions: bool
-    attention_dropout: float
-    hidden_dropout: float
-    embedding_dropout: float
+    model_fields: tuple[tuple[str, object], ...]
+    """``(name, value)`` of the `ModelSpec` fields that change the graph the replay walks as
+    they are (``_FROM_MODEL``: model type, mlp, norm, biases, tying, dropouts)."""
     gqa: bool
     """``n_kv_heads != n_heads``."""
     opts: ReplayOptions
@@ -127,6 +117,14 @@ class StructureKey:
     """The SDPA kernel the job runs (`calc.models.attention.attention_kernel`)."""
     job: Training | Inference
     """The job with its sizes set to 1 (``_job_structure``)."""
+
+
+_FROM_MODEL = (
+    "model_type", "mlp", "norm", "qkv_bias", "o_bias", "mlp_bias", "norm_bias", "qk_norm",
+    "tied_embeddings", "learned_positions", "attention_dropout", "hidden_dropout",
+    "embedding_dropout",
+)  # fmt: skip
+"""The `ModelSpec` fields `StructureKey.model_fields` holds."""
 
 
 def _structure_key(
@@ -155,19 +153,7 @@ def _structure_key(
         prompt_one=prompt_one,
         window_in_context=window_in_context,
         small_params=small_params,
-        model_type=model.model_type,
-        mlp=model.mlp,
-        norm=model.norm,
-        qkv_bias=model.qkv_bias,
-        o_bias=model.o_bias,
-        mlp_bias=model.mlp_bias,
-        norm_bias=model.norm_bias,
-        qk_norm=model.qk_norm,
-        tied_embeddings=model.tied_embeddings,
-        learned_positions=model.learned_positions,
-        attention_dropout=model.attention_dropout,
-        hidden_dropout=model.hidden_dropout,
-        embedding_dropout=model.embedding_dropout,
+        model_fields=tuple((name, getattr(model, name)) for name in _FROM_MODEL),
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
         attention_kernel=attention_kernel(model, job),
