@@ -18,7 +18,7 @@ from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism
 from calc.config.pruning import Pruning, pruned_spec, storage_verdict
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
-from calc.estimate.core import estimate
+from calc.estimate.api import estimate
 from calc.estimate.result import GIB, Estimate
 
 __all__ = [

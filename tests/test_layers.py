@@ -64,7 +64,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.config.pruning", "calc.replay.tape"),
         ("calc.data.gpus", "calc.data.cards"),
         ("calc.data.gpus", "calc.estimate.result"),
-        ("calc.estimate.core", "calc.estimate.ranks"),
         ("calc.models.attention_core", "calc.models.reference"),
         ("calc.models.hf_inference", "calc.compress.lora"),
         ("calc.models.hf_inference", "calc.step.inference"),

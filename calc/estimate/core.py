@@ -21,11 +21,9 @@ import numpy as np
 import sympy as sp
 
 from calc import symbols as S
-from calc.compress.lora import adapter_numels, check_parallel
-from calc.compress.quant import check_fits
-from calc.config.jobs import DEVICES, Inference, Training, check_choice
+from calc.compress.lora import adapter_numels
+from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.config.parallelism import Parallelism
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel
 from calc.parallel.data import ReplayPlan
@@ -222,48 +220,6 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
         for phase in dict.fromkeys(c.phase for c in tl.candidates)
     )
     return Compiled(tl, fn, branch, phase_index, grad_order)
-
-
-def estimate(
-    model: ModelSpec,
-    job: Training | Inference,
-    parallel: Parallelism | None = None,
-    device: str = "cuda",
-) -> Estimate:
-    """Peak bytes of ``job`` on one GPU (``device="cuda"``: ``max_memory_allocated``) or under
-    verify's CPU storage tracker (``device="cpu"``), with the phases and the breakdown.
-
-    With ``parallel`` (a `calc.Parallelism` over several GPUs), the estimate is the most-loaded
-    rank's (``Estimate.rank``), with every rank's peak in ``Estimate.rank_peaks`` and
-    ``ranks/<r>`` keys in the breakdown (`calc.estimate.ranks`).
-
-    Raises ``ValueError`` for invalid input and ``NotImplementedError`` for a combination the
-    cost model does not cover yet (the message names it).
-    """
-    check_choice("device", device, DEVICES)
-    if not isinstance(model, ModelSpec):
-        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
-    if not isinstance(job, Training | Inference):
-        raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
-    if parallel is not None and not isinstance(parallel, Parallelism):
-        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
-    if isinstance(job, Training) and job.pruning is not None:
-        job.pruning.modules_for(model)  # ValueError for a module the model lacks
-    if isinstance(job, Training) and job.distill is not None:
-        job.distill.check_student(model)
-    if job.quant is not None:  # the group size must divide every quantized linear
-        check_fits(model, job.quant)
-    compressed = isinstance(job, Training) and any(
-        x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
-    )
-    if parallel is not None and not parallel.is_single and compressed:
-        check_parallel(job, parallel)  # NotImplementedError for the layouts not covered
-    if parallel is not None and not parallel.is_single:
-        from calc.estimate.ranks import estimate_parallel
-
-        return estimate_parallel(model, job, parallel, device)
-    comp, key = compiled_for(model, job, device)
-    return evaluate(comp, key, model, job, device)
 
 
 def evaluate(

@@ -15,6 +15,7 @@ from calc.config.jobs import Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
+from calc.estimate.api import estimate
 from calc.estimate.core import ReplayOptions
 from calc.plan import grid as plan_grid
 from calc.plan import grid_eval as plan_eval
@@ -244,8 +245,6 @@ class Evaluator:
         (``calc.estimate.ranks``), one call per configuration: the fallback for what ``_parallel_group``
         does not vectorise (``vectorised``: pipeline or context parallelism, pruning,
         distillation)."""
-        from calc.estimate.core import estimate
-
         choices, job, label, parallel = self._layout(choices, job)
         try:
             est = estimate(self.model, job, parallel, self.device)

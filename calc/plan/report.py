@@ -26,7 +26,7 @@ from calc.compress.quant import check_fits
 from calc.config.compression import LoRA, Quant
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.estimate.core import estimate
+from calc.estimate.api import estimate
 
 TASKS: tuple[str, ...] = ("serve", "lora", "qlora", "full")
 """The report's rows: serve, LoRA fine-tune, QLoRA fine-tune, full fine-tune."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.estimate.core import estimate
+from calc.estimate.api import estimate
 
 SWEEP_FIELDS: dict[type, tuple[str, ...]] = {
     Training: ("seq_len", "micro_batch"),
