@@ -77,8 +77,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.plan.grid", "calc.data.cards"),
         ("calc.plan.result", "calc.plan.layouts"),
         ("calc.plan.throughput", "calc.config.parallelism"),
-        ("calc.step.inference", "calc.compress.kv_quant"),
-        ("calc.step.inference", "calc.compress.lora"),
         ("calc.step.inference", "calc.models.hf_inference"),
         ("verify.__main__", "verify.cases.single"),
         ("verify.__main__", "verify.dist.launch"),

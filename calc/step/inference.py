@@ -25,6 +25,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from calc import symbols as S
+from calc.compress import kv_quant as kvq
+from calc.compress.lora import compress_weights
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
@@ -157,8 +159,6 @@ def replay(
     tape.grad_enabled = False
     w = reference.Weights(tape, sh)
     if quant is not None:
-        from calc.compress.lora import compress_weights
-
         compress_weights(tape, w, sh, None, quant, compute)
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     rope = sh.model_type != "gpt2"
@@ -170,8 +170,6 @@ def replay(
     if kv_quant is None:
         kv_cache(tape, sh, context)
     else:
-        from calc.compress import kv_quant as kvq
-
         kvq.cache(tape, kv_quant, sh.b, sh.k, sh.d, context, sh.weight_itemsize, sh.n_layers)
         tape.kv_hook = kvq.attend_hook(kv_quant, sh.s, sh.b * sh.k * sh.d, sh.d)
     logits = forward(tape, sh, w, cos, sin)
