@@ -58,6 +58,7 @@ from calc.config.model_spec import ModelSpec
 from calc.models import attention_core, hf, hf_ops
 from calc.models import reference as R
 from calc.replay import ops
+from calc.replay.kinds import StorageKind
 from calc.replay.tape import Event, Size, Tape, Tensor
 
 INT64 = 8
@@ -144,10 +145,16 @@ class _StaticLayer:
         """``StaticLayer.update(key_states, value_states)``: the cache tensors, written in place."""
         if self.keys is None:  # lazy_initialization
             numel = sh.b * sh.k * self.context * sh.d
-            self.keys = tape.new(numel, k.itemsize, "k_cache", kind="kv_cache", tag=self.j)
-            self.values = tape.new(numel, v.itemsize, "v_cache", kind="kv_cache", tag=self.j)
+            self.keys = tape.new(
+                numel, k.itemsize, "k_cache", kind=StorageKind.KV_CACHE, tag=self.j
+            )
+            self.values = tape.new(
+                numel, v.itemsize, "v_cache", kind=StorageKind.KV_CACHE, tag=self.j
+            )
             if self.device == "cuda":  # cumulative_length.to(device): a GPU copy of the counter
-                self.length = tape.new(1, INT64, "cache.length", kind="kv_cache", tag=self.j)
+                self.length = tape.new(
+                    1, INT64, "cache.length", kind=StorageKind.KV_CACHE, tag=self.j
+                )
         ar = hf_ops.plain(tape, sh.s, INT64, "cache.arange")  # torch.arange(kv_length)
         pos = hf_ops.plain(tape, sh.s, INT64, "cache.position")  # + self.cumulative_length
         tape.drop(ar)
@@ -252,10 +259,10 @@ def replay(
         from calc.compress.lora import compress_weights
 
         compress_weights(tape, w, sh, None, quant, compute)
-    tape.existing(sh.b * sh.s, INT64, "input_ids", "input")
+    tape.existing(sh.b * sh.s, INT64, "input_ids", StorageKind.INPUT)
     half = sh.d // 2 if isinstance(sh.d, int) else sh.d / 2
-    tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", "buffer")
-    tape.existing(half, sh.weight_itemsize, "rotary.original_inv_freq", "buffer")
+    tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", StorageKind.BUFFER)
+    tape.existing(half, sh.weight_itemsize, "rotary.original_inv_freq", StorageKind.BUFFER)
     tape.phase = "prefill"
     layers = []
     for j in range(sh.n_layers):  # StaticCache(config, max_cache_len=context)

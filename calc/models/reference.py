@@ -12,6 +12,7 @@ from calc.models import attention_core
 from calc.parallel import sequence as sequence_parallel
 from calc.parallel import tensor as tensor_parallel
 from calc.replay import ops
+from calc.replay.kinds import StorageKind
 from calc.replay.tape import Size, Tape, Tensor
 
 
@@ -104,7 +105,7 @@ class Weights:
         h, a, k, d, f, V = sh.h, sh.a, sh.k, sh.d, sh.f, sh.V
 
         def leaf(numel: Size, name: str, tag: object) -> Tensor:
-            return tape.existing(numel, w, name, "weight", leaf=True, tag=tag)
+            return tape.existing(numel, w, name, StorageKind.WEIGHT, leaf=True, tag=tag)
 
         gpt2 = sh.model_type == "gpt2"
         self.embed = leaf(V * h, "embed", "embed")

@@ -31,6 +31,8 @@ from functools import lru_cache
 
 import sympy as sp
 
+from calc.replay.kinds import StorageKind
+
 BLOCK_BYTES = 512
 """The CUDA caching allocator's ``kMinBlockSize``: every allocation is a multiple of it."""
 
@@ -74,10 +76,10 @@ class Storage:
 
     __slots__ = ("size", "_name", "_kind", "_tag", "refs", "_saved", "alive", "_owner")
 
-    def __init__(self, size: Size, name: str, kind: str, tag: object) -> None:
+    def __init__(self, size: Size, name: str, kind: StorageKind | str, tag: object) -> None:
         self.size = size  # rounded bytes
         self._name = name
-        self._kind = kind
+        self._kind = StorageKind(kind)  # a value outside the closed set raises ValueError
         self._tag = tag
         self.refs = 0  # tensors (Python references, views, gradient buffers) on it
         self._saved = 0  # autograd saved-variable references
@@ -88,7 +90,8 @@ class Storage:
     def key(self) -> tuple:
         """How the live set counts it: (category, name, tag, size); an activation an autograd
         node saves counts as ``saved``."""
-        kind = "saved" if self._saved > 0 and self._kind == "act" else self._kind
+        saved = self._saved > 0 and self._kind == StorageKind.ACT
+        kind = StorageKind.SAVED if saved else self._kind
         return (kind, self._name, self._tag, self.size)
 
     def _refile(self, field_name: str, value: object) -> None:
@@ -101,7 +104,7 @@ class Storage:
         owner._count(self)
 
     name = _Refiled()
-    kind = _Refiled()  # "weight", "grad", "state", "input", "act"
+    kind = _Refiled()  # a StorageKind
     tag = _Refiled()  # the segment (layer) that allocated it, or "base"
 
     @property
@@ -110,7 +113,7 @@ class Storage:
 
     @saved.setter
     def saved(self, value: int) -> None:
-        if self._owner is None or self._kind != "act" or (value > 0) == (self._saved > 0):
+        if self._owner is None or self._kind != StorageKind.ACT or (value > 0) == (self._saved > 0):
             self._saved = value  # the key does not change
             return
         self._refile("_saved", value)
@@ -348,7 +351,12 @@ class Tape:
         self.events.append(event)
 
     def new(
-        self, numel: Size, itemsize: int, name: str, kind: str = "act", tag: object = None
+        self,
+        numel: Size,
+        itemsize: int,
+        name: str,
+        kind: StorageKind | str = StorageKind.ACT,
+        tag: object = None,
     ) -> Tensor:
         """Allocate ``numel`` elements of ``itemsize`` bytes (rounded) and return its tensor.
 
@@ -371,7 +379,7 @@ class Tape:
         numel: Size,
         itemsize: int,
         name: str,
-        kind: str,
+        kind: StorageKind | str,
         leaf: bool = False,
         tag: object = "base",
     ) -> Tensor:
@@ -659,11 +667,11 @@ class Tape:
         st = g.storage
         same = st.size == leaf.size or key in self.grad_any_size
         if st.refs == 1 and st.saved == 0 and same:
-            st.kind, st.name, st.tag = "grad", f"grad:{leaf.name}", leaf.storage.tag
+            st.kind, st.name, st.tag = StorageKind.GRAD, f"grad:{leaf.name}", leaf.storage.tag
             self.grads[key] = self.alias(g)
         else:
             self.grads[key] = self.new(
-                leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag
+                leaf.numel, leaf.itemsize, f"grad:{leaf.name}", StorageKind.GRAD, leaf.storage.tag
             )
         if self.grad_hook is not None:
             self.grad_hook(self, leaf)
