@@ -13,7 +13,7 @@ What differs from the plain reference GPT-2 (`calc.models.reference`), and so is
 
 * ``Conv1D`` is ``torch.addmm(bias, x.view(-1, in), weight)`` with the weight stored
   ``[in, out]``: ``AddmmBackward0`` allocates the input's gradient, the weight's, then the bias'
-  (``sum_to`` in ``validate_outputs``), as `hf_ops.linear`; under autocast ``addmm`` casts its
+  (``sum_to`` in ``validate_outputs``), as `ops.linear`; under autocast ``addmm`` casts its
   arguments last to first (weight, input, bias);
 * position ids are ``torch.arange(s) + past_seen_tokens`` (two int64 tensors), saved by the
   ``wpe`` embedding; ``inputs_embeds + position_embeds`` broadcasts, so wpe's gradient is
@@ -46,7 +46,7 @@ dropout and full recomputation.
 from __future__ import annotations
 
 from calc.models import attention_core as core
-from calc.models import hf, hf_ops
+from calc.models import hf
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -101,19 +101,19 @@ def conv1d(
     are cached until autocast exits (``amp``), the input's is a fresh copy each call."""
     if amp is None or not sh.autocast_itemsize:
         x2 = ops.view(tape, x)
-        y = hf_ops.linear(tape, x2, w, bias, rows, out_features, name)
+        y = ops.linear(tape, x2, w, bias, rows, out_features, name)
         tape.drop(x2)
         out = ops.view(tape, y)
         tape.drop(y)
         return out
     lo = sh.autocast_itemsize
     x2 = ops.view(tape, x)
-    wc = hf_ops.to_copy(tape, w, lo, f"{w.name}.lo")
+    wc = ops.to_dtype(tape, w, lo, f"{w.name}.lo", grad_suffix="")
     amp.append(wc)
-    xc = hf_ops.to_copy(tape, x2, lo, f"{name}.in.lo")
-    bc = hf_ops.to_copy(tape, bias, lo, f"{bias.name}.lo")
+    xc = ops.to_dtype(tape, x2, lo, f"{name}.in.lo", grad_suffix="")
+    bc = ops.to_dtype(tape, bias, lo, f"{bias.name}.lo", grad_suffix="")
     amp.append(bc)
-    y = hf_ops.linear(tape, xc, wc, bc, rows, out_features, name)
+    y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
     tape.drop(xc, x2)
     out = ops.view(tape, y)
     tape.drop(y)
@@ -136,19 +136,19 @@ def new_gelu(tape: Tape, x: Tensor) -> Tensor:
     ``0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 *
     torch.pow(input, 3.0))))``, evaluated left to right; each temporary dies when its consumer
     has run (``tanh`` saves its result; the last ``mul`` saves both operands)."""
-    half = core.scale(tape, x, "gelu.half")  # 0.5 * input
+    half = ops.scale(tape, x, "gelu.half")  # 0.5 * input
     cube = pow3(tape, x, "gelu.pow")  # torch.pow(input, 3.0)
-    c3 = core.scale(tape, cube, "gelu.cube_c")  # 0.044715 * (...)
+    c3 = ops.scale(tape, cube, "gelu.cube_c")  # 0.044715 * (...)
     tape.drop(cube)
     inner = ops.add(tape, x, c3, "gelu.inner")  # input + (...)
     tape.drop(c3)
-    arg = core.scale(tape, inner, "gelu.arg")  # sqrt(2/pi) * (...)
+    arg = ops.scale(tape, inner, "gelu.arg")  # sqrt(2/pi) * (...)
     tape.drop(inner)
     th = ops.unary(tape, arg, "gelu.tanh", saves="output")  # torch.tanh
     tape.drop(arg)
     one = scalar_add(tape, th, "gelu.one_plus")  # 1.0 + tanh(...)
     tape.drop(th)
-    out = hf_ops.mul(tape, half, one, "gelu.out")
+    out = ops.mul_broadcast(tape, half, one, "gelu.out")
     tape.drop(half, one)
     return out
 
@@ -170,23 +170,23 @@ def math_sdpa(
         va = ops.to_dtype(tape, v, FP32, "attn.v32")  # (``_to_copy`` keeps the layouts)
     else:
         qa, ka, va = q, k, v
-    query = core.scale(tape, qa, "attn.q_scaled")
-    bias = core.causal_bias(tape, s, qa.itemsize, "attn.mask")
-    kt = core.view(tape, ka, name="Transpose")
-    ks = core.scale(tape, kt, "attn.k_scaled")
+    query = ops.scale(tape, qa, "attn.q_scaled")
+    bias = ops.causal_bias(tape, s, qa.itemsize, "attn.mask")
+    kt = ops.view(tape, ka, name="Transpose")
+    ks = ops.scale(tape, kt, "attn.k_scaled")
     tape.drop(kt)
-    scores = core.matmul(tape, query, False, ks, kv_contiguous, b * a * s * s, "attn.qk", False)
+    scores = ops.matmul(tape, query, False, ks, kv_contiguous, b * a * s * s, "attn.qk", False)
     tape.drop(ks)
     biased = ops.add(tape, scores, bias, "attn.scores")
     tape.drop(scores)
-    attn = core.softmax(tape, biased, "attn.probs")
+    attn = ops.softmax(tape, biased, "attn.probs")
     tape.drop(biased)
     if sh.attn_dropout > 0:
         dropped = ops.dropout(tape, attn, "attn.probs_drop", sh.device)
         tape.drop(attn)
         attn = dropped
     second = ops.to_dtype(tape, attn, out_itemsize, "attn.probs_out") if upcast else None
-    out = core.matmul(tape, attn, True, va, kv_contiguous, b * a * s * d, "attn.pv", True)
+    out = ops.matmul(tape, attn, True, va, kv_contiguous, b * a * s * d, "attn.pv", True)
     if upcast:
         cast = ops.to_dtype(tape, out, out_itemsize, "attn.out")
         tape.drop(out)
@@ -206,23 +206,25 @@ def eager_attention(
     returns ``attn_output.transpose(1, 2)`` (a view of the contiguous [b, a, s, d] product)
     and the attention weights (after dropout), which the callers keep referenced."""
     b, s, a, d = sh.b, sh.s, sh.a, sh.d
-    kt = core.view(tape, k, name="Transpose")
-    prod = core.matmul(tape, q, False, kt, kv_contiguous, b * a * s * s, "attn.qk", False)
+    kt = ops.view(tape, k, name="Transpose")
+    prod = ops.matmul(tape, q, False, kt, kv_contiguous, b * a * s * s, "attn.qk", False)
     tape.drop(kt)
-    sc = core.scale(tape, prod, "attn.scaled")  # * scaling
+    sc = ops.scale(tape, prod, "attn.scaled")  # * scaling
     tape.drop(prod)
-    masked = hf_ops.add(tape, sc, mask, "attn.masked")  # + attention_mask (no grad)
+    masked = ops.add_cast_in_formula(tape, sc, mask, "attn.masked")  # + attention_mask (no grad)
     tape.drop(sc)
-    probs = core.softmax(tape, masked, "attn.probs")
+    probs = ops.softmax(tape, masked, "attn.probs")
     tape.drop(masked)
-    pv = hf_ops.to_copy(tape, probs, v.itemsize, "attn.probs_cast")  # .type(value.dtype)
+    pv = ops.to_dtype(
+        tape, probs, v.itemsize, "attn.probs_cast", grad_suffix=""
+    )  # .type(value.dtype)
     tape.drop(probs)
     if sh.attn_dropout > 0:
         dropped = ops.dropout(tape, pv, "attn.probs_drop", sh.device)
         tape.drop(pv)
         pv = dropped
-    out = core.matmul(tape, pv, True, v, kv_contiguous, b * a * s * d, "attn.pv", True)
-    ot = core.view(tape, out, name="Transpose")
+    out = ops.matmul(tape, pv, True, v, kv_contiguous, b * a * s * d, "attn.pv", True)
+    ot = ops.view(tape, out, name="Transpose")
     tape.drop(out)
     return ot, pv
 
@@ -250,13 +252,13 @@ def attention(
     for t, copy in ((k, gk), (v, gv), (q, gq)):
         v1 = ops.view(tape, t, copy_back=copy)
         tape.drop(t)
-        heads.append(core.view(tape, v1, name="Transpose"))
+        heads.append(ops.view(tape, v1, name="Transpose"))
         tape.drop(v1)
     kt, vt, qt = heads
     cache: list = []
     if use_cache:  # DynamicLayer.update: torch.cat([empty, states], dim=-2) for keys, values
-        kc = hf_ops.cat_onto_empty(tape, kt, "cache.k")
-        vc = hf_ops.cat_onto_empty(tape, vt, "cache.v")
+        kc = ops.cat_onto_empty(tape, kt, "cache.k")
+        vc = ops.cat_onto_empty(tape, vt, "cache.v")
         cache = [tape.alias(kc), tape.alias(vc)]
         tape.drop(kt, vt)
         kt, vt = kc, vc
@@ -264,7 +266,7 @@ def attention(
         assert mask is not None
         ao, weights = eager_attention(tape, sh, qt, kt, vt, mask, use_cache)
         # attn_output.reshape(b, s, -1): the transposed product is not viewable: a copy
-        o = core.clone(tape, ao, "attn.merge")
+        o = ops.clone(tape, ao, "attn.merge")
         tape.drop(ao)
     else:
         weights = None
@@ -310,11 +312,11 @@ def block(
     n = sh.b * sh.s
     n1 = ops.layer_norm(tape, x, lw["norm1"], lw["norm1.b"], n)
     att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache, amp)
-    x2 = hf_ops.add(tape, att, x, "resid1")  # attn_output + residual
+    x2 = ops.add_cast_in_formula(tape, att, x, "resid1")  # attn_output + residual
     tape.drop(n1)
     n2 = ops.layer_norm(tape, x2, lw["norm2"], lw["norm2.b"], n)
     ff = mlp(tape, sh, n2, lw, amp)
-    x3 = hf_ops.add(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
+    x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
     tape.drop(n2)
     # returning frees the locals: attn_output, the weights, the residual, the MLP output
     tape.drop(att, weights, x2, ff)
@@ -328,11 +330,11 @@ def model(
     n = sh.b * sh.s
     tape.segment = "embed"
     tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")  # inputs_embeds = self.wte(ids)
-    ar = hf_ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
-    pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
+    ar = ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
+    pos = ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
     pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out", indices=pos)
-    x = hf_ops.add(tape, tok, pe, "embed_out")  # inputs_embeds + position_embeds
+    x = ops.add_cast_in_formula(tape, tok, pe, "embed_out")  # inputs_embeds + position_embeds
     if not use_cache:  # (no DynamicCache: checkpointing turns use_cache off)
         hf._packed_sequence_check(tape, sh)
     # create_causal_mask: None for sdpa (is_causal), an additive float mask for eager

@@ -55,7 +55,7 @@ from calc import symbols as S
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models import attention_core, hf, hf_ops
+from calc.models import attention_core, hf
 from calc.models import reference as R
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
@@ -155,8 +155,8 @@ class _StaticLayer:
                 self.length = tape.new(
                     1, INT64, "cache.length", kind=StorageKind.KV_CACHE, tag=self.j
                 )
-        ar = hf_ops.plain(tape, sh.s, INT64, "cache.arange")  # torch.arange(kv_length)
-        pos = hf_ops.plain(tape, sh.s, INT64, "cache.position")  # + self.cumulative_length
+        ar = ops.plain(tape, sh.s, INT64, "cache.arange")  # torch.arange(kv_length)
+        pos = ops.plain(tape, sh.s, INT64, "cache.position")  # + self.cumulative_length
         tape.drop(ar)
         # cumulative_length.add_(kv_length); keys.index_copy_(2, pos, k); values.index_copy_(...)
         tape.drop(pos)
@@ -209,12 +209,12 @@ def decoder_layer(
     n1 = hf.rmsnorm(tape, x, lw["norm1"], n)
     att = attention(tape, sh, n1, lw, cos, sin, layer)
     tape.drop(n1)
-    x2 = hf_ops.add(tape, x, att, "resid1")  # residual + hidden_states
+    x2 = ops.add_cast_in_formula(tape, x, att, "resid1")  # residual + hidden_states
     tape.drop(att)
     n2 = hf.rmsnorm(tape, x2, lw["norm2"], n)
     ff = hf.mlp(tape, sh, n2, lw, None)
     tape.drop(n2)
-    x3 = hf_ops.add(tape, x2, ff, "resid2")
+    x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")
     tape.drop(ff, x2)
     return x3
 
@@ -226,8 +226,8 @@ def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -
     tape.segment = "embed"
     emb = ops.embedding(tape, w.embed, n, sh.h, "embed_out")  # embed_tokens(input_ids)
     # position_ids = torch.arange(s) + past_seen_tokens (the int 0), then unsqueeze(0) (a view)
-    ar = hf_ops.plain(tape, sh.s, INT64, "arange")
-    pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
+    ar = ops.plain(tape, sh.s, INT64, "arange")
+    pos = ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
     # causal_mask: None (module docstring)
     cos, sin = hf.rotary(tape, sh, pos, emb.itemsize)
