@@ -277,6 +277,23 @@ class Region:
     done: bool = False
 
 
+def _dependencies(fn: Node) -> Counter:
+    """For every node reachable from ``fn``: how many edges lead to it (the engine's
+    ``dependencies_``, ``compute_dependencies`` in engine.cpp)."""
+    deps: Counter = Counter()
+    seen = {id(fn)}
+    stack = [fn]
+    while stack:
+        n = stack.pop()
+        for e in n.edges:
+            if isinstance(e, tuple):
+                deps[id(e[0])] += 1
+                if id(e[0]) not in seen:
+                    seen.add(id(e[0]))
+                    stack.append(e[0])
+    return deps
+
+
 class Tape:
     """Records allocations and frees; runs a backward pass over the recorded graph."""
 
@@ -561,17 +578,7 @@ class Tape:
         received gradient); it is not freed here."""
         fn = root.grad_fn
         assert fn is not None
-        deps: Counter = Counter()
-        seen = {id(fn)}
-        stack = [fn]
-        while stack:
-            n = stack.pop()
-            for e in n.edges:
-                if isinstance(e, tuple):
-                    deps[id(e[0])] += 1
-                    if id(e[0]) not in seen:
-                        seen.add(id(e[0]))
-                        stack.append(e[0])
+        deps = _dependencies(fn)
         own_seed = seed is None
         if seed is None:
             seed = self.new(root.numel, root.itemsize, "grad_seed")
@@ -581,31 +588,8 @@ class Tape:
         while ready:
             ready.sort(key=lambda n: n.seq)
             n = ready.pop()
-            self.segment = n.info.get("segment", self.segment)
-            reg = n.info.get("region")
-            if reg is not None and not reg.done:
-                self._recompute(reg)
-            grads_out = buffers.pop(id(n), None) or [None] * n.n_outputs
-            grads_in = n.rule(self, n, grads_out)
-            assert len(grads_in) == len(n.edges), n.name
-            if reg is not None:
-                # Recomputed tensors are handed out by the unpack hook and live only in the
-                # formula's locals: freed when it ends, before validate_outputs.
-                self.formula_done(n)
-            grads_in = self._validate_outputs(n, grads_in)
-            self.drop(*grads_out)
-            self._release(n)
-            if reg is not None:
-                self._region_node_done(n)
-            for e, g in zip(n.edges, grads_in, strict=True):
-                if g is None:
-                    continue
-                if e is None:
-                    self.drop(g)
-                else:
-                    target, index = e
-                    buf = buffers.setdefault(id(target), [None] * target.n_outputs)
-                    buf[index] = self._accumulate(buf[index], g)
+            grads_in = self._run_node(n, buffers.pop(id(n), None))
+            self._deliver(n, grads_in, buffers)
             for e in n.edges:
                 if isinstance(e, tuple):
                     deps[id(e[0])] -= 1
@@ -614,6 +598,41 @@ class Tape:
         self.grad_enabled = True
         if own_seed:
             self.drop(seed)
+
+    def _run_node(self, n: Node, grads_out: list | None) -> list:
+        """Run one node in its layer's segment (recomputing its checkpointed region first):
+        its rule, then ``validate_outputs``, then the incoming gradients and its saved
+        variables are released. Returns the gradients for its input edges."""
+        self.segment = n.info.get("segment", self.segment)
+        reg = n.info.get("region")
+        if reg is not None and not reg.done:
+            self._recompute(reg)
+        grads_out = grads_out or [None] * n.n_outputs
+        grads_in = n.rule(self, n, grads_out)
+        assert len(grads_in) == len(n.edges), n.name
+        if reg is not None:
+            # Recomputed tensors are handed out by the unpack hook and live only in the
+            # formula's locals: freed when it ends, before validate_outputs.
+            self.formula_done(n)
+        grads_in = self._validate_outputs(n, grads_in)
+        self.drop(*grads_out)
+        self._release(n)
+        if reg is not None:
+            self._region_node_done(n)
+        return grads_in
+
+    def _deliver(self, n: Node, grads_in: list, buffers: dict[int, list]) -> None:
+        """Hand each input gradient to the node its edge leads to (summed into that node's
+        InputBuffer); a gradient for an edge that needs none is dropped."""
+        for e, g in zip(n.edges, grads_in, strict=True):
+            if g is None:
+                continue
+            if e is None:
+                self.drop(g)
+            else:
+                target, index = e
+                buf = buffers.setdefault(id(target), [None] * target.n_outputs)
+                buf[index] = self._accumulate(buf[index], g)
 
     def formula_done(self, n: Node) -> None:
         """The backward formula's locals holding saved tensors go out of scope. For recomputed
