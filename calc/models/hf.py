@@ -141,10 +141,14 @@ def rotary(tape: Tape, sh: Shape, pos: Tensor, x_itemsize: int) -> tuple[Tensor,
 
 
 # -- nn.Linear under autocast ---------------------------------------------------------------------
+def autocast_cast(tape: Tape, t: Tensor, name: str) -> Tensor:
+    """`ops.autocast_cast` as the Hugging Face graphs name its casts: ``<name>`` for a
+    parameter's (cached) cast too, and the gradient cast back ``d<name>``."""
+    return ops.autocast_cast(tape, t, name, leaf_name=name, grad_suffix="")
+
+
 def linear(
     tape: Tape,
-    sh: Shape,
-    amp: list | None,
     x: Tensor,
     w: Tensor,
     bias: Tensor | None,
@@ -152,40 +156,22 @@ def linear(
     out_features: Size,
     name: str,
 ) -> Tensor:
-    """``nn.Linear`` forward. Under autocast (``amp`` is the weight-cast cache: a list that keeps
-    each cast weight until autocast exits) ``F.linear(input, weight, bias)`` casts its
-    arguments last to first (measured; the C++ wrapper's argument evaluation order): the bias,
-    the weight (leaves, so the casts are cached), then the input (a fresh copy at every call:
-    q, k and v each copy the same normed input), and runs in the low precision. The casts are
-    ``_to_copy`` nodes: backward casts each gradient back to fp32."""
-    if amp is None or not sh.autocast_itemsize:
+    """``nn.Linear`` forward. Under autocast (``tape.autocast_itemsize``) ``F.linear(input,
+    weight, bias)`` casts its arguments last to first (measured; the C++ wrapper's argument
+    evaluation order): the bias, the weight (parameters: cached until autocast exits), then
+    the input (a fresh copy at every call: q, k and v each copy the same normed input), and
+    runs in the low precision (`autocast_cast`). A frozen weight's cast is made at every call
+    and lives as long as a reference (mm saves it for the input's gradient). The casts are
+    ``_to_copy`` nodes: backward casts each gradient back to fp32. A LoRA-adapted linear
+    (``tape.linear_hooks``, `calc.compress.lora`) is `ops.linear`'s."""
+    if not tape.autocast_itemsize or id(w.storage) in tape.linear_hooks:
         return ops.linear(tape, x, w, bias, rows, out_features, name)
-    lo = sh.autocast_itemsize
-    if id(w.storage) in tape.linear_hooks:  # LoRA (calc.compress.lora): ops.linear's autocast path
-        tape.autocast_itemsize = lo  # adapter casts cached in tape.autocast_cache until exit
-        try:
-            return ops.linear(tape, x, w, bias, rows, out_features, name)
-        finally:
-            tape.autocast_itemsize = 0
-    # Autocast caches the casts of leaves that need grad only: a frozen weight's cast is made
-    # at every call and lives as long as a reference (mm saves it for the input's gradient).
-    bc = (
-        ops.to_dtype(tape, bias, lo, f"{bias.name}.lo", grad_suffix="")
-        if bias is not None
-        else None
-    )
-    if bc is not None and bias.leaf:
-        amp.append(bc)
-    wc = ops.to_dtype(tape, w, lo, f"{w.name}.lo", grad_suffix="")
-    if w.leaf:
-        amp.append(wc)
-    xc = ops.to_dtype(tape, x, lo, f"{name}.in.lo", grad_suffix="")
-    y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
-    tape.drop(xc)
-    if not w.leaf:
-        tape.drop(wc)
-    if bc is not None and not bias.leaf:
-        tape.drop(bc)
+    bc = autocast_cast(tape, bias, f"{bias.name}.lo") if bias is not None else None
+    wc = autocast_cast(tape, w, f"{w.name}.lo")
+    xc = autocast_cast(tape, x, f"{name}.in.lo")
+    with tape.autocast_paused():
+        y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
+    tape.drop(xc, wc, bc)
     return y
 
 
@@ -220,7 +206,6 @@ def attention(
     cos: Tensor,
     sin: Tensor,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list]:
     n = sh.b * sh.s
     # query_states = self.q_proj(hidden_states).view(hidden_shape)[-> q_norm].transpose(1, 2)
@@ -228,7 +213,7 @@ def attention(
     # view are transposed and reshape copies them there.
     heads = []
     for key, nh in (("q", sh.a), ("k", sh.k)):
-        lin = linear(tape, sh, amp, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
+        lin = linear(tape, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
         # (without a cache, k's gradient keeps the projection's layout: no copy; measured)
         v1 = ops.view(tape, lin, copy_back=key == "q" or use_cache)
         tape.drop(lin)
@@ -240,7 +225,7 @@ def attention(
         tape.drop(v1)
         heads.append(t)
     qt, kt = heads
-    vl = linear(tape, sh, amp, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
+    vl = linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # .view(hidden_shape).transpose(1, 2): flash SDPA's dv comes back in the [b, s, k, d]
     # layout (a view suffices); eager attention's is contiguous [b, k, s, d] (reshape copies)
     vt = ops.view(tape, vl, copy_back=sh.attention == "eager")
@@ -259,13 +244,12 @@ def attention(
         cache = []
     if sh.attention == "eager":
         out = eager_attention(tape, sh, qr, kr, vt)
-    elif amp is not None and sh.autocast_itemsize:
+    elif tape.autocast_itemsize:
         # autocast casts SDPA's fp32 operands (RoPE promoted q and k to fp32: bf16 * fp32 cos),
         # last argument first as for linear: value (bf16 already), key, query
-        lo = sh.autocast_itemsize
-        vl2 = ops.to_dtype(tape, vt, lo, "attn.v.lo", grad_suffix="")
-        kl = ops.to_dtype(tape, kr, lo, "attn.k.lo", grad_suffix="")
-        ql = ops.to_dtype(tape, qr, lo, "attn.q.lo", grad_suffix="")
+        vl2 = autocast_cast(tape, vt, "attn.v.lo")
+        kl = autocast_cast(tape, kr, "attn.k.lo")
+        ql = autocast_cast(tape, qr, "attn.q.lo")
         out = ops.sdpa_flash(tape, ql, kl, vl2, sh.b * sh.a * sh.s, "attn")
         tape.drop(kl, ql, vl2)
     else:
@@ -274,7 +258,7 @@ def attention(
     # laid out [b, s, a, d], so contiguous() copies nothing; reshape(*input_shape, -1).
     o = ops.view(tape, out)
     tape.drop(out)
-    y = linear(tape, sh, amp, o, lw["o"], lw["o.b"], n, sh.h, "o")
+    y = linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, kr, vt)
     return y, cache
 
@@ -343,16 +327,16 @@ def causal_mask(tape: Tape, sh: Shape, itemsize: int) -> Tensor:
     return mask
 
 
-def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, amp: list | None) -> Tensor:
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
     n = sh.b * sh.s
-    g = linear(tape, sh, amp, x, lw["gate"], lw.get("gate.b"), n, sh.f, "gate")
+    g = linear(tape, x, lw["gate"], lw.get("gate.b"), n, sh.f, "gate")
     sg = ops.unary(tape, g, "silu", saves="input")
     tape.drop(g)
-    u = linear(tape, sh, amp, x, lw["up"], lw.get("up.b"), n, sh.f, "up")
+    u = linear(tape, x, lw["up"], lw.get("up.b"), n, sh.f, "up")
     m = ops.mul_broadcast(tape, sg, u, "swiglu")
     tape.drop(sg, u)
-    y = linear(tape, sh, amp, m, lw["down"], lw.get("down.b"), n, sh.h, "down")
+    y = linear(tape, m, lw["down"], lw.get("down.b"), n, sh.h, "down")
     tape.drop(m)
     return y
 
@@ -365,16 +349,15 @@ def decoder_layer(
     cos: Tensor,
     sin: Tensor,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list]:
     n = sh.b * sh.s
     n1 = rmsnorm(tape, x, lw["norm1"], n)
-    att, cache = attention(tape, sh, n1, lw, cos, sin, use_cache, amp)
+    att, cache = attention(tape, sh, n1, lw, cos, sin, use_cache)
     tape.drop(n1)
     x2 = ops.add_cast_in_formula(tape, x, att, "resid1")  # residual + hidden_states
     tape.drop(att)
     n2 = rmsnorm(tape, x2, lw["norm2"], n)
-    ff = mlp(tape, sh, n2, lw, amp)
+    ff = mlp(tape, sh, n2, lw)
     tape.drop(n2)
     x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")
     tape.drop(ff, x2)
@@ -399,7 +382,7 @@ def _packed_sequence_check(tape: Tape, sh: Shape) -> None:
 
 
 def model(
-    tape: Tape, sh: Shape, w: Weights, use_cache: bool, sliding_layers: int, amp: list | None
+    tape: Tape, sh: Shape, w: Weights, use_cache: bool, sliding_layers: int
 ) -> tuple[Tensor, list]:
     """``LlamaModel.forward(input_ids)``: the final norm's output and the cache's tensors."""
     n = sh.b * sh.s
@@ -424,13 +407,13 @@ def model(
             # forward under non-reentrant torch.utils.checkpoint (transformers 5.24
             # modeling_layers.py / modeling_utils.py) and turns the cache off.
             def run(x: Tensor = x, lw: dict = lw) -> Tensor:
-                return decoder_layer(tape, sh, x, lw, cos, sin, False, amp)[0]
+                return decoder_layer(tape, sh, x, lw, cos, sin, False)[0]
 
             # the checkpoint frame holds the layer's args and kwargs: hidden states,
             # position_embeddings (cos, sin) and position_ids, until the layer's backward
             x_next, c = tape.checkpoint(run, [x, cos, sin, pos]), []
         else:
-            x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache, amp)
+            x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache)
         cache += c
         tape.drop(x)
         x = x_next
@@ -468,14 +451,13 @@ def forward(
     if sh.attention not in ("flash", "eager"):
         raise NotImplementedError(f"attention {sh.attention!r}")
     n = sh.b * sh.s
-    amp: list | None = [] if sh.autocast_itemsize else None
-    hid, cache = model(tape, sh, w, use_cache, sliding_layers, amp)
+    if sh.autocast_itemsize:
+        tape.autocast_enter(sh.autocast_itemsize)
+    hid, cache = model(tape, sh, w, use_cache, sliding_layers)
     tape.segment = "head"
-    logits = linear(tape, sh, amp, hid, w.head, None, n, sh.V, "logits")  # lm_head(hidden)
+    logits = linear(tape, hid, w.head, None, n, sh.V, "logits")  # lm_head(hidden)
     loss = causal_lm_loss(tape, sh, logits)
     tape.drop(hid, logits, *cache)
-    if amp:  # leaving ``torch.autocast``: the weight-cast cache is cleared
-        tape.drop(*amp)
     if sh.autocast_itemsize:
-        tape.autocast_exit()  # LoRA adapters' cached casts (calc.compress.lora)
+        tape.autocast_exit()  # leaving ``torch.autocast``: the cast cache is cleared
     return loss

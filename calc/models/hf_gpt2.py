@@ -85,8 +85,6 @@ def dropout(tape: Tape, sh: Shape, x: Tensor, p: float, name: str) -> Tensor:
 
 def conv1d(
     tape: Tape,
-    sh: Shape,
-    amp: list | None,
     x: Tensor,
     w: Tensor,
     bias: Tensor,
@@ -98,26 +96,27 @@ def conv1d(
 
     The views allocate nothing (their backward views the contiguous gradients back). Under
     autocast ``addmm`` casts weight, input, bias (last argument first); the parameter casts
-    are cached until autocast exits (``amp``), the input's is a fresh copy each call."""
-    if amp is None or not sh.autocast_itemsize:
-        x2 = ops.view(tape, x)
+    are cached until autocast exits (`_param_cast`), the input's is a fresh copy each call."""
+    x2 = ops.view(tape, x)
+    if not tape.autocast_itemsize:
         y = ops.linear(tape, x2, w, bias, rows, out_features, name)
         tape.drop(x2)
-        out = ops.view(tape, y)
-        tape.drop(y)
-        return out
-    lo = sh.autocast_itemsize
-    x2 = ops.view(tape, x)
-    wc = ops.to_dtype(tape, w, lo, f"{w.name}.lo", grad_suffix="")
-    amp.append(wc)
-    xc = ops.to_dtype(tape, x2, lo, f"{name}.in.lo", grad_suffix="")
-    bc = ops.to_dtype(tape, bias, lo, f"{bias.name}.lo", grad_suffix="")
-    amp.append(bc)
-    y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
-    tape.drop(xc, x2)
+    else:
+        wc = _param_cast(tape, w)
+        xc = hf.autocast_cast(tape, x2, f"{name}.in.lo")
+        bc = _param_cast(tape, bias)
+        with tape.autocast_paused():
+            y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
+        tape.drop(xc, x2, wc, bc)
     out = ops.view(tape, y)
     tape.drop(y)
     return out
+
+
+def _param_cast(tape: Tape, p: Tensor) -> Tensor:
+    """Autocast's cast of a ``Conv1D`` parameter, held until autocast exits whether or not it
+    is a leaf that needs grad (``cache_any``: a pruned weight's cast too)."""
+    return ops.autocast_cast(tape, p, f"{p.name}.lo", f"{p.name}.lo", "", cache_any=True)
 
 
 def scalar_add(tape: Tape, x: Tensor, name: str) -> Tensor:
@@ -236,14 +235,13 @@ def attention(
     lw: dict,
     mask: Tensor | None,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list, Tensor | None]:
     """``GPT2Attention.forward`` (self-attention): the output (after ``resid_dropout``), the
     cache's key and value copies, and the eager attention weights (None for SDPA): returned as
     ``attn_weights``, they stay referenced (``attn_output, _ = self.attn(...)``) until the
     block returns, which matters when they are not saved (under checkpointing)."""
     n = sh.b * sh.s
-    qkv = conv1d(tape, sh, amp, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
+    qkv = conv1d(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
     q, k, v = ops.split3(tape, qkv)
     tape.drop(qkv)
     gq, gk, gv = core.view_grad_copies(sh)
@@ -281,20 +279,20 @@ def attention(
             # and the reshape to [b, s, h] are views
             o = ops.view(tape, out)
         tape.drop(out)
-    y = conv1d(tape, sh, amp, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
+    y = conv1d(tape, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
     tape.drop(o)
     y = dropout(tape, sh, y, sh.hidden_dropout, "resid_drop")
     tape.drop(qt, kt, vt)  # the query/key/value locals die when forward returns
     return y, cache, weights
 
 
-def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, amp: list | None) -> Tensor:
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     """``GPT2MLP.forward``: c_fc, gelu_new, c_proj, dropout."""
     n = sh.b * sh.s
-    h = conv1d(tape, sh, amp, x, lw["fc"], lw["fc.b"], n, sh.f, "c_fc")
+    h = conv1d(tape, x, lw["fc"], lw["fc.b"], n, sh.f, "c_fc")
     act = new_gelu(tape, h)
     tape.drop(h)
-    y = conv1d(tape, sh, amp, act, lw["proj"], lw["proj.b"], n, sh.h, "mlp.c_proj")
+    y = conv1d(tape, act, lw["proj"], lw["proj.b"], n, sh.h, "mlp.c_proj")
     tape.drop(act)
     return dropout(tape, sh, y, sh.hidden_dropout, "mlp_drop")
 
@@ -306,16 +304,15 @@ def block(
     lw: dict,
     mask: Tensor | None,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list]:
     """``GPT2Block.forward``; ``x`` stays the caller's."""
     n = sh.b * sh.s
     n1 = ops.layer_norm(tape, x, lw["norm1"], lw["norm1.b"], n)
-    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache, amp)
+    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache)
     x2 = ops.add_cast_in_formula(tape, att, x, "resid1")  # attn_output + residual
     tape.drop(n1)
     n2 = ops.layer_norm(tape, x2, lw["norm2"], lw["norm2.b"], n)
-    ff = mlp(tape, sh, n2, lw, amp)
+    ff = mlp(tape, sh, n2, lw)
     x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
     tape.drop(n2)
     # returning frees the locals: attn_output, the weights, the residual, the MLP output
@@ -323,9 +320,7 @@ def block(
     return x3, cache
 
 
-def model(
-    tape: Tape, sh: Shape, w: Weights, use_cache: bool, amp: list | None
-) -> tuple[Tensor, list]:
+def model(tape: Tape, sh: Shape, w: Weights, use_cache: bool) -> tuple[Tensor, list]:
     """``GPT2Model.forward(input_ids)``: ``ln_f``'s output and the cache's tensors."""
     n = sh.b * sh.s
     tape.segment = "embed"
@@ -348,12 +343,12 @@ def model(
             # torch.utils.checkpoint with cache=None; the frame holds its arguments (hidden
             # states, the mask) and the partial's keyword tensors (position_ids)
             def run(x: Tensor = x, lw: dict = lw) -> Tensor:
-                return block(tape, sh, x, lw, mask, False, amp)[0]
+                return block(tape, sh, x, lw, mask, False)[0]
 
             held = [t for t in (x, mask, pos) if t is not None]
             x_next, c = tape.checkpoint(run, held), []
         else:
-            x_next, c = block(tape, sh, x, lw, mask, use_cache, amp)
+            x_next, c = block(tape, sh, x, lw, mask, use_cache)
         cache += c
         tape.drop(x)
         x = x_next
@@ -365,11 +360,11 @@ def model(
     return out, cache
 
 
-def lm_head(tape: Tape, sh: Shape, amp: list | None, x: Tensor, w: Tensor) -> Tensor:
+def lm_head(tape: Tape, sh: Shape, x: Tensor, w: Tensor) -> Tensor:
     """``self.lm_head(hidden_states)`` (``nn.Linear``, no bias) on the 3-D hidden states:
     ``matmul`` folds them to 2-D (a view), ``mm``, and views the result back."""
     n = sh.b * sh.s
-    return hf.linear(tape, sh, amp, x, w, None, n, sh.V, "logits")
+    return hf.linear(tape, x, w, None, n, sh.V, "logits")
 
 
 def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor:
@@ -379,14 +374,15 @@ def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor
     left right after (its cast cache dies). The output object (logits, cache) dies before
     this returns, as in ``loss = model(...).loss``."""
     check(sh)
-    amp: list | None = [] if sh.autocast_itemsize else None
-    hid, cache = model(tape, sh, w, use_cache, amp)
+    if sh.autocast_itemsize:
+        tape.autocast_enter(sh.autocast_itemsize)
+    hid, cache = model(tape, sh, w, use_cache)
     tape.segment = "head"
     sl = ops.view(tape, hid)  # slice_logits_to_keep(hidden, 0): hidden[:, 0:, :] (an alias)
     tape.drop(hid)
-    logits = lm_head(tape, sh, amp, sl, w.head)
+    logits = lm_head(tape, sh, sl, w.head)
     loss = hf.causal_lm_loss(tape, sh, logits)
     tape.drop(sl, logits, *cache)
-    if amp:
-        tape.drop(*amp)
+    if sh.autocast_itemsize:
+        tape.autocast_exit()  # leaving ``torch.autocast``: the cast cache is cleared
     return loss

@@ -176,7 +176,7 @@ def attention(
     heads = []
     # query_states = self.q_proj(x).view(hidden_shape)[-> q_norm].transpose(1, 2), then k
     for key, nh in (("q", sh.a), ("k", sh.k)):
-        lin = hf.linear(tape, sh, None, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
+        lin = hf.linear(tape, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
         v1 = tape.alias(lin)
         tape.drop(lin)
         if sh.qk_norm:
@@ -185,7 +185,7 @@ def attention(
             v1 = nv
         heads.append(v1)
     qt, kt = heads
-    vt = hf.linear(tape, sh, None, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
+    vt = hf.linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # apply_rotary_pos_emb
     qr = hf.rope_one(tape, qt, cos, sin, "q")
     kr = hf.rope_one(tape, kt, cos, sin, "k")
@@ -197,7 +197,7 @@ def attention(
     out = attention_core.core(tape, sh, qr, keys, values, "attn")
     o = tape.alias(out)  # reshape/transpose/contiguous: views of the [b, s, a, d] output
     tape.drop(out)
-    y = hf.linear(tape, sh, None, o, lw["o"], lw["o.b"], n, sh.h, "o")
+    y = hf.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, keys, values)
     return y
 
@@ -212,7 +212,7 @@ def decoder_layer(
     x2 = ops.add_cast_in_formula(tape, x, att, "resid1")  # residual + hidden_states
     tape.drop(att)
     n2 = hf.rmsnorm(tape, x2, lw["norm2"], n)
-    ff = hf.mlp(tape, sh, n2, lw, None)
+    ff = hf.mlp(tape, sh, n2, lw)
     tape.drop(n2)
     x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")
     tape.drop(ff, x2)
@@ -242,7 +242,7 @@ def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -
     hid = hf.rmsnorm(tape, x, w.norm, n)  # self.norm(hidden_states)
     tape.drop(x, emb, pos, cos, sin)  # LlamaModel.forward returns
     last = tape.alias(hid, numel=sh.b * sh.h)  # hidden_states[:, -1:, :]
-    logits = hf.linear(tape, sh, None, last, w.head, None, sh.b, sh.V, "logits")  # lm_head
+    logits = hf.linear(tape, last, w.head, None, sh.b, sh.V, "logits")  # lm_head
     tape.drop(last, hid)  # LlamaForCausalLM.forward returns
     return logits
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -698,6 +699,16 @@ class Tape:
     def autocast_enter(self, itemsize: int) -> None:
         """``torch.autocast(dtype=...)`` entered: linears cast to ``itemsize`` bytes."""
         self.autocast_itemsize = itemsize
+
+    @contextmanager
+    def autocast_paused(self) -> Iterator[None]:
+        """An op on inputs autocast has already cast: it runs in their dtype, so nothing in it
+        casts again (the kernel autocast dispatches to)."""
+        saved, self.autocast_itemsize = self.autocast_itemsize, 0
+        try:
+            yield
+        finally:
+            self.autocast_itemsize = saved
 
     def autocast_exit(self) -> None:
         """Leaving the outermost autocast clears the weight-cast cache

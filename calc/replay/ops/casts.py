@@ -35,17 +35,21 @@ def autocast_cast(
     name: str,
     leaf_name: str | None = None,
     grad_suffix: str = "->src",
+    cache_any: bool = False,
 ) -> Tensor:
     """Autocast's cast of an op input to the lower precision (``tape.autocast_itemsize``).
 
     A parameter (a leaf that needs grad) is cast once per autocast context and cached
     (``leaf_name``, default ``<t.name>.cast``); any other tensor is cast at every call
     (``name``); a tensor already in that dtype is used as it is. The caller holds (and drops)
-    what is returned; the cache keeps its own reference until `Tape.autocast_exit`."""
+    what is returned; the cache keeps its own reference until `Tape.autocast_exit`.
+    ``grad_suffix``: as `to_dtype`'s. ``cache_any``: cache the cast even when ``t`` is not a
+    leaf that needs grad (the Hugging Face GPT-2 graph holds its ``Conv1D`` parameter casts
+    until autocast exits whatever they are: a pruned weight, a frozen bias)."""
     ac = tape.autocast_itemsize
     if t.itemsize == ac:
         return tape.alias(t, t.grad_fn, t.out_index)
-    if t.leaf:
+    if t.leaf or cache_any:
         hit = tape.autocast_cache.get(id(t.storage))
         if hit is None:
             cached_name = f"{t.name}.cast" if leaf_name is None else leaf_name

@@ -60,9 +60,8 @@ def _linear_autocast(
     cb = autocast_cast(tape, bias, f"{name}.b") if bias is not None else None
     cw = autocast_cast(tape, w, f"{name}.w")
     cx = autocast_cast(tape, x, f"{name}.x")
-    saved_autocast, tape.autocast_itemsize = tape.autocast_itemsize, 0
-    out = linear(tape, cx, cw, cb, rows, out_features, name)
-    tape.autocast_itemsize = saved_autocast
+    with tape.autocast_paused():
+        out = linear(tape, cx, cw, cb, rows, out_features, name)
     tape.drop(cw, cx, cb)
     return out
 
