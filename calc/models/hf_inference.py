@@ -57,6 +57,7 @@ from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
 from calc.models import attention_core, hf
 from calc.models import reference as R
+from calc.models.shape import shape_for_inference
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Event, Size, Tape, Tensor
@@ -65,14 +66,7 @@ INT64 = 8
 RESIDUAL = "residual"
 """Tag of a block's output (`calc.step.inference.RESIDUAL`)."""
 
-__all__ = ["numeric_shape", "replay", "replay_hf_prefill", "shape_for_hf_inference"]
-
-
-def shape_for_hf_inference(model: ModelSpec, job: Inference, device: str, n_layers: int) -> R.Shape:
-    """The prefill's symbolic shape: `calc.step.inference.shape_for_inference` (``s`` the prompt)."""
-    from calc.step.inference import shape_for_inference
-
-    return shape_for_inference(model, job, device, n_layers)
+__all__ = ["numeric_shape", "replay", "replay_hf_prefill"]
 
 
 def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
@@ -104,7 +98,7 @@ def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
 def replay_hf_prefill(model: ModelSpec, job: Inference, device: str, n_layers: int) -> list[Event]:
     """Replay the HF prefill of ``job`` with ``n_layers`` concrete layers; sizes in the symbols
     ``b, s, c`` and the model's."""
-    sh = shape_for_hf_inference(model, job, device, n_layers)
+    sh = shape_for_inference(model, job, device, n_layers)
     check(model, job, sh)
     if job.kv_quant is not None:
         raise NotImplementedError("a quantized KV cache with implementation='hf' is not modelled")
@@ -115,9 +109,7 @@ def numeric_shape(
     model: ModelSpec, job: Inference, device: str, n_layers: int | None = None
 ) -> tuple[R.Shape, int]:
     """The shape with every size an int (this model and job), and the context length."""
-    sh = shape_for_hf_inference(
-        model, job, device, model.n_layers if n_layers is None else n_layers
-    )
+    sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
     check(model, job, sh)
     dims = model.dims()
     sizes = {name: dims[getattr(S, name)] for name in ("h", "a", "k", "d", "f", "V", "P")}

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from calc import symbols as S
+from calc.config.jobs import Inference
+from calc.config.model_spec import ModelSpec
+from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Size
+
+ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
+"""Bytes per element of weights, activations and the KV cache for each inference precision."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,3 +75,19 @@ class Shape:
     def local_rows(self) -> Size:
         """Rows of the residual stream on one rank: ``b*s``, or ``b*s/sp``."""
         return self.b * self.s / self.sp if self.sp > 1 else self.b * self.s
+
+
+def shape_for_inference(model: ModelSpec, job: Inference, device: str, n_layers: int) -> Shape:
+    """The prefill's symbolic shape (``s`` is the prompt length; no dropout: eval mode)."""
+    kernel = attention_kernel(model, job)
+    if device == "cpu":
+        kernel = cpu_backend(kernel)
+    w = ITEMSIZE[job.precision]
+    return Shape(
+        b=S.b, s=S.s, h=S.h, a=S.a, k=S.k, d=S.d, f=S.f, V=S.V, P=S.P,
+        n_layers=n_layers,
+        model_type=model.model_type, mlp=model.mlp, norm=model.norm,
+        qkv_bias=model.qkv_bias, o_bias=model.o_bias, mlp_bias=model.mlp_bias,
+        norm_bias=model.norm_bias, qk_norm=model.qk_norm, tied=model.tied_embeddings,
+        weight_itemsize=w, act_itemsize=w, attention=kernel, device=device,
+    )  # fmt: skip
