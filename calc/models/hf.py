@@ -28,6 +28,8 @@ alive before the step and not charged). ``use_cache`` mirrors ``config.use_cache
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -38,8 +40,24 @@ INT64 = 8
 FP32 = 4
 
 
+class HFConfig(Protocol):
+    """The attributes of a transformers ``PretrainedConfig`` (llama, mistral, qwen2, qwen3)
+    this module reads; others (``head_dim``, ``attention_bias``, ``layer_types``, ...) are
+    read with ``getattr`` defaults."""
+
+    model_type: str
+    num_attention_heads: int
+    hidden_size: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    tie_word_embeddings: bool
+    _attn_implementation: str
+
+
 def shape_from_config(
-    cfg: object,
+    cfg: HFConfig,
     b: Size,
     s: Size,
     weight_itemsize: int = 4,
@@ -76,7 +94,7 @@ def shape_from_config(
     )
 
 
-def step_options(cfg: object) -> dict:
+def step_options(cfg: HFConfig) -> dict:
     """The `forward` keywords a HF config implies: ``use_cache`` (``config.use_cache``) and
     ``sliding_layers``, the number of cache layers that are ``DynamicSlidingWindowLayer``s
     (``DynamicCache(config)``: one per ``sliding_attention`` layer type, or every layer when a
@@ -411,7 +429,7 @@ def model(
 
             # the checkpoint frame holds the layer's args and kwargs: hidden states,
             # position_embeddings (cos, sin) and position_ids, until the layer's backward
-            x_next, c = tape.checkpoint(run, [x, cos, sin, pos]), []
+            x_next, c = tape.checkpoint(run, [x, cos, sin, pos]), list[Tensor]()
         else:
             x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache)
         cache += c

@@ -328,6 +328,7 @@ def model(tape: Tape, sh: Shape, w: Weights, use_cache: bool) -> tuple[Tensor, l
     ar = ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
     pos = ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
+    assert w.wpe is not None  # GPT-2's learned positions
     pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out", indices=pos)
     x = ops.add_cast_in_formula(tape, tok, pe, "embed_out")  # inputs_embeds + position_embeds
     if not use_cache:  # (no DynamicCache: checkpointing turns use_cache off)
@@ -346,7 +347,7 @@ def model(tape: Tape, sh: Shape, w: Weights, use_cache: bool) -> tuple[Tensor, l
                 return block(tape, sh, x, lw, mask, False)[0]
 
             held = [t for t in (x, mask, pos) if t is not None]
-            x_next, c = tape.checkpoint(run, held), []
+            x_next, c = tape.checkpoint(run, held), list[Tensor]()
         else:
             x_next, c = block(tape, sh, x, lw, mask, use_cache)
         cache += c

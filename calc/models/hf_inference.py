@@ -112,8 +112,11 @@ def numeric_shape(
     sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
     check(model, job, sh)
     dims = model.dims()
-    sizes = {name: dims[getattr(S, name)] for name in ("h", "a", "k", "d", "f", "V", "P")}
-    return replace(sh, b=job.batch, s=job.prompt_len, **sizes), job.context
+    sized = replace(
+        sh, b=job.batch, s=job.prompt_len, h=dims[S.h], a=dims[S.a], k=dims[S.k], d=dims[S.d],
+        f=dims[S.f], V=dims[S.V], P=dims[S.P],
+    )  # fmt: skip
+    return sized, job.context
 
 
 # -- StaticLayer ----------------------------------------------------------------------------------
@@ -152,6 +155,7 @@ class _StaticLayer:
         tape.drop(ar)
         # cumulative_length.add_(kv_length); keys.index_copy_(2, pos, k); values.index_copy_(...)
         tape.drop(pos)
+        assert self.keys is not None and self.values is not None
         return tape.alias(self.keys), tape.alias(self.values)
 
     def free(self, tape: Tape) -> None:

@@ -12,7 +12,7 @@ from calc.parallel import sequence as sequence_parallel
 from calc.parallel import tensor as tensor_parallel
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
-from calc.replay.tape import Size, Tape, Tensor
+from calc.replay.tape import Size, Tape, Tensor, divide
 
 
 def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
@@ -83,7 +83,7 @@ class Weights:
             self.layers.append(lw)
         self.norm = leaf(h, "norm", "head")
         self.norm_b = leaf(h, "norm.b", "head") if gpt2 and sh.norm_bias else None
-        self.head = self.embed if sh.tied else leaf(V * h / sh.head_split, "lm_head", "head")
+        self.head = self.embed if sh.tied else leaf(divide(V * h, sh.head_split), "lm_head", "head")
 
     def shapes(self, sh: Shape) -> list[tuple]:
         """Each parameter's shape (``nn.Linear`` weights are [out, in]), in parameters() order."""
@@ -173,6 +173,7 @@ def attention(
     vt = ops.view(tape, vv)
     tape.drop(v, vv)
     # ``rope[0].to(q.dtype)``: a no-op unless autocast made q 16-bit over fp32 tables.
+    assert cos is not None and sin is not None  # RoPE models (gpt2 takes the other path)
     cq = ops.to_dtype(tape, cos, qt.itemsize, "rope_cos.cast")
     sq = ops.to_dtype(tape, sin, qt.itemsize, "rope_sin.cast")
     qr = rope(tape, qt, cq, sq, "q")
@@ -309,6 +310,7 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
     if sh.model_type == "gpt2":
         pos = tape.new(sh.s, 8, "positions")  # torch.arange(s), saved by wpe's embedding
         tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
+        assert w.wpe is not None  # gpt2's learned positions
         pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out", indices=pos)
         tape.drop(pos)
         x = ops.add(tape, tok, pe, "embed_out")
@@ -335,7 +337,11 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
     for j, lw in enumerate(w.layers):
         tape.segment = j
         if sh.recompute == "full":
-            x_next = tape.checkpoint(lambda x=x, lw=lw: block(tape, sh, x, lw, cos, sin), [x])
+
+            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
+                return block(tape, sh, x, lw, cos, sin)
+
+            x_next = tape.checkpoint(run, [x])
         else:
             x_next = block(tape, sh, x, lw, cos, sin)
         tape.drop(x)
@@ -349,7 +355,7 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
             out = ops.linear(tape, g, w.head, None, n, sh.V, "logits")
             tape.drop(hid, g)
             return out
-        part = ops.linear(tape, g, w.head, None, n, sh.V / sh.sp, "logits.local")
+        part = ops.linear(tape, g, w.head, None, n, divide(sh.V, sh.sp), "logits.local")
         out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
         tape.drop(part, hid, g)
         return out

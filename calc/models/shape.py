@@ -8,7 +8,7 @@ from calc import symbols as S
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
 from calc.models.attention import attention_kernel, cpu_backend
-from calc.replay.tape import Size
+from calc.replay.tape import Size, divide
 
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of weights, activations and the KV cache for each inference precision."""
@@ -74,7 +74,7 @@ class Shape:
     @property
     def local_rows(self) -> Size:
         """Rows of the residual stream on one rank: ``b*s``, or ``b*s/sp``."""
-        return self.b * self.s / self.sp if self.sp > 1 else self.b * self.s
+        return divide(self.b * self.s, self.sp) if self.sp > 1 else self.b * self.s
 
 
 def shape_for_inference(model: ModelSpec, job: Inference, device: str, n_layers: int) -> Shape:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Generic, TypeVar, overload
 
 import sympy as sp
 
@@ -54,17 +55,32 @@ def _round_symbolic(nbytes: sp.Expr) -> sp.Expr:
     return BLOCK_BYTES * sp.ceiling(nbytes / BLOCK_BYTES)
 
 
-class _Refiled:
+def divide(n: Size, k: int) -> Size:
+    """``n / k`` as a size: an int when ``k`` divides an int ``n`` (never a float), else the
+    exact quotient (sympy)."""
+    if isinstance(n, int):
+        return n // k if n % k == 0 else sp.Rational(n, k)
+    return n / k
+
+
+T = TypeVar("T")
+
+
+class _Refiled(Generic[T]):
     """A field of `Storage` that is part of its ``key`` (kept in the slot ``_<field>``):
     setting it re-files a live storage in its tape's counts (`Storage._refile`)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = "_" + name
 
-    def __get__(self, st: Storage | None, owner: type | None = None) -> object:
+    @overload
+    def __get__(self, st: None, owner: type | None = None) -> _Refiled[T]: ...
+    @overload
+    def __get__(self, st: Storage, owner: type | None = None) -> T: ...
+    def __get__(self, st: Storage | None, owner: type | None = None) -> T | _Refiled[T]:
         return self if st is None else getattr(st, self.slot)
 
-    def __set__(self, st: Storage, value: object) -> None:
+    def __set__(self, st: Storage, value: T) -> None:
         st._refile(self.slot, value)
 
 
@@ -104,9 +120,9 @@ class Storage:
         setattr(self, field_name, value)
         owner._count(self)
 
-    name = _Refiled()
-    kind = _Refiled()  # a StorageKind
-    tag = _Refiled()  # the segment (layer) that allocated it, or "base"
+    name: _Refiled[str] = _Refiled()
+    kind: _Refiled[StorageKind | str] = _Refiled()  # filed as a StorageKind
+    tag: _Refiled[object] = _Refiled()  # the segment (layer) that allocated it, or "base"
 
     @property
     def saved(self) -> int:
@@ -126,7 +142,7 @@ class _LiveSet(dict):
 
     def __init__(self) -> None:
         super().__init__()
-        self.keys: list[tuple] = []
+        self.key_table: list[tuple] = []
         """Every key counted so far, numbered in order of first appearance."""
         self._numbers: dict[tuple, int] = {}
         self.counts: dict[int, int] = {}
@@ -135,8 +151,8 @@ class _LiveSet(dict):
     def _number(self, key: tuple) -> int:
         n = self._numbers.get(key)
         if n is None:
-            n = self._numbers[key] = len(self.keys)
-            self.keys.append(key)
+            n = self._numbers[key] = len(self.key_table)
+            self.key_table.append(key)
         return n
 
     def _count(self, st: Storage) -> None:
@@ -165,7 +181,7 @@ class _LiveSet(dict):
 
     _MISSING = object()
 
-    def pop(self, k: int, default: object = _MISSING) -> object:  # type: ignore[override]
+    def pop(self, k: int, default: object = _MISSING) -> object:
         st = dict.pop(self, k, None)
         if st is None:
             if default is _LiveSet._MISSING:
@@ -175,7 +191,7 @@ class _LiveSet(dict):
         st._owner = None
         return st
 
-    def setdefault(self, *_: object) -> object:  # type: ignore[override]
+    def setdefault(self, *_: object) -> object:
         raise TypeError("_LiveSet: assign or pop storages one at a time")
 
     update = setdefault  # type: ignore[assignment]
@@ -361,7 +377,7 @@ class Tape:
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:
         event = Event(
-            label, self.segment, self.phase, tuple(self.live.counts.items()), self.live.keys
+            label, self.segment, self.phase, tuple(self.live.counts.items()), self.live.key_table
         )
         if CHECK_COUNTS:
             counts: Counter = Counter(st.key for st in self.live.values())

@@ -87,7 +87,7 @@ def add_cast_in_formula(tape: Tape, x: Tensor, y: Tensor | None, name: str) -> T
         g = grads[0]
         res: list = []
         for mine, want in zip((x, y), need, strict=True):
-            if not want or g is None:
+            if not want or g is None or mine is None:
                 res.append(None)
             elif mine.itemsize == g.itemsize:
                 res.append(tape.alias(g))

@@ -40,7 +40,9 @@ def linear(
             gx = tape.new(x.numel, x.itemsize, f"d{name}.in") if need_x else None
             gw = tape.new(w.numel, w.itemsize, f"d{w.name}") if need_w else None
             tape.formula_done(node)  # the mat1/mat2 locals die before the bias' sum
-        gb = tape.new(bias.numel, bias.itemsize, f"d{bias.name}") if need_b else None
+        gb = None
+        if need_b and bias is not None:
+            gb = tape.new(bias.numel, bias.itemsize, f"d{bias.name}")
         return [gx, gw, gb]
 
     need_b = tape.needs_grad(bias)

@@ -7,7 +7,7 @@ their output.
 
 from __future__ import annotations
 
-from calc.replay.tape import Node, Size, Tape, Tensor
+from calc.replay.tape import Node, Size, Tape, Tensor, divide
 
 
 def _pass_rule(tape: Tape, node: Node, grads: list) -> list:
@@ -79,10 +79,6 @@ def repeat_interleave(tape: Tape, x: Tensor, numel: Size, name: str) -> Tensor:
     return out
 
 
-def _half(n: Size) -> Size:
-    return n // 2 if isinstance(n, int) else n / 2
-
-
 def slice_half(tape: Tape, x: Tensor, name: str) -> Tensor:
     """``x[..., :d//2]`` or ``x[..., d//2:]``: a view; backward ``slice_backward`` allocates a
     zero-filled tensor of the input's size and copies the gradient into it."""
@@ -92,7 +88,7 @@ def slice_half(tape: Tape, x: Tensor, name: str) -> Tensor:
         return [tape.new(x.numel, g.itemsize, f"d{name}.slice") if g is not None else None]
 
     n = tape.node("Slice", rule, [x])
-    return tape.alias(x, n, numel=_half(x.numel))
+    return tape.alias(x, n, numel=divide(x.numel, 2))
 
 
 def split3(tape: Tape, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -102,7 +98,7 @@ def split3(tape: Tape, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         return [tape.new(x.numel, x.itemsize, "dsplit")]
 
     n = tape.node("Split", rule, [x], n_outputs=3)
-    third = x.numel / 3
+    third = divide(x.numel, 3)
     return (
         tape.alias(x, n, 0, numel=third),
         tape.alias(x, n, 1, numel=third),
@@ -117,7 +113,7 @@ def chunk2(tape: Tape, x: Tensor) -> tuple[Tensor, Tensor]:
         return [tape.new(x.numel, x.itemsize, "dchunk")]
 
     n = tape.node("Split", rule, [x], n_outputs=2)
-    half = x.numel / 2
+    half = divide(x.numel, 2)
     return tape.alias(x, n, 0, numel=half), tape.alias(x, n, 1, numel=half)
 
 
