@@ -53,6 +53,19 @@ def _is_gqa(sh: Shape, gqa: bool | None) -> bool:
     raise ValueError("symbolic heads: pass gqa= (n_kv_heads != n_heads) to the attention core")
 
 
+def _repeat_kv(
+    tape: Tape, sh: Shape, k: Tensor, v: Tensor, repeat: bool, contiguous: bool, name: str
+) -> tuple[Tensor, Tensor, bool]:
+    """GQA's ``repeat_interleave`` of k then v to the query heads (contiguous copies), or k and
+    v as they are; with whether the key and value are contiguous."""
+    if not repeat:
+        return k, v, contiguous
+    numel = sh.b * sh.a * sh.s * sh.d
+    key = ops.repeat_interleave(tape, k, numel, f"{name}.k_rep")
+    value = ops.repeat_interleave(tape, v, numel, f"{name}.v_rep")
+    return key, value, True
+
+
 # -- the two cores ----------------------------------------------------------------------------
 def math_sdpa(
     tape: Tape,
@@ -88,12 +101,7 @@ def math_sdpa(
         qa, ka, va = q, k, v
     query = ops.scale(tape, qa, f"{name}.q_scaled")
     bias = ops.causal_bias(tape, s, qa.itemsize, f"{name}.mask")
-    if repeat:
-        key = ops.repeat_interleave(tape, ka, b * a * s * d, f"{name}.k_rep")
-        value = ops.repeat_interleave(tape, va, b * a * s * d, f"{name}.v_rep")
-        kv_contiguous = True
-    else:
-        key, value, kv_contiguous = ka, va, contiguous
+    key, value, kv_contiguous = _repeat_kv(tape, sh, ka, va, repeat, contiguous, name)
     kt = ops.view(tape, key, name="Transpose")
     ks = ops.scale(tape, kt, f"{name}.k_scaled")
     tape.drop(kt)
@@ -145,12 +153,7 @@ def eager(
     the function's locals: the repeated k and v (saved by the bmms), the masked scores."""
     b, s, a, d = sh.b, sh.s, sh.a, sh.d
     repeat = _is_gqa(sh, gqa)
-    if repeat:
-        key = ops.repeat_interleave(tape, k, b * a * s * d, f"{name}.k_rep")
-        value = ops.repeat_interleave(tape, v, b * a * s * d, f"{name}.v_rep")
-        kv_contiguous = True
-    else:
-        key, value, kv_contiguous = k, v, contiguous
+    key, value, kv_contiguous = _repeat_kv(tape, sh, k, v, repeat, contiguous, name)
     kt = ops.view(tape, key, name="Transpose")
     prod = ops.matmul(tape, q, contiguous, kt, kv_contiguous, b * a * s * s, f"{name}.qk", False)
     tape.drop(kt)
