@@ -73,7 +73,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.estimate.ranks", "calc.compress.lora"),
         ("calc.estimate.ranks", "calc.parallel.context"),
         ("calc.estimate.ranks", "calc.step.pipeline"),
-        ("calc.models.hf_inference", "calc.compress.lora"),
         ("calc.parallel.data", "calc.parallel.fsdp"),
         ("calc.plan.engine", "calc.compress.lora"),
         ("calc.plan.engine", "calc.compress.quant"),

@@ -49,6 +49,7 @@ Before the replay: the weights, the prompt ids, and the rotary embedding's two b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from calc import symbols as S
@@ -95,14 +96,16 @@ def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
         )
 
 
-def replay_hf_prefill(model: ModelSpec, job: Inference, device: str, n_layers: int) -> list[Event]:
+def replay_hf_prefill(
+    model: ModelSpec, job: Inference, device: str, n_layers: int, compress: Compress | None = None
+) -> list[Event]:
     """Replay the HF prefill of ``job`` with ``n_layers`` concrete layers; sizes in the symbols
-    ``b, s, c`` and the model's."""
+    ``b, s, c`` and the model's. ``compress``: as `replay`'s, for a job with ``quant``."""
     sh = shape_for_inference(model, job, device, n_layers)
     check(model, job, sh)
     if job.kv_quant is not None:
         raise NotImplementedError("a quantized KV cache with implementation='hf' is not modelled")
-    return replay(sh, S.c, quant=job.quant, compute=job.precision)
+    return replay(sh, S.c, quant=job.quant, compute=job.precision, compress=compress)
 
 
 def numeric_shape(
@@ -243,18 +246,28 @@ def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -
     return logits
 
 
+Compress = Callable[[Tape, R.Weights, R.Shape, None, Quant, str], object]
+"""``compress(tape, weights, shape, lora=None, quant, compute)``: replaces the dense decoder
+linears by their quantized form (`calc.compress.lora.compress_weights`, passed in by the
+caller: compression sits above the model graphs)."""
+
+
 def replay(
-    sh: R.Shape, context: Size, quant: Quant | None = None, compute: str = "bf16"
+    sh: R.Shape,
+    context: Size,
+    quant: Quant | None = None,
+    compute: str = "bf16",
+    compress: Compress | None = None,
 ) -> list[Event]:
     """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
-    ``quant``: quantized decoder linears (`calc.compress.quant`, through ``calc.compress.lora.compress_weights``)."""
+    ``quant``: quantized decoder linears, applied by ``compress``."""
     tape = Tape(inplace_accumulate=sh.device == "cuda")
     tape.grad_enabled = False
     w = R.Weights(tape, sh)
     if quant is not None:
-        from calc.compress.lora import compress_weights
-
-        compress_weights(tape, w, sh, None, quant, compute)
+        if compress is None:
+            raise ValueError("quant needs compress (calc.compress.lora.compress_weights)")
+        compress(tape, w, sh, None, quant, compute)
     tape.existing(sh.b * sh.s, INT64, "input_ids", StorageKind.INPUT)
     half = sh.d // 2 if isinstance(sh.d, int) else sh.d / 2
     tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", StorageKind.BUFFER)

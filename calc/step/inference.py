@@ -102,9 +102,10 @@ def replay_inference(
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.models.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
+        from calc.compress.lora import compress_weights
         from calc.models.hf_inference import replay_hf_prefill
 
-        return replay_hf_prefill(model, job, device, n_layers)
+        return replay_hf_prefill(model, job, device, n_layers, compress_weights)
     sh = shape_for_inference(model, job, device, n_layers)
     _check(model, job, sh)
     return replay(
