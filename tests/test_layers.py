@@ -84,7 +84,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.plan.throughput", "calc.config.parallelism"),
         ("calc.step.inference", "calc.compress.kv_quant"),
         ("calc.step.inference", "calc.compress.lora"),
-        ("calc.step.inference", "calc.models.hf_inference"),
         ("calc.step.pipeline", "calc.estimate.core"),
         ("calc.step.pipeline", "calc.parallel.data"),
         ("calc.step.pipeline", "calc.parallel.tensor"),

@@ -29,6 +29,7 @@ from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
 from calc.models import reference
+from calc.models.hf_inference import replay_hf_prefill
 from calc.models.shape import shape_for_inference
 from calc.replay import ops
 from calc.replay.tape import Event, Size, Tape, Tensor
@@ -103,7 +104,6 @@ def replay_inference(
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
         from calc.compress.lora import compress_weights
-        from calc.models.hf_inference import replay_hf_prefill
 
         return replay_hf_prefill(model, job, device, n_layers, compress_weights)
     sh = shape_for_inference(model, job, device, n_layers)
