@@ -57,7 +57,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.cli.prune_distill", "calc"),
         ("calc.cli.report", "calc.cli.main"),
         ("calc.compress.distill", "calc.compress.lora"),
-        ("calc.compress.quant", "calc.replay.ops"),
         ("calc.config.distill", "calc.data.cards"),
         ("calc.config.parallelism", "calc.parallel.data"),
         ("calc.config.parallelism", "calc.parallel.tensor"),
