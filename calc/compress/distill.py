@@ -210,7 +210,7 @@ def kd_loss(
         t2 = tape.new(t.numel, t.itemsize, "teacher_logits/T")
         tape.drop(s, t)
         s, t = s2, t2
-    logp = ops._log_softmax(tape, s, s.itemsize)
+    logp = ops.log_softmax(tape, s, s.itemsize)
     tape.drop(s)
     p_t = tape.new(t.numel, t.itemsize, "teacher_probs")  # softmax, no grad
     tape.drop(t)

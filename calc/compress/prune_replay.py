@@ -22,9 +22,10 @@ from __future__ import annotations
 from calc.config.model_spec import ModelSpec
 from calc.config.pruning import Pruning
 from calc.models.reference import Shape, Weights
+from calc.replay.kinds import StorageKind
 from calc.replay.tape import Node, Tape, Tensor
 
-PRUNING_KIND = "pruning"
+PRUNING_KIND = StorageKind.PRUNING
 """The tape category of the mask buffers and the materialised weights (breakdown key
 ``pruning/...``)."""
 

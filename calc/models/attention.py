@@ -16,8 +16,6 @@ from __future__ import annotations
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 
-KERNELS = ("flash", "efficient", "math", "eager")
-
 
 def attention_kernel(model: ModelSpec, job: Training | Inference) -> str:
     """The attention kernel the job runs on CUDA: ``flash``, ``efficient``, ``math`` or

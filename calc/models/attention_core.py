@@ -31,158 +31,14 @@ from the shape: ``sh.gqa`` when it has one, else ``sh.a != sh.k`` when those are
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import sympy as sp
 
+from calc.models.shape import Shape
 from calc.replay import ops
-from calc.replay.tape import Node, Size, Tape, Tensor
-
-if TYPE_CHECKING:  # reference.py calls this module
-    from calc.models.reference import Shape
+from calc.replay.ops.attention import MASK_ITEMSIZE
+from calc.replay.tape import Size, Tape, Tensor
 
 FP32 = 4
-MASK_ITEMSIZE = 1  # torch.bool
-SCALAR_ITEMSIZE = 4  # the 0-d ``scalar_tensor`` of the mask's fill values (one 512-byte block)
-
-
-# -- small ops --------------------------------------------------------------------------------
-def _pass_rule(tape: Tape, node: Node, grads: list) -> list:
-    """Backward of a view, a same-size ``expand`` or a ``clone``: the gradient handed on."""
-    g = grads[0]
-    return [tape.alias(g) if g is not None else None]
-
-
-def view(tape: Tape, x: Tensor, numel: Size | None = None, name: str = "View") -> Tensor:
-    """A view (``transpose``, ``unsqueeze``, ``flatten``, a viewable ``reshape``, a same-size
-    ``expand``) whose backward hands the gradient on without a copy."""
-    n = tape.node(name, _pass_rule, [x])
-    return tape.alias(x, n, numel=numel)
-
-
-def clone(tape: Tape, x: Tensor, name: str) -> Tensor:
-    """``x.clone(memory_format=contiguous)``: a new tensor; backward hands the gradient on."""
-    n = tape.node("Clone", _pass_rule, [x])
-    return tape.output(tape.new(x.numel, x.itemsize, name), n)
-
-
-def expand(tape: Tape, x: Tensor, numel: Size, name: str) -> Tensor:
-    """A broadcasting ``expand`` to ``numel`` elements; backward ``sum_to_size`` allocates a
-    gradient of x's size."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.new(x.numel, g.itemsize, f"d{name}") if g is not None else None]
-
-    n = tape.node("Expand", rule, [x])
-    return tape.alias(x, n, numel=numel)
-
-
-def repeat_interleave(tape: Tape, x: Tensor, numel: Size, name: str) -> Tensor:
-    """``x.repeat_interleave(groups, dim=1)`` (``Repeat.cpp``): ``unsqueeze(2)``, ``expand``
-    over the groups, ``clone(contiguous)``, ``flatten(1, 2)``. Backward: the expand's
-    ``sum_to_size`` over the repeat dimension (one x-sized gradient)."""
-    u = view(tape, x, name="Unsqueeze")
-    e = expand(tape, u, numel, f"{name}.expand")
-    tape.drop(u)
-    c = clone(tape, e, name)
-    tape.drop(e)
-    out = view(tape, c, name="Flatten")
-    tape.drop(c)
-    return out
-
-
-def scale(tape: Tape, x: Tensor, name: str) -> Tensor:
-    """``x * c`` for a Python/Sym float c (``mul`` with a wrapped number, which allocates no
-    tensor): saves nothing; backward ``grad * c`` (one gradient-sized)."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.new(x.numel, x.itemsize, f"d{name}") if g is not None else None]
-
-    n = tape.node("MulScalar", rule, [x])
-    return tape.output(tape.new(x.numel, x.itemsize, name), n)
-
-
-def masked_fill(tape: Tape, x: Tensor, mask: Tensor, name: str) -> Tensor:
-    """Out-of-place ``x.masked_fill(mask, value)``: saves the mask; backward
-    ``grad.masked_fill(mask, 0)`` (one x-sized)."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.new(x.numel, x.itemsize, f"d{name}") if g is not None else None]
-
-    n = tape.node("MaskedFill", rule, [x], saved=[mask])
-    return tape.output(tape.new(x.numel, x.itemsize, name), n)
-
-
-def softmax(tape: Tape, x: Tensor, name: str) -> Tensor:
-    """``softmax``/``_safe_softmax`` on the last dimension: saves its output; backward
-    ``_softmax_backward_data`` (one x-sized)."""
-    return ops.unary(tape, x, name, saves="output")
-
-
-def bmm(tape: Tape, x: Tensor, y: Tensor, out_numel: Size, name: str) -> Tensor:
-    """``x.bmm(y)``: saves y for x's gradient and x for y's. Backward (traced order): y's
-    gradient ``x^T.bmm(grad)``, then x's ``grad.bmm(y^T)``."""
-    need_x, need_y = tape.needs_grad(x), tape.needs_grad(y)
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        gy = tape.new(y.numel, y.itemsize, f"d{name}.mat2") if need_y and g is not None else None
-        gx = tape.new(x.numel, x.itemsize, f"d{name}.self") if need_x and g is not None else None
-        return [gx, gy]
-
-    n = tape.node("Bmm", rule, [x, y], saved=[y if need_x else None, x if need_y else None])
-    return tape.output(tape.new(out_numel, max(x.itemsize, y.itemsize), name), n)
-
-
-def _fold(tape: Tape, x: Tensor, contiguous: bool, name: str) -> Tensor:
-    """matmul's ``x.expand(same size).reshape(batch, m, n)``: a view, or a contiguous copy."""
-    e = view(tape, x, name="Expand")
-    if contiguous:
-        r = view(tape, e, name="View")
-    else:
-        c = clone(tape, e, name)
-        r = view(tape, c, name="UnsafeView")
-        tape.drop(c)
-    tape.drop(e)
-    return r
-
-
-def matmul(
-    tape: Tape,
-    x: Tensor,
-    x_contiguous: bool,
-    y: Tensor,
-    y_contiguous: bool,
-    out_numel: Size,
-    name: str,
-    grad_copy: bool,
-) -> Tensor:
-    """``torch.matmul`` of two 4-D tensors (``_matmul_impl``): each operand folded to 3-D
-    (``*_contiguous``: whether its reshape is a view), ``bmm``, ``_unsafe_view`` back to 4-D.
-    ``grad_copy``: the gradient reaching the result is not contiguous, so the ``_unsafe_view``
-    backward (``grad.reshape``) copies it."""
-    xr = _fold(tape, x, x_contiguous, f"{name}.a")
-    yr = _fold(tape, y, y_contiguous, f"{name}.b")
-    out = bmm(tape, xr, yr, out_numel, name)
-    res = ops.view(tape, out, copy_back=grad_copy)
-    tape.drop(out, yr, xr)
-    return res
-
-
-def causal_bias(tape: Tape, s: Size, itemsize: int, name: str) -> Tensor:
-    """``convert_boolean_attn_mask(ones(s, s, bool).tril(), dtype)``: ``where(mask, 0.0,
-    scalar_tensor(-inf))`` with both fill values as 0-d tensors; no autograd."""
-    ones = tape.new(s * s, MASK_ITEMSIZE, f"{name}.ones")
-    tril = tape.new(s * s, MASK_ITEMSIZE, f"{name}.tril")
-    tape.drop(ones)
-    neg_inf = tape.new(1, SCALAR_ITEMSIZE, f"{name}.neg_inf")
-    zero = tape.new(1, SCALAR_ITEMSIZE, f"{name}.zero")
-    bias = tape.new(s * s, itemsize, name)
-    tape.drop(zero, neg_inf, tril)
-    return bias
 
 
 def _is_gqa(sh: Shape, gqa: bool | None) -> bool:
@@ -195,6 +51,19 @@ def _is_gqa(sh: Shape, gqa: bool | None) -> bool:
     if diff.is_number:
         return bool(diff != 0)
     raise ValueError("symbolic heads: pass gqa= (n_kv_heads != n_heads) to the attention core")
+
+
+def _repeat_kv(
+    tape: Tape, sh: Shape, k: Tensor, v: Tensor, repeat: bool, contiguous: bool, name: str
+) -> tuple[Tensor, Tensor, bool]:
+    """GQA's ``repeat_interleave`` of k then v to the query heads (contiguous copies), or k and
+    v as they are; with whether the key and value are contiguous."""
+    if not repeat:
+        return k, v, contiguous
+    numel = sh.b * sh.a * sh.s * sh.d
+    key = ops.repeat_interleave(tape, k, numel, f"{name}.k_rep")
+    value = ops.repeat_interleave(tape, v, numel, f"{name}.v_rep")
+    return key, value, True
 
 
 # -- the two cores ----------------------------------------------------------------------------
@@ -230,29 +99,26 @@ def math_sdpa(
         va = ops.to_dtype(tape, v, FP32, f"{name}.v32")
     else:
         qa, ka, va = q, k, v
-    query = scale(tape, qa, f"{name}.q_scaled")
-    bias = causal_bias(tape, s, qa.itemsize, f"{name}.mask")
-    if repeat:
-        key = repeat_interleave(tape, ka, b * a * s * d, f"{name}.k_rep")
-        value = repeat_interleave(tape, va, b * a * s * d, f"{name}.v_rep")
-        kv_contiguous = True
-    else:
-        key, value, kv_contiguous = ka, va, contiguous
-    kt = view(tape, key, name="Transpose")
-    ks = scale(tape, kt, f"{name}.k_scaled")
+    query = ops.scale(tape, qa, f"{name}.q_scaled")
+    bias = ops.causal_bias(tape, s, qa.itemsize, f"{name}.mask")
+    key, value, kv_contiguous = _repeat_kv(tape, sh, ka, va, repeat, contiguous, name)
+    kt = ops.view(tape, key, name="Transpose")
+    ks = ops.scale(tape, kt, f"{name}.k_scaled")
     tape.drop(kt)
-    scores = matmul(tape, query, contiguous, ks, kv_contiguous, b * a * s * s, f"{name}.qk", False)
+    scores = ops.matmul(
+        tape, query, contiguous, ks, kv_contiguous, b * a * s * s, f"{name}.qk", False
+    )
     tape.drop(ks)
     biased = ops.add(tape, scores, bias, f"{name}.scores")
     tape.drop(scores)
-    attn = softmax(tape, biased, f"{name}.probs")
+    attn = ops.softmax(tape, biased, f"{name}.probs")
     tape.drop(biased)
     if sh.attn_dropout > 0:
         dropped = ops.dropout(tape, attn, f"{name}.probs_drop", sh.device)
         tape.drop(attn)
         attn = dropped
     second = ops.to_dtype(tape, attn, out_itemsize, f"{name}.probs_out") if upcast else None
-    out = matmul(tape, attn, True, value, kv_contiguous, b * a * s * d, f"{name}.pv", True)
+    out = ops.matmul(tape, attn, True, value, kv_contiguous, b * a * s * d, f"{name}.pv", True)
     if upcast:
         cast = ops.to_dtype(tape, out, out_itemsize, f"{name}.out")
         tape.drop(out)
@@ -287,28 +153,23 @@ def eager(
     the function's locals: the repeated k and v (saved by the bmms), the masked scores."""
     b, s, a, d = sh.b, sh.s, sh.a, sh.d
     repeat = _is_gqa(sh, gqa)
-    if repeat:
-        key = repeat_interleave(tape, k, b * a * s * d, f"{name}.k_rep")
-        value = repeat_interleave(tape, v, b * a * s * d, f"{name}.v_rep")
-        kv_contiguous = True
-    else:
-        key, value, kv_contiguous = k, v, contiguous
-    kt = view(tape, key, name="Transpose")
-    prod = matmul(tape, q, contiguous, kt, kv_contiguous, b * a * s * s, f"{name}.qk", False)
+    key, value, kv_contiguous = _repeat_kv(tape, sh, k, v, repeat, contiguous, name)
+    kt = ops.view(tape, key, name="Transpose")
+    prod = ops.matmul(tape, q, contiguous, kt, kv_contiguous, b * a * s * s, f"{name}.qk", False)
     tape.drop(kt)
-    scores = scale(tape, prod, f"{name}.scaled")
+    scores = ops.scale(tape, prod, f"{name}.scaled")
     tape.drop(prod)
     ones = tape.new(s * s, MASK_ITEMSIZE, f"{name}.ones")
     mask = tape.new(s * s, MASK_ITEMSIZE, f"{name}.mask")
     tape.drop(ones)
-    masked = masked_fill(tape, scores, mask, f"{name}.scores")
+    masked = ops.masked_fill(tape, scores, mask, f"{name}.scores")
     tape.drop(scores)
-    probs = softmax(tape, masked, f"{name}.probs")
+    probs = ops.softmax(tape, masked, f"{name}.probs")
     if sh.attn_dropout > 0:
         dropped = ops.dropout(tape, probs, f"{name}.probs_drop", sh.device)
         tape.drop(probs)
         probs = dropped
-    out = matmul(tape, probs, True, value, kv_contiguous, b * a * s * d, f"{name}.pv", True)
+    out = ops.matmul(tape, probs, True, value, kv_contiguous, b * a * s * d, f"{name}.pv", True)
     if repeat:
         tape.drop(key, value)
     tape.drop(masked, mask, probs)
@@ -324,10 +185,10 @@ def merge_heads(tape: Tape, sh: Shape, out: Tensor) -> Tensor:
     keeps (and drops) ``out``."""
     if sh.attention not in ("math", "eager"):
         return ops.view(tape, out)
-    t = view(tape, out, name="Transpose")
-    c = clone(tape, t, "attn.merge")
+    t = ops.view(tape, out, name="Transpose")
+    c = ops.clone(tape, t, "attn.merge")
     tape.drop(t)
-    o = view(tape, c, name="UnsafeView")
+    o = ops.view(tape, c, name="UnsafeView")
     tape.drop(c)
     return o
 

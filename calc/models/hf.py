@@ -12,7 +12,7 @@ What differs from the plain reference model (`calc.models.reference`), and so is
 
 * RMSNorm upcasts (``.to(float32)``, a copy unless the input is fp32, saved by ``pow`` and the
   ``* rsqrt`` product) and multiplies ``weight * x.to(input_dtype)`` with the broadcast operand
-  first (its gradient is reduced after both products exist: `hf_ops.mul`);
+  first (its gradient is reduced after both products exist: `ops.mul_broadcast`);
 * the rotary embedding computes ``cos``/``sin`` [1, s, d] inside the forward from the position
   ids (activations, saved by the ``q * cos`` products, not buffers);
 * ``rotate_half`` slices (``x[..., :d/2]``) instead of ``chunk``: each slice's backward
@@ -28,7 +28,8 @@ alive before the step and not charged). ``use_cache`` mirrors ``config.use_cache
 
 from __future__ import annotations
 
-from calc.models import hf_ops
+from typing import Protocol
+
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -39,8 +40,24 @@ INT64 = 8
 FP32 = 4
 
 
+class HFConfig(Protocol):
+    """The attributes of a transformers ``PretrainedConfig`` (llama, mistral, qwen2, qwen3)
+    this module reads; others (``head_dim``, ``attention_bias``, ``layer_types``, ...) are
+    read with ``getattr`` defaults."""
+
+    model_type: str
+    num_attention_heads: int
+    hidden_size: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    tie_word_embeddings: bool
+    _attn_implementation: str
+
+
 def shape_from_config(
-    cfg: object,
+    cfg: HFConfig,
     b: Size,
     s: Size,
     weight_itemsize: int = 4,
@@ -77,7 +94,7 @@ def shape_from_config(
     )
 
 
-def step_options(cfg: object) -> dict:
+def step_options(cfg: HFConfig) -> dict:
     """The `forward` keywords a HF config implies: ``use_cache`` (``config.use_cache``) and
     ``sliding_layers``, the number of cache layers that are ``DynamicSlidingWindowLayer``s
     (``DynamicCache(config)``: one per ``sliding_attention`` layer type, or every layer when a
@@ -97,17 +114,19 @@ def step_options(cfg: object) -> dict:
 def rmsnorm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     """``LlamaRMSNorm.forward`` (shared by the four families)."""
     in_isz = x.itemsize
-    h = hf_ops.to_copy(tape, x, FP32, "norm.f32")  # hidden_states.to(torch.float32)
+    h = ops.to_dtype(tape, x, FP32, "norm.f32", grad_suffix="")  # hidden_states.to(torch.float32)
     p = ops.pow2(tape, h, "norm.pow")  # variance = hidden_states.pow(2).mean(-1, keepdim=True)
     var = ops.mean_last(tape, p, rows, "norm.mean")
     tape.drop(p)
     e = ops.add(tape, var, None, "norm.eps")  # torch.rsqrt(variance + eps)
     r = ops.rsqrt(tape, e, "norm.rstd")
     tape.drop(e)
-    hn = hf_ops.mul(tape, h, r, "norm.xhat")  # hidden_states = hidden_states * rsqrt(...)
+    hn = ops.mul_broadcast(tape, h, r, "norm.xhat")  # hidden_states = hidden_states * rsqrt(...)
     tape.drop(r, h)
-    hc = hf_ops.to_copy(tape, hn, in_isz, "norm.cast")  # hidden_states.to(input_dtype)
-    y = hf_ops.mul(tape, w, hc, "norm.out")  # self.weight * ...
+    hc = ops.to_dtype(
+        tape, hn, in_isz, "norm.cast", grad_suffix=""
+    )  # hidden_states.to(input_dtype)
+    y = ops.mul_broadcast(tape, w, hc, "norm.out")  # self.weight * ...
     tape.drop(hc, hn, var)
     return y
 
@@ -117,22 +136,22 @@ def rotary(tape: Tape, sh: Shape, pos: Tensor, x_itemsize: int) -> tuple[Tensor,
     """``LlamaRotaryEmbedding.forward(x, position_ids)``: cos, sin [1, s, d] in x's dtype."""
     s, d = sh.s, sh.d
     half = d // 2 if isinstance(d, int) else d / 2
-    pf = hf_ops.plain(tape, s, FP32, "rope.pos_f")  # position_ids[..., None].float()
+    pf = ops.plain(tape, s, FP32, "rope.pos_f")  # position_ids[..., None].float()
     inv = None
     if sh.weight_itemsize != FP32:  # self.inv_freq.to(dtype=torch.float): a copy of a bf16 buffer
-        inv = hf_ops.plain(tape, half, FP32, "rope.inv_f")
-    freqs = hf_ops.plain(tape, s * half, FP32, "rope.freqs")
+        inv = ops.plain(tape, half, FP32, "rope.inv_f")
+    freqs = ops.plain(tape, s * half, FP32, "rope.freqs")
     tape.drop(pf, inv)
-    emb = hf_ops.plain(tape, s * d, FP32, "rope.emb")  # torch.cat((freqs, freqs), dim=-1)
-    c0 = hf_ops.plain(tape, s * d, FP32, "rope.cos0")
-    cos = hf_ops.plain(tape, s * d, FP32, "rope.cos")  # emb.cos() * attention_scaling
+    emb = ops.plain(tape, s * d, FP32, "rope.emb")  # torch.cat((freqs, freqs), dim=-1)
+    c0 = ops.plain(tape, s * d, FP32, "rope.cos0")
+    cos = ops.plain(tape, s * d, FP32, "rope.cos")  # emb.cos() * attention_scaling
     tape.drop(c0)
-    s0 = hf_ops.plain(tape, s * d, FP32, "rope.sin0")
-    sin = hf_ops.plain(tape, s * d, FP32, "rope.sin")
+    s0 = ops.plain(tape, s * d, FP32, "rope.sin0")
+    sin = ops.plain(tape, s * d, FP32, "rope.sin")
     tape.drop(s0)
     if x_itemsize != FP32:  # cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)
-        cos_c = hf_ops.plain(tape, s * d, x_itemsize, "rope.cos_c")
-        sin_c = hf_ops.plain(tape, s * d, x_itemsize, "rope.sin_c")
+        cos_c = ops.plain(tape, s * d, x_itemsize, "rope.cos_c")
+        sin_c = ops.plain(tape, s * d, x_itemsize, "rope.sin_c")
         tape.drop(cos, sin)
         cos, sin = cos_c, sin_c
     tape.drop(freqs, emb)
@@ -140,10 +159,14 @@ def rotary(tape: Tape, sh: Shape, pos: Tensor, x_itemsize: int) -> tuple[Tensor,
 
 
 # -- nn.Linear under autocast ---------------------------------------------------------------------
+def autocast_cast(tape: Tape, t: Tensor, name: str) -> Tensor:
+    """`ops.autocast_cast` as the Hugging Face graphs name its casts: ``<name>`` for a
+    parameter's (cached) cast too, and the gradient cast back ``d<name>``."""
+    return ops.autocast_cast(tape, t, name, leaf_name=name, grad_suffix="")
+
+
 def linear(
     tape: Tape,
-    sh: Shape,
-    amp: list | None,
     x: Tensor,
     w: Tensor,
     bias: Tensor | None,
@@ -151,44 +174,30 @@ def linear(
     out_features: Size,
     name: str,
 ) -> Tensor:
-    """``nn.Linear`` forward. Under autocast (``amp`` is the weight-cast cache: a list that keeps
-    each cast weight until autocast exits) ``F.linear(input, weight, bias)`` casts its
-    arguments last to first (measured; the C++ wrapper's argument evaluation order): the bias,
-    the weight (leaves, so the casts are cached), then the input (a fresh copy at every call:
-    q, k and v each copy the same normed input), and runs in the low precision. The casts are
-    ``_to_copy`` nodes: backward casts each gradient back to fp32."""
-    if amp is None or not sh.autocast_itemsize:
-        return hf_ops.linear(tape, x, w, bias, rows, out_features, name)
-    lo = sh.autocast_itemsize
-    if id(w.storage) in tape.linear_hooks:  # LoRA (calc.compress.lora): ops.linear's autocast path
-        tape.autocast_itemsize = lo  # adapter casts cached in tape.autocast_cache until exit
-        try:
-            return hf_ops.linear(tape, x, w, bias, rows, out_features, name)
-        finally:
-            tape.autocast_itemsize = 0
-    # Autocast caches the casts of leaves that need grad only: a frozen weight's cast is made
-    # at every call and lives as long as a reference (mm saves it for the input's gradient).
-    bc = hf_ops.to_copy(tape, bias, lo, f"{bias.name}.lo") if bias is not None else None
-    if bc is not None and bias.leaf:
-        amp.append(bc)
-    wc = hf_ops.to_copy(tape, w, lo, f"{w.name}.lo")
-    if w.leaf:
-        amp.append(wc)
-    xc = hf_ops.to_copy(tape, x, lo, f"{name}.in.lo")
-    y = hf_ops.linear(tape, xc, wc, bc, rows, out_features, name)
-    tape.drop(xc)
-    if not w.leaf:
-        tape.drop(wc)
-    if bc is not None and not bias.leaf:
-        tape.drop(bc)
+    """``nn.Linear`` forward. Under autocast (``tape.autocast_itemsize``) ``F.linear(input,
+    weight, bias)`` casts its arguments last to first (measured; the C++ wrapper's argument
+    evaluation order): the bias, the weight (parameters: cached until autocast exits), then
+    the input (a fresh copy at every call: q, k and v each copy the same normed input), and
+    runs in the low precision (`autocast_cast`). A frozen weight's cast is made at every call
+    and lives as long as a reference (mm saves it for the input's gradient). The casts are
+    ``_to_copy`` nodes: backward casts each gradient back to fp32. A LoRA-adapted linear
+    (``tape.linear_hooks``, `calc.compress.lora`) is `ops.linear`'s."""
+    if not tape.autocast_itemsize or id(w.storage) in tape.linear_hooks:
+        return ops.linear(tape, x, w, bias, rows, out_features, name)
+    bc = autocast_cast(tape, bias, f"{bias.name}.lo") if bias is not None else None
+    wc = autocast_cast(tape, w, f"{w.name}.lo")
+    xc = autocast_cast(tape, x, f"{name}.in.lo")
+    with tape.autocast_paused():
+        y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
+    tape.drop(xc, wc, bc)
     return y
 
 
 # -- apply_rotary_pos_emb -------------------------------------------------------------------------
 def rotate_half(tape: Tape, x: Tensor, name: str) -> Tensor:
     """``torch.cat((-x[..., d/2:], x[..., :d/2]), dim=-1)``."""
-    x1 = hf_ops.slice_half(tape, x, f"{name}.x1")
-    x2 = hf_ops.slice_half(tape, x, f"{name}.x2")
+    x1 = ops.slice_half(tape, x, f"{name}.x1")
+    x2 = ops.slice_half(tape, x, f"{name}.x2")
     n2 = ops.neg(tape, x2, f"{name}.neg")
     rot = ops.cat2(tape, n2, x1, f"{name}.rot")
     tape.drop(n2, x1, x2)
@@ -197,9 +206,9 @@ def rotate_half(tape: Tape, x: Tensor, name: str) -> Tensor:
 
 def rope_one(tape: Tape, x: Tensor, cos: Tensor, sin: Tensor, name: str) -> Tensor:
     """``(x * cos) + (rotate_half(x) * sin)``."""
-    t1 = hf_ops.mul(tape, x, cos, f"{name}.cos")
+    t1 = ops.mul_broadcast(tape, x, cos, f"{name}.cos")
     rot = rotate_half(tape, x, name)
-    t2 = hf_ops.mul(tape, rot, sin, f"{name}.sin")
+    t2 = ops.mul_broadcast(tape, rot, sin, f"{name}.sin")
     tape.drop(rot)
     out = ops.add(tape, t1, t2, f"{name}.rope")
     tape.drop(t1, t2)
@@ -215,7 +224,6 @@ def attention(
     cos: Tensor,
     sin: Tensor,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list]:
     n = sh.b * sh.s
     # query_states = self.q_proj(hidden_states).view(hidden_shape)[-> q_norm].transpose(1, 2)
@@ -223,7 +231,7 @@ def attention(
     # view are transposed and reshape copies them there.
     heads = []
     for key, nh in (("q", sh.a), ("k", sh.k)):
-        lin = linear(tape, sh, amp, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
+        lin = linear(tape, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
         # (without a cache, k's gradient keeps the projection's layout: no copy; measured)
         v1 = ops.view(tape, lin, copy_back=key == "q" or use_cache)
         tape.drop(lin)
@@ -235,7 +243,7 @@ def attention(
         tape.drop(v1)
         heads.append(t)
     qt, kt = heads
-    vl = linear(tape, sh, amp, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
+    vl = linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # .view(hidden_shape).transpose(1, 2): flash SDPA's dv comes back in the [b, s, k, d]
     # layout (a view suffices); eager attention's is contiguous [b, k, s, d] (reshape copies)
     vt = ops.view(tape, vl, copy_back=sh.attention == "eager")
@@ -245,8 +253,8 @@ def attention(
     kr = rope_one(tape, kt, cos, sin, "k")
     tape.drop(qt, kt)
     if use_cache:  # cache.update: torch.cat([self.keys, key_states], dim=-2) on an empty tensor
-        kc = hf_ops.cat_onto_empty(tape, kr, "cache.k")
-        vc = hf_ops.cat_onto_empty(tape, vt, "cache.v")
+        kc = ops.cat_onto_empty(tape, kr, "cache.k")
+        vc = ops.cat_onto_empty(tape, vt, "cache.v")
         cache = [tape.alias(kc), tape.alias(vc)]
         tape.drop(kr, vt)
         kr, vt = kc, vc
@@ -254,13 +262,12 @@ def attention(
         cache = []
     if sh.attention == "eager":
         out = eager_attention(tape, sh, qr, kr, vt)
-    elif amp is not None and sh.autocast_itemsize:
+    elif tape.autocast_itemsize:
         # autocast casts SDPA's fp32 operands (RoPE promoted q and k to fp32: bf16 * fp32 cos),
         # last argument first as for linear: value (bf16 already), key, query
-        lo = sh.autocast_itemsize
-        vl2 = hf_ops.to_copy(tape, vt, lo, "attn.v.lo")
-        kl = hf_ops.to_copy(tape, kr, lo, "attn.k.lo")
-        ql = hf_ops.to_copy(tape, qr, lo, "attn.q.lo")
+        vl2 = autocast_cast(tape, vt, "attn.v.lo")
+        kl = autocast_cast(tape, kr, "attn.k.lo")
+        ql = autocast_cast(tape, qr, "attn.q.lo")
         out = ops.sdpa_flash(tape, ql, kl, vl2, sh.b * sh.a * sh.s, "attn")
         tape.drop(kl, ql, vl2)
     else:
@@ -269,7 +276,7 @@ def attention(
     # laid out [b, s, a, d], so contiguous() copies nothing; reshape(*input_shape, -1).
     o = ops.view(tape, out)
     tape.drop(out)
-    y = linear(tape, sh, amp, o, lw["o"], lw["o.b"], n, sh.h, "o")
+    y = linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, kr, vt)
     return y, cache
 
@@ -279,9 +286,9 @@ def repeat_kv(tape: Tape, sh: Shape, x: Tensor) -> Tensor:
     if sh.a == sh.k:
         return tape.alias(x, x.grad_fn, x.out_index)
     u = ops.view(tape, x)
-    e = hf_ops.expand(tape, u, sh.b * sh.a * sh.s * sh.d)
+    e = ops.expand(tape, u, sh.b * sh.a * sh.s * sh.d, "expand.sum")
     tape.drop(u)
-    r = hf_ops.clone(tape, e, "repeat_kv")
+    r = ops.clone(tape, e, "repeat_kv")
     tape.drop(e)
     return r
 
@@ -292,29 +299,29 @@ def eager_attention(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor) -> T
     vs = repeat_kv(tape, sh, v)
     # torch.matmul(query, key_states.transpose(2, 3)): RoPE's output has q's transposed layout,
     # so matmul's reshape to 3-D copies it; the transposed keys fold as a view
-    qc = hf_ops.clone(tape, q, "q.bmm_in")
-    sc3 = hf_ops.bmm(tape, qc, ks, sh.b * sh.a * sh.s * sh.s, "scores")
+    qc = ops.clone(tape, q, "q.bmm_in")
+    sc3 = ops.bmm(tape, qc, ks, sh.b * sh.a * sh.s * sh.s, "scores", grad_names=("x", "y"))
     sc = ops.view(tape, sc3)  # _unsafe_view to [b, a, s, s]
     tape.drop(qc, sc3)
-    sm = hf_ops.scale(tape, sc, "scores.scaled")  # * scaling
+    sm = ops.scale(tape, sc, "scores.scaled")  # * scaling
     tape.drop(sc)
     am = ops.add(tape, sm, None, "scores.masked")  # + attention_mask (no grad)
     tape.drop(sm)
     # softmax(dim=-1, dtype=torch.float32) (an fp32 copy of the scores first unless they are
     # fp32), then .to(query.dtype)
     # (attn_weights is rebound only when the statement ends)
-    a32 = hf_ops.to_copy(tape, am, FP32, "scores.f32")
-    p32 = hf_ops.softmax(tape, a32, "probs")
+    a32 = ops.to_dtype(tape, am, FP32, "scores.f32", grad_suffix="")
+    p32 = ops.softmax(tape, a32, "probs")
     tape.drop(a32)
-    pr = hf_ops.to_copy(tape, p32, q.itemsize, "probs.cast")
+    pr = ops.to_dtype(tape, p32, q.itemsize, "probs.cast", grad_suffix="")
     tape.drop(p32, am)
     # dropout(p=0.0): returns its input
-    o3 = hf_ops.bmm(tape, pr, vs, sh.b * sh.a * sh.s * sh.d, "pv")
+    o3 = ops.bmm(tape, pr, vs, sh.b * sh.a * sh.s * sh.d, "pv", grad_names=("x", "y"))
     # _unsafe_view to [b, a, s, d]: its gradient arrives transposed (from the contiguous
     # [b, s, a, d] copy below), and reshape to 3-D copies it
     o = ops.view(tape, o3, copy_back=True)
     tape.drop(pr, o3)
-    oc = hf_ops.clone(tape, o, "attn.contig")  # attn_output.transpose(1, 2).contiguous()
+    oc = ops.clone(tape, o, "attn.contig")  # attn_output.transpose(1, 2).contiguous()
     tape.drop(o, ks, vs)
     return oc
 
@@ -322,32 +329,32 @@ def eager_attention(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor) -> T
 def causal_mask(tape: Tape, sh: Shape, itemsize: int) -> Tensor:
     """``create_causal_mask`` for eager attention: a [b, 1, s, s] additive float mask built
     from index vectors (``le`` gives the bool [1, 1, s, s], ``where`` the float mask)."""
-    ab = hf_ops.plain(tape, sh.b, INT64, "mask.batch_idx")
-    ah = hf_ops.plain(tape, 1, INT64, "mask.head_idx")
+    ab = ops.plain(tape, sh.b, INT64, "mask.batch_idx")
+    ah = ops.plain(tape, 1, INT64, "mask.head_idx")
     idx = []
     for nm in ("q_idx", "kv_idx"):
-        ar = hf_ops.plain(tape, sh.s, INT64, f"mask.{nm}.arange")
-        idx.append(hf_ops.plain(tape, sh.s, INT64, f"mask.{nm}"))
+        ar = ops.plain(tape, sh.s, INT64, f"mask.{nm}.arange")
+        idx.append(ops.plain(tape, sh.s, INT64, f"mask.{nm}"))
         tape.drop(ar)
-    le = hf_ops.plain(tape, sh.s * sh.s, 1, "mask.bool")
+    le = ops.plain(tape, sh.s * sh.s, 1, "mask.bool")
     tape.drop(ab, ah, *idx)
-    z = hf_ops.plain(tape, 1, itemsize, "mask.zero")
-    mn = hf_ops.plain(tape, 1, itemsize, "mask.min")
-    mask = hf_ops.plain(tape, sh.b * sh.s * sh.s, itemsize, "mask")
+    z = ops.plain(tape, 1, itemsize, "mask.zero")
+    mn = ops.plain(tape, 1, itemsize, "mask.min")
+    mask = ops.plain(tape, sh.b * sh.s * sh.s, itemsize, "mask")
     tape.drop(mn, z, le)
     return mask
 
 
-def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, amp: list | None) -> Tensor:
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     """``down_proj(act_fn(gate_proj(x)) * up_proj(x))``."""
     n = sh.b * sh.s
-    g = linear(tape, sh, amp, x, lw["gate"], lw.get("gate.b"), n, sh.f, "gate")
+    g = linear(tape, x, lw["gate"], lw.get("gate.b"), n, sh.f, "gate")
     sg = ops.unary(tape, g, "silu", saves="input")
     tape.drop(g)
-    u = linear(tape, sh, amp, x, lw["up"], lw.get("up.b"), n, sh.f, "up")
-    m = hf_ops.mul(tape, sg, u, "swiglu")
+    u = linear(tape, x, lw["up"], lw.get("up.b"), n, sh.f, "up")
+    m = ops.mul_broadcast(tape, sg, u, "swiglu")
     tape.drop(sg, u)
-    y = linear(tape, sh, amp, m, lw["down"], lw.get("down.b"), n, sh.h, "down")
+    y = linear(tape, m, lw["down"], lw.get("down.b"), n, sh.h, "down")
     tape.drop(m)
     return y
 
@@ -360,18 +367,17 @@ def decoder_layer(
     cos: Tensor,
     sin: Tensor,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list]:
     n = sh.b * sh.s
     n1 = rmsnorm(tape, x, lw["norm1"], n)
-    att, cache = attention(tape, sh, n1, lw, cos, sin, use_cache, amp)
+    att, cache = attention(tape, sh, n1, lw, cos, sin, use_cache)
     tape.drop(n1)
-    x2 = hf_ops.add(tape, x, att, "resid1")  # residual + hidden_states
+    x2 = ops.add_cast_in_formula(tape, x, att, "resid1")  # residual + hidden_states
     tape.drop(att)
     n2 = rmsnorm(tape, x2, lw["norm2"], n)
-    ff = mlp(tape, sh, n2, lw, amp)
+    ff = mlp(tape, sh, n2, lw)
     tape.drop(n2)
-    x3 = hf_ops.add(tape, x2, ff, "resid2")
+    x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")
     tape.drop(ff, x2)
     return x3, cache
 
@@ -381,20 +387,20 @@ def _packed_sequence_check(tape: Tape, sh: Shape) -> None:
     (``find_packed_sequence_indices`` in ``masking_utils.py``): ``diff`` with a prepended
     column, ``!= 1``, ``cumsum``, ``(... == 0).all()``; all freed before the layers run."""
     b, s = sh.b, sh.s
-    first = hf_ops.plain(tape, b, INT64, "packed.first")  # position_ids[:, :1] - 1
-    cat = hf_ops.plain(tape, b * (s + 1), INT64, "packed.cat")  # diff's prepend
-    diff = hf_ops.plain(tape, b * s, INT64, "packed.diff")
+    first = ops.plain(tape, b, INT64, "packed.first")  # position_ids[:, :1] - 1
+    cat = ops.plain(tape, b * (s + 1), INT64, "packed.cat")  # diff's prepend
+    diff = ops.plain(tape, b * s, INT64, "packed.diff")
     tape.drop(cat)
-    ne = hf_ops.plain(tape, b * s, 1, "packed.ne")
-    csum = hf_ops.plain(tape, b * s, INT64, "packed.cumsum")
+    ne = ops.plain(tape, b * s, 1, "packed.ne")
+    csum = ops.plain(tape, b * s, INT64, "packed.cumsum")
     tape.drop(ne)
-    eq = hf_ops.plain(tape, b, 1, "packed.eq")
-    all_ = hf_ops.plain(tape, 1, 1, "packed.all")
+    eq = ops.plain(tape, b, 1, "packed.eq")
+    all_ = ops.plain(tape, 1, 1, "packed.all")
     tape.drop(eq, all_, first, diff, csum)
 
 
 def model(
-    tape: Tape, sh: Shape, w: Weights, use_cache: bool, sliding_layers: int, amp: list | None
+    tape: Tape, sh: Shape, w: Weights, use_cache: bool, sliding_layers: int
 ) -> tuple[Tensor, list]:
     """``LlamaModel.forward(input_ids)``: the final norm's output and the cache's tensors."""
     n = sh.b * sh.s
@@ -402,9 +408,9 @@ def model(
     emb = ops.embedding(tape, w.embed, n, sh.h, "embed_out")  # inputs_embeds
     cache: list = []
     if use_cache:  # DynamicCache(config): a DynamicSlidingWindowLayer holds a 0-d int64 tensor
-        cache = [hf_ops.plain(tape, 1, INT64, "cache.window") for _ in range(sliding_layers)]
-    ar = hf_ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
-    pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
+        cache = [ops.plain(tape, 1, INT64, "cache.window") for _ in range(sliding_layers)]
+    ar = ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
+    pos = ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
     if not use_cache:
         _packed_sequence_check(tape, sh)
@@ -419,13 +425,13 @@ def model(
             # forward under non-reentrant torch.utils.checkpoint (transformers 5.24
             # modeling_layers.py / modeling_utils.py) and turns the cache off.
             def run(x: Tensor = x, lw: dict = lw) -> Tensor:
-                return decoder_layer(tape, sh, x, lw, cos, sin, False, amp)[0]
+                return decoder_layer(tape, sh, x, lw, cos, sin, False)[0]
 
             # the checkpoint frame holds the layer's args and kwargs: hidden states,
             # position_embeddings (cos, sin) and position_ids, until the layer's backward
-            x_next, c = tape.checkpoint(run, [x, cos, sin, pos]), []
+            x_next, c = tape.checkpoint(run, [x, cos, sin, pos]), list[Tensor]()
         else:
-            x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache, amp)
+            x_next, c = decoder_layer(tape, sh, x, lw, cos, sin, use_cache)
         cache += c
         tape.drop(x)
         x = x_next
@@ -438,11 +444,11 @@ def model(
 def causal_lm_loss(tape: Tape, sh: Shape, logits: Tensor) -> Tensor:
     """``ForCausalLMLoss(logits, labels, vocab_size)`` with ``num_items_in_batch=None``."""
     n = sh.b * sh.s
-    lf = hf_ops.to_copy(tape, logits, FP32, "logits.f32")  # logits.float()
-    padded = hf_ops.plain(tape, sh.b * (sh.s + 1), INT64, "labels.pad")  # F.pad(labels, (0, 1))
-    shift = hf_ops.plain(tape, n, INT64, "labels.shift")  # labels[..., 1:].contiguous()
+    lf = ops.to_dtype(tape, logits, FP32, "logits.f32", grad_suffix="")  # logits.float()
+    padded = ops.plain(tape, sh.b * (sh.s + 1), INT64, "labels.pad")  # F.pad(labels, (0, 1))
+    shift = ops.plain(tape, n, INT64, "labels.shift")  # labels[..., 1:].contiguous()
     flat = ops.view(tape, lf)  # logits.view(-1, vocab_size)
-    loss = hf_ops.cross_entropy(tape, flat, shift, n, sh.V)
+    loss = ops.cross_entropy(tape, flat, n, sh.V, flat.itemsize, target=shift)
     tape.drop(flat, lf, padded, shift)
     return loss
 
@@ -463,14 +469,13 @@ def forward(
     if sh.attention not in ("flash", "eager"):
         raise NotImplementedError(f"attention {sh.attention!r}")
     n = sh.b * sh.s
-    amp: list | None = [] if sh.autocast_itemsize else None
-    hid, cache = model(tape, sh, w, use_cache, sliding_layers, amp)
+    if sh.autocast_itemsize:
+        tape.autocast_enter(sh.autocast_itemsize)
+    hid, cache = model(tape, sh, w, use_cache, sliding_layers)
     tape.segment = "head"
-    logits = linear(tape, sh, amp, hid, w.head, None, n, sh.V, "logits")  # lm_head(hidden)
+    logits = linear(tape, hid, w.head, None, n, sh.V, "logits")  # lm_head(hidden)
     loss = causal_lm_loss(tape, sh, logits)
     tape.drop(hid, logits, *cache)
-    if amp:  # leaving ``torch.autocast``: the weight-cast cache is cleared
-        tape.drop(*amp)
     if sh.autocast_itemsize:
-        tape.autocast_exit()  # LoRA adapters' cached casts (calc.compress.lora)
+        tape.autocast_exit()  # leaving ``torch.autocast``: the cast cache is cleared
     return loss

@@ -13,7 +13,7 @@ What differs from the plain reference GPT-2 (`calc.models.reference`), and so is
 
 * ``Conv1D`` is ``torch.addmm(bias, x.view(-1, in), weight)`` with the weight stored
   ``[in, out]``: ``AddmmBackward0`` allocates the input's gradient, the weight's, then the bias'
-  (``sum_to`` in ``validate_outputs``), as `hf_ops.linear`; under autocast ``addmm`` casts its
+  (``sum_to`` in ``validate_outputs``), as `ops.linear`; under autocast ``addmm`` casts its
   arguments last to first (weight, input, bias);
 * position ids are ``torch.arange(s) + past_seen_tokens`` (two int64 tensors), saved by the
   ``wpe`` embedding; ``inputs_embeds + position_embeds`` broadcasts, so wpe's gradient is
@@ -46,7 +46,7 @@ dropout and full recomputation.
 from __future__ import annotations
 
 from calc.models import attention_core as core
-from calc.models import hf, hf_ops
+from calc.models import hf
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -85,8 +85,6 @@ def dropout(tape: Tape, sh: Shape, x: Tensor, p: float, name: str) -> Tensor:
 
 def conv1d(
     tape: Tape,
-    sh: Shape,
-    amp: list | None,
     x: Tensor,
     w: Tensor,
     bias: Tensor,
@@ -98,26 +96,27 @@ def conv1d(
 
     The views allocate nothing (their backward views the contiguous gradients back). Under
     autocast ``addmm`` casts weight, input, bias (last argument first); the parameter casts
-    are cached until autocast exits (``amp``), the input's is a fresh copy each call."""
-    if amp is None or not sh.autocast_itemsize:
-        x2 = ops.view(tape, x)
-        y = hf_ops.linear(tape, x2, w, bias, rows, out_features, name)
-        tape.drop(x2)
-        out = ops.view(tape, y)
-        tape.drop(y)
-        return out
-    lo = sh.autocast_itemsize
+    are cached until autocast exits (`_param_cast`), the input's is a fresh copy each call."""
     x2 = ops.view(tape, x)
-    wc = hf_ops.to_copy(tape, w, lo, f"{w.name}.lo")
-    amp.append(wc)
-    xc = hf_ops.to_copy(tape, x2, lo, f"{name}.in.lo")
-    bc = hf_ops.to_copy(tape, bias, lo, f"{bias.name}.lo")
-    amp.append(bc)
-    y = hf_ops.linear(tape, xc, wc, bc, rows, out_features, name)
-    tape.drop(xc, x2)
+    if not tape.autocast_itemsize:
+        y = ops.linear(tape, x2, w, bias, rows, out_features, name)
+        tape.drop(x2)
+    else:
+        wc = _param_cast(tape, w)
+        xc = hf.autocast_cast(tape, x2, f"{name}.in.lo")
+        bc = _param_cast(tape, bias)
+        with tape.autocast_paused():
+            y = ops.linear(tape, xc, wc, bc, rows, out_features, name)
+        tape.drop(xc, x2, wc, bc)
     out = ops.view(tape, y)
     tape.drop(y)
     return out
+
+
+def _param_cast(tape: Tape, p: Tensor) -> Tensor:
+    """Autocast's cast of a ``Conv1D`` parameter, held until autocast exits whether or not it
+    is a leaf that needs grad (``cache_any``: a pruned weight's cast too)."""
+    return ops.autocast_cast(tape, p, f"{p.name}.lo", f"{p.name}.lo", "", cache_any=True)
 
 
 def scalar_add(tape: Tape, x: Tensor, name: str) -> Tensor:
@@ -136,19 +135,19 @@ def new_gelu(tape: Tape, x: Tensor) -> Tensor:
     ``0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 *
     torch.pow(input, 3.0))))``, evaluated left to right; each temporary dies when its consumer
     has run (``tanh`` saves its result; the last ``mul`` saves both operands)."""
-    half = core.scale(tape, x, "gelu.half")  # 0.5 * input
+    half = ops.scale(tape, x, "gelu.half")  # 0.5 * input
     cube = pow3(tape, x, "gelu.pow")  # torch.pow(input, 3.0)
-    c3 = core.scale(tape, cube, "gelu.cube_c")  # 0.044715 * (...)
+    c3 = ops.scale(tape, cube, "gelu.cube_c")  # 0.044715 * (...)
     tape.drop(cube)
     inner = ops.add(tape, x, c3, "gelu.inner")  # input + (...)
     tape.drop(c3)
-    arg = core.scale(tape, inner, "gelu.arg")  # sqrt(2/pi) * (...)
+    arg = ops.scale(tape, inner, "gelu.arg")  # sqrt(2/pi) * (...)
     tape.drop(inner)
     th = ops.unary(tape, arg, "gelu.tanh", saves="output")  # torch.tanh
     tape.drop(arg)
     one = scalar_add(tape, th, "gelu.one_plus")  # 1.0 + tanh(...)
     tape.drop(th)
-    out = hf_ops.mul(tape, half, one, "gelu.out")
+    out = ops.mul_broadcast(tape, half, one, "gelu.out")
     tape.drop(half, one)
     return out
 
@@ -170,23 +169,23 @@ def math_sdpa(
         va = ops.to_dtype(tape, v, FP32, "attn.v32")  # (``_to_copy`` keeps the layouts)
     else:
         qa, ka, va = q, k, v
-    query = core.scale(tape, qa, "attn.q_scaled")
-    bias = core.causal_bias(tape, s, qa.itemsize, "attn.mask")
-    kt = core.view(tape, ka, name="Transpose")
-    ks = core.scale(tape, kt, "attn.k_scaled")
+    query = ops.scale(tape, qa, "attn.q_scaled")
+    bias = ops.causal_bias(tape, s, qa.itemsize, "attn.mask")
+    kt = ops.view(tape, ka, name="Transpose")
+    ks = ops.scale(tape, kt, "attn.k_scaled")
     tape.drop(kt)
-    scores = core.matmul(tape, query, False, ks, kv_contiguous, b * a * s * s, "attn.qk", False)
+    scores = ops.matmul(tape, query, False, ks, kv_contiguous, b * a * s * s, "attn.qk", False)
     tape.drop(ks)
     biased = ops.add(tape, scores, bias, "attn.scores")
     tape.drop(scores)
-    attn = core.softmax(tape, biased, "attn.probs")
+    attn = ops.softmax(tape, biased, "attn.probs")
     tape.drop(biased)
     if sh.attn_dropout > 0:
         dropped = ops.dropout(tape, attn, "attn.probs_drop", sh.device)
         tape.drop(attn)
         attn = dropped
     second = ops.to_dtype(tape, attn, out_itemsize, "attn.probs_out") if upcast else None
-    out = core.matmul(tape, attn, True, va, kv_contiguous, b * a * s * d, "attn.pv", True)
+    out = ops.matmul(tape, attn, True, va, kv_contiguous, b * a * s * d, "attn.pv", True)
     if upcast:
         cast = ops.to_dtype(tape, out, out_itemsize, "attn.out")
         tape.drop(out)
@@ -206,23 +205,25 @@ def eager_attention(
     returns ``attn_output.transpose(1, 2)`` (a view of the contiguous [b, a, s, d] product)
     and the attention weights (after dropout), which the callers keep referenced."""
     b, s, a, d = sh.b, sh.s, sh.a, sh.d
-    kt = core.view(tape, k, name="Transpose")
-    prod = core.matmul(tape, q, False, kt, kv_contiguous, b * a * s * s, "attn.qk", False)
+    kt = ops.view(tape, k, name="Transpose")
+    prod = ops.matmul(tape, q, False, kt, kv_contiguous, b * a * s * s, "attn.qk", False)
     tape.drop(kt)
-    sc = core.scale(tape, prod, "attn.scaled")  # * scaling
+    sc = ops.scale(tape, prod, "attn.scaled")  # * scaling
     tape.drop(prod)
-    masked = hf_ops.add(tape, sc, mask, "attn.masked")  # + attention_mask (no grad)
+    masked = ops.add_cast_in_formula(tape, sc, mask, "attn.masked")  # + attention_mask (no grad)
     tape.drop(sc)
-    probs = core.softmax(tape, masked, "attn.probs")
+    probs = ops.softmax(tape, masked, "attn.probs")
     tape.drop(masked)
-    pv = hf_ops.to_copy(tape, probs, v.itemsize, "attn.probs_cast")  # .type(value.dtype)
+    pv = ops.to_dtype(
+        tape, probs, v.itemsize, "attn.probs_cast", grad_suffix=""
+    )  # .type(value.dtype)
     tape.drop(probs)
     if sh.attn_dropout > 0:
         dropped = ops.dropout(tape, pv, "attn.probs_drop", sh.device)
         tape.drop(pv)
         pv = dropped
-    out = core.matmul(tape, pv, True, v, kv_contiguous, b * a * s * d, "attn.pv", True)
-    ot = core.view(tape, out, name="Transpose")
+    out = ops.matmul(tape, pv, True, v, kv_contiguous, b * a * s * d, "attn.pv", True)
+    ot = ops.view(tape, out, name="Transpose")
     tape.drop(out)
     return ot, pv
 
@@ -234,14 +235,13 @@ def attention(
     lw: dict,
     mask: Tensor | None,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list, Tensor | None]:
     """``GPT2Attention.forward`` (self-attention): the output (after ``resid_dropout``), the
     cache's key and value copies, and the eager attention weights (None for SDPA): returned as
     ``attn_weights``, they stay referenced (``attn_output, _ = self.attn(...)``) until the
     block returns, which matters when they are not saved (under checkpointing)."""
     n = sh.b * sh.s
-    qkv = conv1d(tape, sh, amp, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
+    qkv = conv1d(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
     q, k, v = ops.split3(tape, qkv)
     tape.drop(qkv)
     gq, gk, gv = core.view_grad_copies(sh)
@@ -250,13 +250,13 @@ def attention(
     for t, copy in ((k, gk), (v, gv), (q, gq)):
         v1 = ops.view(tape, t, copy_back=copy)
         tape.drop(t)
-        heads.append(core.view(tape, v1, name="Transpose"))
+        heads.append(ops.view(tape, v1, name="Transpose"))
         tape.drop(v1)
     kt, vt, qt = heads
     cache: list = []
     if use_cache:  # DynamicLayer.update: torch.cat([empty, states], dim=-2) for keys, values
-        kc = hf_ops.cat_onto_empty(tape, kt, "cache.k")
-        vc = hf_ops.cat_onto_empty(tape, vt, "cache.v")
+        kc = ops.cat_onto_empty(tape, kt, "cache.k")
+        vc = ops.cat_onto_empty(tape, vt, "cache.v")
         cache = [tape.alias(kc), tape.alias(vc)]
         tape.drop(kt, vt)
         kt, vt = kc, vc
@@ -264,7 +264,7 @@ def attention(
         assert mask is not None
         ao, weights = eager_attention(tape, sh, qt, kt, vt, mask, use_cache)
         # attn_output.reshape(b, s, -1): the transposed product is not viewable: a copy
-        o = core.clone(tape, ao, "attn.merge")
+        o = ops.clone(tape, ao, "attn.merge")
         tape.drop(ao)
     else:
         weights = None
@@ -279,20 +279,20 @@ def attention(
             # and the reshape to [b, s, h] are views
             o = ops.view(tape, out)
         tape.drop(out)
-    y = conv1d(tape, sh, amp, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
+    y = conv1d(tape, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
     tape.drop(o)
     y = dropout(tape, sh, y, sh.hidden_dropout, "resid_drop")
     tape.drop(qt, kt, vt)  # the query/key/value locals die when forward returns
     return y, cache, weights
 
 
-def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, amp: list | None) -> Tensor:
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     """``GPT2MLP.forward``: c_fc, gelu_new, c_proj, dropout."""
     n = sh.b * sh.s
-    h = conv1d(tape, sh, amp, x, lw["fc"], lw["fc.b"], n, sh.f, "c_fc")
+    h = conv1d(tape, x, lw["fc"], lw["fc.b"], n, sh.f, "c_fc")
     act = new_gelu(tape, h)
     tape.drop(h)
-    y = conv1d(tape, sh, amp, act, lw["proj"], lw["proj.b"], n, sh.h, "mlp.c_proj")
+    y = conv1d(tape, act, lw["proj"], lw["proj.b"], n, sh.h, "mlp.c_proj")
     tape.drop(act)
     return dropout(tape, sh, y, sh.hidden_dropout, "mlp_drop")
 
@@ -304,35 +304,33 @@ def block(
     lw: dict,
     mask: Tensor | None,
     use_cache: bool,
-    amp: list | None,
 ) -> tuple[Tensor, list]:
     """``GPT2Block.forward``; ``x`` stays the caller's."""
     n = sh.b * sh.s
     n1 = ops.layer_norm(tape, x, lw["norm1"], lw["norm1.b"], n)
-    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache, amp)
-    x2 = hf_ops.add(tape, att, x, "resid1")  # attn_output + residual
+    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache)
+    x2 = ops.add_cast_in_formula(tape, att, x, "resid1")  # attn_output + residual
     tape.drop(n1)
     n2 = ops.layer_norm(tape, x2, lw["norm2"], lw["norm2.b"], n)
-    ff = mlp(tape, sh, n2, lw, amp)
-    x3 = hf_ops.add(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
+    ff = mlp(tape, sh, n2, lw)
+    x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")  # residual + feed_forward_hidden_states
     tape.drop(n2)
     # returning frees the locals: attn_output, the weights, the residual, the MLP output
     tape.drop(att, weights, x2, ff)
     return x3, cache
 
 
-def model(
-    tape: Tape, sh: Shape, w: Weights, use_cache: bool, amp: list | None
-) -> tuple[Tensor, list]:
+def model(tape: Tape, sh: Shape, w: Weights, use_cache: bool) -> tuple[Tensor, list]:
     """``GPT2Model.forward(input_ids)``: ``ln_f``'s output and the cache's tensors."""
     n = sh.b * sh.s
     tape.segment = "embed"
     tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")  # inputs_embeds = self.wte(ids)
-    ar = hf_ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
-    pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
+    ar = ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
+    pos = ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
+    assert w.wpe is not None  # GPT-2's learned positions
     pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out", indices=pos)
-    x = hf_ops.add(tape, tok, pe, "embed_out")  # inputs_embeds + position_embeds
+    x = ops.add_cast_in_formula(tape, tok, pe, "embed_out")  # inputs_embeds + position_embeds
     if not use_cache:  # (no DynamicCache: checkpointing turns use_cache off)
         hf._packed_sequence_check(tape, sh)
     # create_causal_mask: None for sdpa (is_causal), an additive float mask for eager
@@ -346,12 +344,12 @@ def model(
             # torch.utils.checkpoint with cache=None; the frame holds its arguments (hidden
             # states, the mask) and the partial's keyword tensors (position_ids)
             def run(x: Tensor = x, lw: dict = lw) -> Tensor:
-                return block(tape, sh, x, lw, mask, False, amp)[0]
+                return block(tape, sh, x, lw, mask, False)[0]
 
             held = [t for t in (x, mask, pos) if t is not None]
-            x_next, c = tape.checkpoint(run, held), []
+            x_next, c = tape.checkpoint(run, held), list[Tensor]()
         else:
-            x_next, c = block(tape, sh, x, lw, mask, use_cache, amp)
+            x_next, c = block(tape, sh, x, lw, mask, use_cache)
         cache += c
         tape.drop(x)
         x = x_next
@@ -363,11 +361,11 @@ def model(
     return out, cache
 
 
-def lm_head(tape: Tape, sh: Shape, amp: list | None, x: Tensor, w: Tensor) -> Tensor:
+def lm_head(tape: Tape, sh: Shape, x: Tensor, w: Tensor) -> Tensor:
     """``self.lm_head(hidden_states)`` (``nn.Linear``, no bias) on the 3-D hidden states:
     ``matmul`` folds them to 2-D (a view), ``mm``, and views the result back."""
     n = sh.b * sh.s
-    return hf.linear(tape, sh, amp, x, w, None, n, sh.V, "logits")
+    return hf.linear(tape, x, w, None, n, sh.V, "logits")
 
 
 def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor:
@@ -377,14 +375,15 @@ def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor
     left right after (its cast cache dies). The output object (logits, cache) dies before
     this returns, as in ``loss = model(...).loss``."""
     check(sh)
-    amp: list | None = [] if sh.autocast_itemsize else None
-    hid, cache = model(tape, sh, w, use_cache, amp)
+    if sh.autocast_itemsize:
+        tape.autocast_enter(sh.autocast_itemsize)
+    hid, cache = model(tape, sh, w, use_cache)
     tape.segment = "head"
     sl = ops.view(tape, hid)  # slice_logits_to_keep(hidden, 0): hidden[:, 0:, :] (an alias)
     tape.drop(hid)
-    logits = lm_head(tape, sh, amp, sl, w.head)
+    logits = lm_head(tape, sh, sl, w.head)
     loss = hf.causal_lm_loss(tape, sh, logits)
     tape.drop(sl, logits, *cache)
-    if amp:
-        tape.drop(*amp)
+    if sh.autocast_itemsize:
+        tape.autocast_exit()  # leaving ``torch.autocast``: the cast cache is cleared
     return loss

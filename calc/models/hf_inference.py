@@ -49,29 +49,25 @@ Before the replay: the weights, the prompt ids, and the rotary embedding's two b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from calc import symbols as S
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models import attention_core, hf, hf_ops
+from calc.models import attention_core, hf
 from calc.models import reference as R
+from calc.models.shape import shape_for_inference
 from calc.replay import ops
+from calc.replay.kinds import StorageKind
 from calc.replay.tape import Event, Size, Tape, Tensor
 
 INT64 = 8
 RESIDUAL = "residual"
 """Tag of a block's output (`calc.step.inference.RESIDUAL`)."""
 
-__all__ = ["numeric_shape", "replay", "replay_hf_prefill", "shape_for_hf_inference"]
-
-
-def shape_for_hf_inference(model: ModelSpec, job: Inference, device: str, n_layers: int) -> R.Shape:
-    """The prefill's symbolic shape: `calc.step.inference.shape_for_inference` (``s`` the prompt)."""
-    from calc.step.inference import shape_for_inference
-
-    return shape_for_inference(model, job, device, n_layers)
+__all__ = ["numeric_shape", "replay", "replay_hf_prefill"]
 
 
 def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
@@ -100,27 +96,30 @@ def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
         )
 
 
-def replay_hf_prefill(model: ModelSpec, job: Inference, device: str, n_layers: int) -> list[Event]:
+def replay_hf_prefill(
+    model: ModelSpec, job: Inference, device: str, n_layers: int, compress: Compress | None = None
+) -> list[Event]:
     """Replay the HF prefill of ``job`` with ``n_layers`` concrete layers; sizes in the symbols
-    ``b, s, c`` and the model's."""
-    sh = shape_for_hf_inference(model, job, device, n_layers)
+    ``b, s, c`` and the model's. ``compress``: as `replay`'s, for a job with ``quant``."""
+    sh = shape_for_inference(model, job, device, n_layers)
     check(model, job, sh)
     if job.kv_quant is not None:
         raise NotImplementedError("a quantized KV cache with implementation='hf' is not modelled")
-    return replay(sh, S.c, quant=job.quant, compute=job.precision)
+    return replay(sh, S.c, quant=job.quant, compute=job.precision, compress=compress)
 
 
 def numeric_shape(
     model: ModelSpec, job: Inference, device: str, n_layers: int | None = None
 ) -> tuple[R.Shape, int]:
     """The shape with every size an int (this model and job), and the context length."""
-    sh = shape_for_hf_inference(
-        model, job, device, model.n_layers if n_layers is None else n_layers
-    )
+    sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
     check(model, job, sh)
     dims = model.dims()
-    sizes = {name: dims[getattr(S, name)] for name in ("h", "a", "k", "d", "f", "V", "P")}
-    return replace(sh, b=job.batch, s=job.prompt_len, **sizes), job.context
+    sized = replace(
+        sh, b=job.batch, s=job.prompt_len, h=dims[S.h], a=dims[S.a], k=dims[S.k], d=dims[S.d],
+        f=dims[S.f], V=dims[S.V], P=dims[S.P],
+    )  # fmt: skip
+    return sized, job.context
 
 
 # -- StaticLayer ----------------------------------------------------------------------------------
@@ -144,15 +143,22 @@ class _StaticLayer:
         """``StaticLayer.update(key_states, value_states)``: the cache tensors, written in place."""
         if self.keys is None:  # lazy_initialization
             numel = sh.b * sh.k * self.context * sh.d
-            self.keys = tape.new(numel, k.itemsize, "k_cache", kind="kv_cache", tag=self.j)
-            self.values = tape.new(numel, v.itemsize, "v_cache", kind="kv_cache", tag=self.j)
+            self.keys = tape.new(
+                numel, k.itemsize, "k_cache", kind=StorageKind.KV_CACHE, tag=self.j
+            )
+            self.values = tape.new(
+                numel, v.itemsize, "v_cache", kind=StorageKind.KV_CACHE, tag=self.j
+            )
             if self.device == "cuda":  # cumulative_length.to(device): a GPU copy of the counter
-                self.length = tape.new(1, INT64, "cache.length", kind="kv_cache", tag=self.j)
-        ar = hf_ops.plain(tape, sh.s, INT64, "cache.arange")  # torch.arange(kv_length)
-        pos = hf_ops.plain(tape, sh.s, INT64, "cache.position")  # + self.cumulative_length
+                self.length = tape.new(
+                    1, INT64, "cache.length", kind=StorageKind.KV_CACHE, tag=self.j
+                )
+        ar = ops.plain(tape, sh.s, INT64, "cache.arange")  # torch.arange(kv_length)
+        pos = ops.plain(tape, sh.s, INT64, "cache.position")  # + self.cumulative_length
         tape.drop(ar)
         # cumulative_length.add_(kv_length); keys.index_copy_(2, pos, k); values.index_copy_(...)
         tape.drop(pos)
+        assert self.keys is not None and self.values is not None
         return tape.alias(self.keys), tape.alias(self.values)
 
     def free(self, tape: Tape) -> None:
@@ -169,7 +175,7 @@ def attention(
     heads = []
     # query_states = self.q_proj(x).view(hidden_shape)[-> q_norm].transpose(1, 2), then k
     for key, nh in (("q", sh.a), ("k", sh.k)):
-        lin = hf.linear(tape, sh, None, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
+        lin = hf.linear(tape, x, lw[key], lw[f"{key}.b"], n, nh * sh.d, key)
         v1 = tape.alias(lin)
         tape.drop(lin)
         if sh.qk_norm:
@@ -178,7 +184,7 @@ def attention(
             v1 = nv
         heads.append(v1)
     qt, kt = heads
-    vt = hf.linear(tape, sh, None, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
+    vt = hf.linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # apply_rotary_pos_emb
     qr = hf.rope_one(tape, qt, cos, sin, "q")
     kr = hf.rope_one(tape, kt, cos, sin, "k")
@@ -190,7 +196,7 @@ def attention(
     out = attention_core.core(tape, sh, qr, keys, values, "attn")
     o = tape.alias(out)  # reshape/transpose/contiguous: views of the [b, s, a, d] output
     tape.drop(out)
-    y = hf.linear(tape, sh, None, o, lw["o"], lw["o.b"], n, sh.h, "o")
+    y = hf.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, keys, values)
     return y
 
@@ -202,12 +208,12 @@ def decoder_layer(
     n1 = hf.rmsnorm(tape, x, lw["norm1"], n)
     att = attention(tape, sh, n1, lw, cos, sin, layer)
     tape.drop(n1)
-    x2 = hf_ops.add(tape, x, att, "resid1")  # residual + hidden_states
+    x2 = ops.add_cast_in_formula(tape, x, att, "resid1")  # residual + hidden_states
     tape.drop(att)
     n2 = hf.rmsnorm(tape, x2, lw["norm2"], n)
-    ff = hf.mlp(tape, sh, n2, lw, None)
+    ff = hf.mlp(tape, sh, n2, lw)
     tape.drop(n2)
-    x3 = hf_ops.add(tape, x2, ff, "resid2")
+    x3 = ops.add_cast_in_formula(tape, x2, ff, "resid2")
     tape.drop(ff, x2)
     return x3
 
@@ -219,8 +225,8 @@ def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -
     tape.segment = "embed"
     emb = ops.embedding(tape, w.embed, n, sh.h, "embed_out")  # embed_tokens(input_ids)
     # position_ids = torch.arange(s) + past_seen_tokens (the int 0), then unsqueeze(0) (a view)
-    ar = hf_ops.plain(tape, sh.s, INT64, "arange")
-    pos = hf_ops.plain(tape, sh.s, INT64, "position_ids")
+    ar = ops.plain(tape, sh.s, INT64, "arange")
+    pos = ops.plain(tape, sh.s, INT64, "position_ids")
     tape.drop(ar)
     # causal_mask: None (module docstring)
     cos, sin = hf.rotary(tape, sh, pos, emb.itemsize)
@@ -235,27 +241,37 @@ def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -
     hid = hf.rmsnorm(tape, x, w.norm, n)  # self.norm(hidden_states)
     tape.drop(x, emb, pos, cos, sin)  # LlamaModel.forward returns
     last = tape.alias(hid, numel=sh.b * sh.h)  # hidden_states[:, -1:, :]
-    logits = hf.linear(tape, sh, None, last, w.head, None, sh.b, sh.V, "logits")  # lm_head
+    logits = hf.linear(tape, last, w.head, None, sh.b, sh.V, "logits")  # lm_head
     tape.drop(last, hid)  # LlamaForCausalLM.forward returns
     return logits
 
 
+Compress = Callable[[Tape, R.Weights, R.Shape, None, Quant, str], object]
+"""``compress(tape, weights, shape, lora=None, quant, compute)``: replaces the dense decoder
+linears by their quantized form (`calc.compress.lora.compress_weights`, passed in by the
+caller: compression sits above the model graphs)."""
+
+
 def replay(
-    sh: R.Shape, context: Size, quant: Quant | None = None, compute: str = "bf16"
+    sh: R.Shape,
+    context: Size,
+    quant: Quant | None = None,
+    compute: str = "bf16",
+    compress: Compress | None = None,
 ) -> list[Event]:
     """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
-    ``quant``: quantized decoder linears (`calc.compress.quant`, through ``calc.compress.lora.compress_weights``)."""
+    ``quant``: quantized decoder linears, applied by ``compress``."""
     tape = Tape(inplace_accumulate=sh.device == "cuda")
     tape.grad_enabled = False
     w = R.Weights(tape, sh)
     if quant is not None:
-        from calc.compress.lora import compress_weights
-
-        compress_weights(tape, w, sh, None, quant, compute)
-    tape.existing(sh.b * sh.s, INT64, "input_ids", "input")
+        if compress is None:
+            raise ValueError("quant needs compress (calc.compress.lora.compress_weights)")
+        compress(tape, w, sh, None, quant, compute)
+    tape.existing(sh.b * sh.s, INT64, "input_ids", StorageKind.INPUT)
     half = sh.d // 2 if isinstance(sh.d, int) else sh.d / 2
-    tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", "buffer")
-    tape.existing(half, sh.weight_itemsize, "rotary.original_inv_freq", "buffer")
+    tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", StorageKind.BUFFER)
+    tape.existing(half, sh.weight_itemsize, "rotary.original_inv_freq", StorageKind.BUFFER)
     tape.phase = "prefill"
     layers = []
     for j in range(sh.n_layers):  # StaticCache(config, max_cache_len=context)

@@ -6,76 +6,13 @@ in order, and the moment each Python local dies. Change the model, change this f
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from calc.models import attention_core
+from calc.models.shape import Shape
 from calc.parallel import sequence as sequence_parallel
 from calc.parallel import tensor as tensor_parallel
 from calc.replay import ops
-from calc.replay.tape import Size, Tape, Tensor
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Shape:
-    """Sizes (ints or sympy expressions) and structure of one replayed step."""
-
-    b: Size
-    s: Size
-    h: Size
-    a: Size
-    k: Size
-    d: Size
-    f: Size
-    V: Size
-    P: Size
-    n_layers: int
-    model_type: str
-    mlp: str
-    norm: str
-    qkv_bias: bool
-    o_bias: bool
-    mlp_bias: bool
-    norm_bias: bool
-    qk_norm: bool
-    tied: bool
-    weight_itemsize: int
-    """Bytes per element of the parameters as the model holds them (4 fp32, 2 bf16)."""
-    act_itemsize: int
-    """Bytes per element of the residual stream (the embedding output's dtype)."""
-    autocast_itemsize: int = 0
-    """Bytes per element of autocast's lower precision (2), or 0 when autocast is off."""
-    attention: str = "flash"
-    """The attention kernel that runs: ``flash``/``efficient``/``math`` (SDPA) or ``eager``."""
-    recompute: str = "none"
-    """``none``, ``selective`` (attention core checkpointed) or ``full`` (every layer)."""
-    attn_dropout: float = 0.0
-    hidden_dropout: float = 0.0
-    embed_dropout: float = 0.0
-    device: str = "cpu"
-    """``cpu`` (the tracker's run) or ``cuda``: decides kernels that differ (dropout masks)."""
-    gqa: bool | None = None
-    """Whether k < a (decides repeat/expand paths when sizes are symbols)."""
-    tp_comm: bool = False
-    """Tensor parallelism's column/row linears with their all-reduces (`calc.parallel.tensor`);
-    the sizes are then those of one rank."""
-    tp_vocab: bool = False
-    """The embedding and the head split over the vocabulary (``V`` is then one rank's share):
-    the embedding's partial output all-reduced, the head column-parallel."""
-    sp: int = 1
-    """Sequence parallelism over ``sp`` (= tp) ranks, or 1 (`calc.parallel.sequence`): the
-    norms and the residual stream hold ``b*s/sp`` rows, the attention and MLP inputs are
-    all-gathered, row-parallel outputs reduce-scattered, the head column-parallel."""
-
-    @property
-    def head_split(self) -> int:
-        """Ranks the head's rows are split over beyond ``V`` (``V`` already one rank's share
-        under ``tp_vocab``): ``sp`` for a sequence-parallel head, else 1."""
-        return self.sp if self.sp > 1 and not self.tp_vocab else 1
-
-    @property
-    def local_rows(self) -> Size:
-        """Rows of the residual stream on one rank: ``b*s``, or ``b*s/sp``."""
-        return self.b * self.s / self.sp if self.sp > 1 else self.b * self.s
+from calc.replay.kinds import StorageKind
+from calc.replay.tape import Size, Tape, Tensor, divide
 
 
 def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
@@ -104,7 +41,7 @@ class Weights:
         h, a, k, d, f, V = sh.h, sh.a, sh.k, sh.d, sh.f, sh.V
 
         def leaf(numel: Size, name: str, tag: object) -> Tensor:
-            return tape.existing(numel, w, name, "weight", leaf=True, tag=tag)
+            return tape.existing(numel, w, name, StorageKind.WEIGHT, leaf=True, tag=tag)
 
         gpt2 = sh.model_type == "gpt2"
         self.embed = leaf(V * h, "embed", "embed")
@@ -146,7 +83,7 @@ class Weights:
             self.layers.append(lw)
         self.norm = leaf(h, "norm", "head")
         self.norm_b = leaf(h, "norm.b", "head") if gpt2 and sh.norm_bias else None
-        self.head = self.embed if sh.tied else leaf(V * h / sh.head_split, "lm_head", "head")
+        self.head = self.embed if sh.tied else leaf(divide(V * h, sh.head_split), "lm_head", "head")
 
     def shapes(self, sh: Shape) -> list[tuple]:
         """Each parameter's shape (``nn.Linear`` weights are [out, in]), in parameters() order."""
@@ -236,6 +173,7 @@ def attention(
     vt = ops.view(tape, vv)
     tape.drop(v, vv)
     # ``rope[0].to(q.dtype)``: a no-op unless autocast made q 16-bit over fp32 tables.
+    assert cos is not None and sin is not None  # RoPE models (gpt2 takes the other path)
     cq = ops.to_dtype(tape, cos, qt.itemsize, "rope_cos.cast")
     sq = ops.to_dtype(tape, sin, qt.itemsize, "rope_sin.cast")
     qr = rope(tape, qt, cq, sq, "q")
@@ -372,6 +310,7 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
     if sh.model_type == "gpt2":
         pos = tape.new(sh.s, 8, "positions")  # torch.arange(s), saved by wpe's embedding
         tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
+        assert w.wpe is not None  # gpt2's learned positions
         pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out", indices=pos)
         tape.drop(pos)
         x = ops.add(tape, tok, pe, "embed_out")
@@ -398,7 +337,11 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
     for j, lw in enumerate(w.layers):
         tape.segment = j
         if sh.recompute == "full":
-            x_next = tape.checkpoint(lambda x=x, lw=lw: block(tape, sh, x, lw, cos, sin), [x])
+
+            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
+                return block(tape, sh, x, lw, cos, sin)
+
+            x_next = tape.checkpoint(run, [x])
         else:
             x_next = block(tape, sh, x, lw, cos, sin)
         tape.drop(x)
@@ -412,7 +355,7 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tenso
             out = ops.linear(tape, g, w.head, None, n, sh.V, "logits")
             tape.drop(hid, g)
             return out
-        part = ops.linear(tape, g, w.head, None, n, sh.V / sh.sp, "logits.local")
+        part = ops.linear(tape, g, w.head, None, n, divide(sh.V, sh.sp), "logits.local")
         out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
         tape.drop(part, hid, g)
         return out

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Generic, TypeVar, overload
 
 import sympy as sp
+
+from calc.replay.kinds import StorageKind
 
 BLOCK_BYTES = 512
 """The CUDA caching allocator's ``kMinBlockSize``: every allocation is a multiple of it."""
@@ -51,17 +55,32 @@ def _round_symbolic(nbytes: sp.Expr) -> sp.Expr:
     return BLOCK_BYTES * sp.ceiling(nbytes / BLOCK_BYTES)
 
 
-class _Refiled:
+def divide(n: Size, k: int) -> Size:
+    """``n / k`` as a size: an int when ``k`` divides an int ``n`` (never a float), else the
+    exact quotient (sympy)."""
+    if isinstance(n, int):
+        return n // k if n % k == 0 else sp.Rational(n, k)
+    return n / k
+
+
+T = TypeVar("T")
+
+
+class _Refiled(Generic[T]):
     """A field of `Storage` that is part of its ``key`` (kept in the slot ``_<field>``):
     setting it re-files a live storage in its tape's counts (`Storage._refile`)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.slot = "_" + name
 
-    def __get__(self, st: Storage | None, owner: type | None = None) -> object:
+    @overload
+    def __get__(self, st: None, owner: type | None = None) -> _Refiled[T]: ...
+    @overload
+    def __get__(self, st: Storage, owner: type | None = None) -> T: ...
+    def __get__(self, st: Storage | None, owner: type | None = None) -> T | _Refiled[T]:
         return self if st is None else getattr(st, self.slot)
 
-    def __set__(self, st: Storage, value: object) -> None:
+    def __set__(self, st: Storage, value: T) -> None:
         st._refile(self.slot, value)
 
 
@@ -74,10 +93,10 @@ class Storage:
 
     __slots__ = ("size", "_name", "_kind", "_tag", "refs", "_saved", "alive", "_owner")
 
-    def __init__(self, size: Size, name: str, kind: str, tag: object) -> None:
+    def __init__(self, size: Size, name: str, kind: StorageKind | str, tag: object) -> None:
         self.size = size  # rounded bytes
         self._name = name
-        self._kind = kind
+        self._kind = StorageKind(kind)  # a value outside the closed set raises ValueError
         self._tag = tag
         self.refs = 0  # tensors (Python references, views, gradient buffers) on it
         self._saved = 0  # autograd saved-variable references
@@ -88,7 +107,8 @@ class Storage:
     def key(self) -> tuple:
         """How the live set counts it: (category, name, tag, size); an activation an autograd
         node saves counts as ``saved``."""
-        kind = "saved" if self._saved > 0 and self._kind == "act" else self._kind
+        saved = self._saved > 0 and self._kind == StorageKind.ACT
+        kind = StorageKind.SAVED if saved else self._kind
         return (kind, self._name, self._tag, self.size)
 
     def _refile(self, field_name: str, value: object) -> None:
@@ -100,9 +120,9 @@ class Storage:
         setattr(self, field_name, value)
         owner._count(self)
 
-    name = _Refiled()
-    kind = _Refiled()  # "weight", "grad", "state", "input", "act"
-    tag = _Refiled()  # the segment (layer) that allocated it, or "base"
+    name: _Refiled[str] = _Refiled()
+    kind: _Refiled[StorageKind | str] = _Refiled()  # filed as a StorageKind
+    tag: _Refiled[object] = _Refiled()  # the segment (layer) that allocated it, or "base"
 
     @property
     def saved(self) -> int:
@@ -110,7 +130,7 @@ class Storage:
 
     @saved.setter
     def saved(self, value: int) -> None:
-        if self._owner is None or self._kind != "act" or (value > 0) == (self._saved > 0):
+        if self._owner is None or self._kind != StorageKind.ACT or (value > 0) == (self._saved > 0):
             self._saved = value  # the key does not change
             return
         self._refile("_saved", value)
@@ -122,7 +142,7 @@ class _LiveSet(dict):
 
     def __init__(self) -> None:
         super().__init__()
-        self.keys: list[tuple] = []
+        self.key_table: list[tuple] = []
         """Every key counted so far, numbered in order of first appearance."""
         self._numbers: dict[tuple, int] = {}
         self.counts: dict[int, int] = {}
@@ -131,8 +151,8 @@ class _LiveSet(dict):
     def _number(self, key: tuple) -> int:
         n = self._numbers.get(key)
         if n is None:
-            n = self._numbers[key] = len(self.keys)
-            self.keys.append(key)
+            n = self._numbers[key] = len(self.key_table)
+            self.key_table.append(key)
         return n
 
     def _count(self, st: Storage) -> None:
@@ -161,7 +181,7 @@ class _LiveSet(dict):
 
     _MISSING = object()
 
-    def pop(self, k: int, default: object = _MISSING) -> object:  # type: ignore[override]
+    def pop(self, k: int, default: object = _MISSING) -> object:
         st = dict.pop(self, k, None)
         if st is None:
             if default is _LiveSet._MISSING:
@@ -171,7 +191,7 @@ class _LiveSet(dict):
         st._owner = None
         return st
 
-    def setdefault(self, *_: object) -> object:  # type: ignore[override]
+    def setdefault(self, *_: object) -> object:
         raise TypeError("_LiveSet: assign or pop storages one at a time")
 
     update = setdefault  # type: ignore[assignment]
@@ -274,6 +294,23 @@ class Region:
     done: bool = False
 
 
+def _dependencies(fn: Node) -> Counter:
+    """For every node reachable from ``fn``: how many edges lead to it (the engine's
+    ``dependencies_``, ``compute_dependencies`` in engine.cpp)."""
+    deps: Counter = Counter()
+    seen = {id(fn)}
+    stack = [fn]
+    while stack:
+        n = stack.pop()
+        for e in n.edges:
+            if isinstance(e, tuple):
+                deps[id(e[0])] += 1
+                if id(e[0]) not in seen:
+                    seen.add(id(e[0]))
+                    stack.append(e[0])
+    return deps
+
+
 class Tape:
     """Records allocations and frees; runs a backward pass over the recorded graph."""
 
@@ -340,7 +377,7 @@ class Tape:
     # -- allocation -------------------------------------------------------------------------
     def _record(self, label: str) -> None:
         event = Event(
-            label, self.segment, self.phase, tuple(self.live.counts.items()), self.live.keys
+            label, self.segment, self.phase, tuple(self.live.counts.items()), self.live.key_table
         )
         if CHECK_COUNTS:
             counts: Counter = Counter(st.key for st in self.live.values())
@@ -348,7 +385,12 @@ class Tape:
         self.events.append(event)
 
     def new(
-        self, numel: Size, itemsize: int, name: str, kind: str = "act", tag: object = None
+        self,
+        numel: Size,
+        itemsize: int,
+        name: str,
+        kind: StorageKind | str = StorageKind.ACT,
+        tag: object = None,
     ) -> Tensor:
         """Allocate ``numel`` elements of ``itemsize`` bytes (rounded) and return its tensor.
 
@@ -371,7 +413,7 @@ class Tape:
         numel: Size,
         itemsize: int,
         name: str,
-        kind: str,
+        kind: StorageKind | str,
         leaf: bool = False,
         tag: object = "base",
     ) -> Tensor:
@@ -553,17 +595,7 @@ class Tape:
         received gradient); it is not freed here."""
         fn = root.grad_fn
         assert fn is not None
-        deps: Counter = Counter()
-        seen = {id(fn)}
-        stack = [fn]
-        while stack:
-            n = stack.pop()
-            for e in n.edges:
-                if isinstance(e, tuple):
-                    deps[id(e[0])] += 1
-                    if id(e[0]) not in seen:
-                        seen.add(id(e[0]))
-                        stack.append(e[0])
+        deps = _dependencies(fn)
         own_seed = seed is None
         if seed is None:
             seed = self.new(root.numel, root.itemsize, "grad_seed")
@@ -573,31 +605,8 @@ class Tape:
         while ready:
             ready.sort(key=lambda n: n.seq)
             n = ready.pop()
-            self.segment = n.info.get("segment", self.segment)
-            reg = n.info.get("region")
-            if reg is not None and not reg.done:
-                self._recompute(reg)
-            grads_out = buffers.pop(id(n), None) or [None] * n.n_outputs
-            grads_in = n.rule(self, n, grads_out)
-            assert len(grads_in) == len(n.edges), n.name
-            if reg is not None:
-                # Recomputed tensors are handed out by the unpack hook and live only in the
-                # formula's locals: freed when it ends, before validate_outputs.
-                self.formula_done(n)
-            grads_in = self._validate_outputs(n, grads_in)
-            self.drop(*grads_out)
-            self._release(n)
-            if reg is not None:
-                self._region_node_done(n)
-            for e, g in zip(n.edges, grads_in, strict=True):
-                if g is None:
-                    continue
-                if e is None:
-                    self.drop(g)
-                else:
-                    target, index = e
-                    buf = buffers.setdefault(id(target), [None] * target.n_outputs)
-                    buf[index] = self._accumulate(buf[index], g)
+            grads_in = self._run_node(n, buffers.pop(id(n), None))
+            self._deliver(n, grads_in, buffers)
             for e in n.edges:
                 if isinstance(e, tuple):
                     deps[id(e[0])] -= 1
@@ -606,6 +615,41 @@ class Tape:
         self.grad_enabled = True
         if own_seed:
             self.drop(seed)
+
+    def _run_node(self, n: Node, grads_out: list | None) -> list:
+        """Run one node in its layer's segment (recomputing its checkpointed region first):
+        its rule, then ``validate_outputs``, then the incoming gradients and its saved
+        variables are released. Returns the gradients for its input edges."""
+        self.segment = n.info.get("segment", self.segment)
+        reg = n.info.get("region")
+        if reg is not None and not reg.done:
+            self._recompute(reg)
+        grads_out = grads_out or [None] * n.n_outputs
+        grads_in = n.rule(self, n, grads_out)
+        assert len(grads_in) == len(n.edges), n.name
+        if reg is not None:
+            # Recomputed tensors are handed out by the unpack hook and live only in the
+            # formula's locals: freed when it ends, before validate_outputs.
+            self.formula_done(n)
+        grads_in = self._validate_outputs(n, grads_in)
+        self.drop(*grads_out)
+        self._release(n)
+        if reg is not None:
+            self._region_node_done(n)
+        return grads_in
+
+    def _deliver(self, n: Node, grads_in: list, buffers: dict[int, list]) -> None:
+        """Hand each input gradient to the node its edge leads to (summed into that node's
+        InputBuffer); a gradient for an edge that needs none is dropped."""
+        for e, g in zip(n.edges, grads_in, strict=True):
+            if g is None:
+                continue
+            if e is None:
+                self.drop(g)
+            else:
+                target, index = e
+                buf = buffers.setdefault(id(target), [None] * target.n_outputs)
+                buf[index] = self._accumulate(buf[index], g)
 
     def formula_done(self, n: Node) -> None:
         """The backward formula's locals holding saved tensors go out of scope. For recomputed
@@ -659,11 +703,11 @@ class Tape:
         st = g.storage
         same = st.size == leaf.size or key in self.grad_any_size
         if st.refs == 1 and st.saved == 0 and same:
-            st.kind, st.name, st.tag = "grad", f"grad:{leaf.name}", leaf.storage.tag
+            st.kind, st.name, st.tag = StorageKind.GRAD, f"grad:{leaf.name}", leaf.storage.tag
             self.grads[key] = self.alias(g)
         else:
             self.grads[key] = self.new(
-                leaf.numel, leaf.itemsize, f"grad:{leaf.name}", "grad", leaf.storage.tag
+                leaf.numel, leaf.itemsize, f"grad:{leaf.name}", StorageKind.GRAD, leaf.storage.tag
             )
         if self.grad_hook is not None:
             self.grad_hook(self, leaf)
@@ -671,6 +715,16 @@ class Tape:
     def autocast_enter(self, itemsize: int) -> None:
         """``torch.autocast(dtype=...)`` entered: linears cast to ``itemsize`` bytes."""
         self.autocast_itemsize = itemsize
+
+    @contextmanager
+    def autocast_paused(self) -> Iterator[None]:
+        """An op on inputs autocast has already cast: it runs in their dtype, so nothing in it
+        casts again (the kernel autocast dispatches to)."""
+        saved, self.autocast_itemsize = self.autocast_itemsize, 0
+        try:
+            yield
+        finally:
+            self.autocast_itemsize = saved
 
     def autocast_exit(self) -> None:
         """Leaving the outermost autocast clears the weight-cast cache

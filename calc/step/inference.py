@@ -31,33 +31,14 @@ from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
 from calc.models import reference
-from calc.models.attention import attention_kernel, cpu_backend
+from calc.models.hf_inference import replay_hf_prefill
+from calc.models.shape import shape_for_inference
 from calc.replay import ops
 from calc.replay.tape import Event, Size, Tape, Tensor
 
-ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
-"""Bytes per element of weights, activations and the KV cache for each inference precision."""
 INDEX_ITEMSIZE = 8  # int64 token ids and positions
 RESIDUAL = "residual"
 """Tag of the residual stream between layers (a block's output): at most one is live."""
-
-
-def shape_for_inference(
-    model: ModelSpec, job: Inference, device: str, n_layers: int
-) -> reference.Shape:
-    """The prefill's symbolic shape (``s`` is the prompt length; no dropout: eval mode)."""
-    kernel = attention_kernel(model, job)
-    if device == "cpu":
-        kernel = cpu_backend(kernel)
-    w = ITEMSIZE[job.precision]
-    return reference.Shape(
-        b=S.b, s=S.s, h=S.h, a=S.a, k=S.k, d=S.d, f=S.f, V=S.V, P=S.P,
-        n_layers=n_layers,
-        model_type=model.model_type, mlp=model.mlp, norm=model.norm,
-        qkv_bias=model.qkv_bias, o_bias=model.o_bias, mlp_bias=model.mlp_bias,
-        norm_bias=model.norm_bias, qk_norm=model.qk_norm, tied=model.tied_embeddings,
-        weight_itemsize=w, act_itemsize=w, attention=kernel, device=device,
-    )  # fmt: skip
 
 
 def kv_cache(tape: Tape, sh: reference.Shape, context: Size) -> list[tuple[Tensor, Tensor]]:
@@ -124,9 +105,7 @@ def replay_inference(
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.models.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
-        from calc.models.hf_inference import replay_hf_prefill
-
-        return replay_hf_prefill(model, job, device, n_layers)
+        return replay_hf_prefill(model, job, device, n_layers, compress_weights)
     sh = shape_for_inference(model, job, device, n_layers)
     _check(model, job, sh)
     return replay(

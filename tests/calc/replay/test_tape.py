@@ -9,6 +9,7 @@ the op's name so tests can read the order in which the engine ran the nodes.
 
 from __future__ import annotations
 
+import pytest
 import sympy as sp
 
 from calc.replay.tape import Node, Tape, Tensor, round_block
@@ -30,6 +31,13 @@ def _trace(tape: Tape, phase: str | None = None) -> list[tuple[str, int]]:
         for e in tape.events
         if phase is None or e.phase == phase
     ]
+
+
+def _backward_trace(tape: Tape, root: Tensor) -> list[tuple[str, int]]:
+    """Run ``root.backward()`` in phase ``backward``; that phase's (label, live bytes)."""
+    tape.phase = "backward"
+    tape.backward(root)
+    return _trace(tape, "backward")
 
 
 def _op(
@@ -124,8 +132,6 @@ def test_saved_tensor_outlives_its_python_reference_until_backward_frees_it() ->
     b = _op(tape, "b", [a], saves=(a,))
     tape.drop(a)  # Python's `a` dies; B's saved variable keeps the storage
     assert _live(tape) == 3 * K  # w, a, b
-    tape.phase = "backward"
-    tape.backward(b)
     # +grad_seed (ones_like(b), K)            w a b seed          4K
     # B runs: +db.0 (grad of a)              w a b seed db.0      5K
     #   drop its incoming grad (a view of seed, Python holds seed): nothing freed
@@ -133,7 +139,7 @@ def test_saved_tensor_outlives_its_python_reference_until_backward_frees_it() ->
     # A runs: +da.0 (grad of w)                                   5K
     #   drop its incoming grad db.0 -> -db.0                      4K
     # AccumulateGrad steals da.0 as w.grad (no event); seed dropped at the end -> 3K
-    assert _trace(tape, "backward") == [
+    assert _backward_trace(tape, b) == [
         ("+grad_seed", 4 * K),
         ("+db.0", 5 * K),
         ("-a", 4 * K),
@@ -218,48 +224,38 @@ def _diamond(tape: Tape) -> Tensor:
     return r
 
 
-def test_input_buffer_sums_in_place_when_unshared() -> None:
-    # Forward leaves x, r (2K). Backward:
-    #   +grad_seed                                      3K
-    #   Add hands views of the seed to P and Q (no allocation)
-    #   Q (seq 3): +dq.0 (grad of m): M's buffer = dq.0              4K
-    #   P (seq 2): +dp.0                                             5K
-    #     M's buffer holds dq.0, unshared -> dq.0.add_(dp.0): -dp.0  4K
-    #   M: +dm.0 (grad of x) 5K, its incoming dq.0 dropped 4K; AccumulateGrad steals dm.0
-    #   -grad_seed: x, r, grad:x                                     3K
-    tape = Tape(inplace_accumulate=True)
-    r = _diamond(tape)
-    tape.phase = "backward"
-    tape.backward(r)
-    assert _trace(tape, "backward") == [
-        ("+grad_seed", 3 * K),
-        ("+dq.0", 4 * K),
-        ("+dp.0", 5 * K),
-        ("-dp.0", 4 * K),
-        ("+dm.0", 5 * K),
-        ("-dq.0", 4 * K),
-        ("-grad_seed", 3 * K),
-    ]
-
-
-def test_input_buffer_sums_out_of_place_under_a_dispatch_mode() -> None:
-    # As above up to +dp.0 (5K); then old + new: +grad_sum 6K, -dq.0 5K, -dp.0 4K; M runs on
-    # grad_sum: +dm.0 5K, -grad_sum 4K; -grad_seed 3K. One block of K more at the peak.
-    tape = Tape(inplace_accumulate=False)
-    r = _diamond(tape)
-    tape.phase = "backward"
-    tape.backward(r)
-    assert _trace(tape, "backward") == [
-        ("+grad_seed", 3 * K),
-        ("+dq.0", 4 * K),
-        ("+dp.0", 5 * K),
-        ("+grad_sum", 6 * K),
-        ("-dq.0", 5 * K),
-        ("-dp.0", 4 * K),
-        ("+dm.0", 5 * K),
-        ("-grad_sum", 4 * K),
-        ("-grad_seed", 3 * K),
-    ]
+# Forward leaves x, r (2K). Backward, in place (InputBuffer unshared, no dispatch mode):
+#   +grad_seed                                      3K
+#   Add hands views of the seed to P and Q (no allocation)
+#   Q (seq 3): +dq.0 (grad of m): M's buffer = dq.0              4K
+#   P (seq 2): +dp.0                                             5K
+#     M's buffer holds dq.0, unshared -> dq.0.add_(dp.0): -dp.0  4K
+#   M: +dm.0 (grad of x) 5K, its incoming dq.0 dropped 4K; AccumulateGrad steals dm.0
+#   -grad_seed: x, r, grad:x                                     3K
+# Out of place (under a dispatch mode): as above up to +dp.0 (5K); then old + new: +grad_sum
+# 6K, -dq.0 5K, -dp.0 4K; M runs on grad_sum: +dm.0 5K, -grad_sum 4K; -grad_seed 3K. One block
+# of K more at the peak.
+@pytest.mark.parametrize(
+    ("inplace", "expected"),
+    [
+        pytest.param(
+            True,
+            [("+grad_seed", 3 * K), ("+dq.0", 4 * K), ("+dp.0", 5 * K), ("-dp.0", 4 * K),
+             ("+dm.0", 5 * K), ("-dq.0", 4 * K), ("-grad_seed", 3 * K)],
+            id="in-place-when-unshared",
+        ),
+        pytest.param(
+            False,
+            [("+grad_seed", 3 * K), ("+dq.0", 4 * K), ("+dp.0", 5 * K), ("+grad_sum", 6 * K),
+             ("-dq.0", 5 * K), ("-dp.0", 4 * K), ("+dm.0", 5 * K), ("-grad_sum", 4 * K),
+             ("-grad_seed", 3 * K)],
+            id="out-of-place-under-a-dispatch-mode",
+        ),
+    ],
+)  # fmt: skip
+def test_input_buffer_sums_two_gradients(inplace: bool, expected: list) -> None:
+    tape = Tape(inplace_accumulate=inplace)
+    assert _backward_trace(tape, _diamond(tape)) == expected
 
 
 def test_input_buffer_sums_out_of_place_when_the_buffered_gradient_is_shared() -> None:
@@ -282,9 +278,7 @@ def test_input_buffer_sums_out_of_place_when_the_buffered_gradient_is_shared() -
 
     r = tape.output(tape.new(N, FP32, "r"), tape.node("Add", add_rule, [m, p]))
     tape.drop(m, p)
-    tape.phase = "backward"
-    tape.backward(r)
-    assert _trace(tape, "backward") == [
+    assert _backward_trace(tape, r) == [
         ("+grad_seed", 3 * K),
         ("+dp.0", 4 * K),
         ("+grad_sum", 5 * K),
@@ -351,57 +345,43 @@ def test_accumulate_grad_adds_later_gradients_in_place() -> None:
     ]
 
 
-def test_tied_leaf_gradients_are_summed_before_accumulate_grad() -> None:
-    # A tied embedding/head: e = E(w) (seq 1); y = H(e, w) (seq 2). w's AccumulateGrad has two
-    # incoming edges, so it runs only after both E and H: their two gradients of w meet in its
-    # InputBuffer first. Forward live: w, e (not saved, but Python keeps it), y = 3K.
-    #   +grad_seed 4K
-    #   H: +dH.0 (grad of e) 5K, +dH.1 (grad of w) 6K; AccumulateGrad's buffer = dH.1
-    #   E: +dE.0 (grad of w) 7K, -dH.0 6K; buffer holds dH.1 unshared: in place, -dE.0 5K
-    #   AccumulateGrad (now ready) steals dH.1 as grad:w; -grad_seed 4K (w, e, y, grad:w)
-    tape = Tape(inplace_accumulate=True)
+# A tied embedding/head: e = E(w) (seq 1); y = H(e, w) (seq 2). w's AccumulateGrad has two
+# incoming edges, so it runs only after both E and H: their two gradients of w meet in its
+# InputBuffer first. Forward live: w, e (not saved, but Python keeps it), y = 3K.
+# In place:
+#   +grad_seed 4K
+#   H: +dH.0 (grad of e) 5K, +dH.1 (grad of w) 6K; AccumulateGrad's buffer = dH.1
+#   E: +dE.0 (grad of w) 7K, -dH.0 6K; buffer holds dH.1 unshared: in place, -dE.0 5K
+#   AccumulateGrad (now ready) steals dH.1 as grad:w; -grad_seed 4K (w, e, y, grad:w)
+# Out of place: E's gradient of w and the buffered dH.1 are summed into a new grad_sum, which
+# AccumulateGrad then steals (one grad:w, no copy of it):
+#   +grad_seed 4K; H: +dH.0 5K, +dH.1 6K
+#   E: +dE.0 7K, -dH.0 6K (its incoming grad), then the sum: +grad_sum 7K, -dH.1 6K, -dE.0 5K
+#   AccumulateGrad steals grad_sum; -grad_seed 4K
+@pytest.mark.parametrize(
+    ("inplace", "expected"),
+    [
+        pytest.param(
+            True,
+            [("+grad_seed", 4 * K), ("+dH.0", 5 * K), ("+dH.1", 6 * K), ("+dE.0", 7 * K),
+             ("-dH.0", 6 * K), ("-dE.0", 5 * K), ("-grad_seed", 4 * K)],
+            id="summed-in-place-before-accumulate-grad",
+        ),
+        pytest.param(
+            False,
+            [("+grad_seed", 4 * K), ("+dH.0", 5 * K), ("+dH.1", 6 * K), ("+dE.0", 7 * K),
+             ("-dH.0", 6 * K), ("+grad_sum", 7 * K), ("-dH.1", 6 * K), ("-dE.0", 5 * K),
+             ("-grad_seed", 4 * K)],
+            id="summed-out-of-place-then-stolen",
+        ),
+    ],
+)  # fmt: skip
+def test_tied_leaf_gradients(inplace: bool, expected: list) -> None:
+    tape = Tape(inplace_accumulate=inplace)
     w = _leaf(tape)
     e = _op(tape, "E", [w])
     y = _op(tape, "H", [e, w])
-    tape.phase = "backward"
-    tape.backward(y)
-    assert _trace(tape, "backward") == [
-        ("+grad_seed", 4 * K),
-        ("+dH.0", 5 * K),
-        ("+dH.1", 6 * K),
-        ("+dE.0", 7 * K),
-        ("-dH.0", 6 * K),
-        ("-dE.0", 5 * K),
-        ("-grad_seed", 4 * K),
-    ]
-    (g,) = tape.grads.values()
-    assert (g.name, g.size) == ("grad:w", K)
-
-
-def test_tied_leaf_gradients_summed_out_of_place_then_stolen() -> None:
-    # Same graph, out-of-place InputBuffer: E's gradient of w and the buffered dH.1 are summed
-    # into a new grad_sum, which AccumulateGrad then steals (one grad:w, no copy of it):
-    #   +grad_seed 4K; H: +dH.0 5K, +dH.1 6K
-    #   E: +dE.0 7K, -dH.0 6K (its incoming grad), then the sum: +grad_sum 7K, -dH.1 6K,
-    #      -dE.0 5K
-    #   AccumulateGrad steals grad_sum; -grad_seed 4K
-    tape = Tape(inplace_accumulate=False)
-    w = _leaf(tape)
-    e = _op(tape, "E", [w])
-    y = _op(tape, "H", [e, w])
-    tape.phase = "backward"
-    tape.backward(y)
-    assert _trace(tape, "backward") == [
-        ("+grad_seed", 4 * K),
-        ("+dH.0", 5 * K),
-        ("+dH.1", 6 * K),
-        ("+dE.0", 7 * K),
-        ("-dH.0", 6 * K),
-        ("+grad_sum", 7 * K),
-        ("-dH.1", 6 * K),
-        ("-dE.0", 5 * K),
-        ("-grad_seed", 4 * K),
-    ]
+    assert _backward_trace(tape, y) == expected
     (g,) = tape.grads.values()
     assert (g.name, g.size) == ("grad:w", K)
 
@@ -464,9 +444,7 @@ def test_checkpoint_backward_recomputes_saved_tensors_and_frees_them() -> None:
     #       -dv.0 5K; the region's last node done: the frame drops x -> -x 4K
     #   A: +dx.0 (grad of w) 5K, -du.0 4K; AccumulateGrad steals dx.0; -grad_seed 3K
     tape, v, log = _checkpoint_graph(checkpointed=True)
-    tape.phase = "backward"
-    tape.backward(v)
-    assert _trace(tape, "backward") == [
+    assert _backward_trace(tape, v) == [
         ("+grad_seed", 4 * K),
         ("+u", 5 * K),
         ("+dv.0", 6 * K),
@@ -486,9 +464,7 @@ def test_plain_backward_of_the_same_graph_for_contrast() -> None:
     # Forward end w, x, u, v (4K); +grad_seed 5K; S2: +dv.0 6K, release u -> -u 5K;
     # S1: +du.0 6K, -dv.0 5K, release x -> -x 4K; A: +dx.0 5K, -du.0 4K; -grad_seed 3K.
     tape, v, _ = _checkpoint_graph(checkpointed=False)
-    tape.phase = "backward"
-    tape.backward(v)
-    assert _trace(tape, "backward") == [
+    assert _backward_trace(tape, v) == [
         ("+grad_seed", 5 * K),
         ("+dv.0", 6 * K),
         ("-u", 5 * K),
