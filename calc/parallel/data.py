@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calc.config.parallelism import Parallelism
+from calc.parallel.fsdp import shard_numel
 from calc.replay.tape import Tape, Tensor
 
 MIB = 1 << 20
@@ -149,8 +150,6 @@ def prepare(
 ) -> list[Tensor]:
     """Install ``plan``'s hooks; return what the optimizer steps (ZeRO-1/2 with sharded states:
     a shard-sized view of each parameter, `calc.parallel.fsdp.shard_numel`)."""
-    from calc.parallel.fsdp import shard_numel
-
     shard_of: dict[int, object] = {}
     if plan.shard_states or plan.shard_grads:
         for p, shape in zip(params, shapes, strict=True):

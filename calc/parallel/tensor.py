@@ -37,14 +37,10 @@ plan (with ``vocab_parallel`` too: the embedding's partial output reduce-scatter
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism
 from calc.replay import ops
 from calc.replay.tape import Node, Tape, Tensor
-
-if TYPE_CHECKING:
-    from calc.config.model_spec import ModelSpec
-    from calc.config.parallelism import Parallelism
 
 
 def check_tensor_parallel(model: ModelSpec, tp: int) -> None:

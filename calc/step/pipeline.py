@@ -47,6 +47,7 @@ from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism, layers_per_stage
 from calc.models import reference
+from calc.parallel.layout import RankClass, global_rank
 from calc.replay import ops
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -457,7 +458,6 @@ def stage_results(model: ModelSpec, job: Training, parallel: Parallelism, device
 
     Pipeline parallelism combined with dp, tp or cp is not modelled yet
     (``NotImplementedError``)."""
-    from calc.config.parallelism import RankClass, global_rank
     from calc.estimate.core import ReplayOptions, compiled_for, evaluate
     from calc.parallel.data import ReplayPlan
 

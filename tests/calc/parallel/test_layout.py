@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import calc
-from calc.config.parallelism import holding, layers_per_stage
+from calc.config.parallelism import layers_per_stage
 from calc.parallel.data import assign_buckets, bucket_bytes, zero_redundancy_partition
 from calc.parallel.fsdp import shard_numel
+from calc.parallel.layout import holding
 
 MIB = 1 << 20
 
