@@ -6,12 +6,14 @@
 >>> est = calc.estimate(model, job)  # doctest: +SKIP
 """
 
+from calc.compress.sparse import storage_verdict
+from calc.compress.structured import pruned_spec
 from calc.config.compression import LoRA, Quant
 from calc.config.distill import Distill
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism, check_divisibility
-from calc.config.pruning import Pruning, pruned_spec, storage_verdict
+from calc.config.pruning import Pruning
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.estimate.core import estimate, values_for
 from calc.estimate.result import GIB, Estimate

@@ -59,7 +59,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.compress.distill", "calc.compress.lora"),
         ("calc.compress.quant", "calc.replay.ops"),
         ("calc.config.distill", "calc.data.cards"),
-        ("calc.config.pruning", "calc.replay.tape"),
         ("calc.data.gpus", "calc.data.cards"),
         ("calc.data.gpus", "calc.estimate.result"),
         ("calc.estimate.core", "calc.compress.lora"),
