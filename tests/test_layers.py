@@ -58,7 +58,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.cli.report", "calc.cli.main"),
         ("calc.compress.distill", "calc.compress.lora"),
         ("calc.compress.quant", "calc.replay.ops"),
-        ("calc.config.distill", "calc.data.cards"),
         ("calc.data.gpus", "calc.data.cards"),
         ("calc.data.gpus", "calc.estimate.result"),
         ("calc.estimate.core", "calc.compress.lora"),
