@@ -16,8 +16,9 @@ from calc.config.parallelism import Parallelism, check_divisibility
 from calc.config.pruning import Pruning
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.estimate.core import estimate, values_for
-from calc.estimate.result import GIB, Estimate
+from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel
+from calc.units import GIB
 
 __all__ = [
     "GIB",

@@ -21,6 +21,7 @@ FIRST_PARTY = ("calc", "verify", "webapp")
 
 LAYERS: dict[str, tuple[str, ...]] = {
     "calc": (
+        "calc.units",
         "calc.symbols",
         "calc.config",
         "calc.data",
@@ -58,8 +59,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.cli.report", "calc.cli.main"),
         ("calc.compress.distill", "calc.compress.lora"),
         ("calc.compress.quant", "calc.replay.ops"),
-        ("calc.data.gpus", "calc.data.cards"),
-        ("calc.data.gpus", "calc.estimate.result"),
         ("calc.estimate.core", "calc.compress.lora"),
         ("calc.estimate.core", "calc.compress.quant"),
         ("calc.estimate.core", "calc.estimate.ranks"),

@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from calc.estimate.result import GIB
+from calc.data.cards import load_gpu_catalog_data
+from calc.units import GIB
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,8 +74,6 @@ _OPTIONAL = ("marketed_source",)
 @lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GPU]:
     """Every GPU of ``hardware/gpus.json``, by id, smallest usable memory first."""
-    from calc.data.cards import load_gpu_catalog_data
-
     rows = load_gpu_catalog_data().get("gpus")
     if not isinstance(rows, list):
         raise ValueError("hardware/gpus.json: 'gpus' must be a list of GPU objects")

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from calc.config.parallelism import Parallelism
 from calc.parallel.fsdp import shard_numel
 from calc.replay.tape import Tape, Tensor
+from calc.units import MIB
 
-MIB = 1 << 20
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 """``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: the first bucket's cap with the default
 ``bucket_cap_mb``."""
