@@ -57,8 +57,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.cli.main", "calc.cli.report"),
         ("calc.cli.prune_distill", "calc"),
         ("calc.cli.report", "calc.cli.main"),
-        ("calc.compress.distill", "calc.compress.lora"),
-        ("calc.compress.quant", "calc.replay.ops"),
         ("calc.estimate.core", "calc.compress.lora"),
         ("calc.estimate.core", "calc.compress.quant"),
         ("calc.estimate.core", "calc.estimate.ranks"),

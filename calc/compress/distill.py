@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calc import symbols as S
+from calc.compress.lora import compress_weights
 from calc.config.distill import TEACHER_ITEMSIZE, Distill
 from calc.config.jobs import Training
 from calc.models import reference
@@ -97,11 +98,8 @@ def setup(tape: Tape, student: reference.Shape, job: Training, device: str) -> T
     for p in w.parameters():  # frozen: requires_grad_(False), not the student's leaves
         p.leaf = False
         tape.leaves.pop(id(p.storage), None)
-    if (
-        d.teacher_quant is not None
-    ):  # packed linears + scales (calc.compress.quant), as verify.models.compress
-        from calc.compress.lora import compress_weights
-
+    if d.teacher_quant is not None:
+        # packed linears + scales (calc.compress.quant), as verify.models.compress
         compress_weights(tape, w, sh, None, d.teacher_quant, d.teacher_precision)
     own = [st for key, st in tape.live.items() if key not in before]
     per_layer = sum(int(st.size) for st in own if st.tag == 0)

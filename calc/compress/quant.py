@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from calc.config.compression import NF4_NESTED_BLOCK, Quant
+from calc.replay import ops
 from calc.replay.tape import Node, Size, Tape, Tensor
 
 NF4_CODE_ENTRIES = 16
@@ -257,8 +258,6 @@ def quant_linear(
     """``QuantMatmul.apply(x, module)`` (verify/models/compress.py): forward with grad mode off
     (dequantize, ``F.linear``, free the dense weight); the node keeps no tensor. Backward
     (only when ``x`` needs a gradient): dequantize again, ``grad.matmul(w)``, free ``w``."""
-    from calc.replay import ops
-
     if tape.autocast_itemsize:
         raise NotImplementedError("quantized weights under autocast (amp-*) are not modelled")
 
