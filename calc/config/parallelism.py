@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from calc.config.jobs import check_choice, check_size
+from calc.config.checks import check_bool, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
@@ -36,11 +36,6 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 MAX_DEGREE = 1 << 20
 """Upper bound on any parallel degree (beyond any real cluster; guards typos)."""
-
-
-def _check_bool(field: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{field}={value!r} must be True or False")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,7 +94,7 @@ class Parallelism:
             "gradient_as_bucket_view",
             "vocab_parallel",
         ):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise ValueError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
         check_choice("pp_schedule", self.pp_schedule, PIPELINE_SCHEDULES)

@@ -40,7 +40,7 @@ from __future__ import annotations
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.replay import ops
-from calc.replay.tape import Node, Tape, Tensor
+from calc.replay.tape import Node, Size, Tape, Tensor
 
 
 def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
@@ -127,7 +127,7 @@ def all_reduce(tape: Tape, partial: Tensor, name: str) -> Tensor:
 
 
 def column_linear(
-    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: object, out: object, name: str
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str
 ) -> Tensor:
     """``ColwiseParallel`` around ``F.linear``: from_local (`enter_column`), the local linear,
     ``to_local`` (a view)."""
@@ -140,7 +140,7 @@ def column_linear(
 
 
 def row_linear(
-    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: object, out: object, name: str
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str
 ) -> Tensor:
     """``RowwiseParallel`` around ``F.linear``: from_local (a view), the local linear (a
     partial sum), its all-reduce (`all_reduce`), ``to_local`` (a view)."""
@@ -155,7 +155,7 @@ def row_linear(
 
 
 def loss_parallel_cross_entropy(
-    tape: Tape, logits: Tensor, rows: object, vocab: object, itemsize: int
+    tape: Tape, logits: Tensor, rows: Size, vocab: Size, itemsize: int
 ) -> Tensor:
     """``F.cross_entropy`` on vocabulary-sharded logits under ``loss_parallel()``
     (``torch/distributed/tensor/parallel/loss.py``): ``log_softmax`` [rows, V/tp] (its
