@@ -28,10 +28,8 @@ ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "gpt2"]
 Group = Literal["embedding", "position", "layer", "final_norm", "head"]
 
 MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
-LLAMA_FAMILY: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
 _MLPS = ("swiglu", "gelu")
 _NORMS = ("rmsnorm", "layernorm")
-_GROUPS = ("embedding", "position", "layer", "final_norm", "head")
 _SIZE_FIELDS = (
     "hidden",
     "n_layers",

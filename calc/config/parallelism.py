@@ -150,8 +150,11 @@ def check_divisibility(model: ModelSpec, parallel: Parallelism) -> None:
 
     Tensor parallelism (Megatron-LM column/row parallel linears, Shoeybi et al. 2019 §3; PyTorch
     ``ColwiseParallel``/``RowwiseParallel``) needs tp to divide the query heads, the KV heads
-    (GQA: each rank holds whole KV heads; Megatron-LM requires ``num_query_groups % tp == 0``),
-    the MLP width and, for the vocab-parallel embedding and loss, the vocabulary. Sequence and
+    (GQA: each rank holds whole KV heads; Megatron-LM requires ``num_attention_heads``,
+    ``num_query_groups`` and ``ffn_hidden_size`` to be multiples of tp,
+    ``megatron/training/arguments.py``; the model's ``view(b, s, heads, head_dim)`` needs whole
+    heads on each rank), the MLP width and, for the vocab-parallel embedding and loss, the
+    vocabulary. Sequence and
     context parallelism split the sequence, which is checked against a job's length by the
     estimate. Pipeline parallelism needs at least one layer per (virtual) stage; an uneven
     split is accepted and named by the estimate (the first stages take the extra layers).
