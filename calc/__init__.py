@@ -11,15 +11,18 @@
 
 import calc.plan.planner  # noqa: F401 (the README's calc.plan.planner.plan(...))
 from calc import plan
+from calc.compress.sparse import storage_verdict
+from calc.compress.structured import pruned_spec
 from calc.config.compression import LoRA, Quant
 from calc.config.distill import Distill
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism
-from calc.config.pruning import Pruning, pruned_spec, storage_verdict
+from calc.config.pruning import Pruning
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.estimate.api import estimate
-from calc.estimate.result import GIB, Estimate
+from calc.estimate.result import Estimate
+from calc.units import GIB
 
 __all__ = [
     "GIB",

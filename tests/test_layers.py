@@ -21,6 +21,7 @@ FIRST_PARTY = ("calc", "verify", "webapp")
 
 LAYERS: dict[str, tuple[str, ...]] = {
     "calc": (
+        "calc.units",
         "calc.symbols",
         "calc.config",
         "calc.data",
@@ -56,14 +57,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.cli.main", "calc.cli.report"),
         ("calc.cli.prune_distill", "calc"),
         ("calc.cli.report", "calc.cli.main"),
-        ("calc.compress.distill", "calc.compress.lora"),
-        ("calc.config.distill", "calc.data.cards"),
-        ("calc.config.parallelism", "calc.parallel.data"),
-        ("calc.config.parallelism", "calc.parallel.tensor"),
-        ("calc.config.pruning", "calc.replay.tape"),
-        ("calc.data.gpus", "calc.data.cards"),
-        ("calc.data.gpus", "calc.estimate.result"),
-        ("calc.parallel.data", "calc.parallel.fsdp"),
         ("calc.plan.engine", "calc.compress.lora"),
         ("calc.plan.engine", "calc.compress.quant"),
         ("calc.plan.engine", "calc.config.compression"),

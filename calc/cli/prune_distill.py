@@ -17,14 +17,9 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 import calc
+from calc.compress.sparse import INDEX_DTYPES, StorageVerdict, storage_verdict
 from calc.config.distill import TEACHER_PRECISIONS
-from calc.config.pruning import (
-    INDEX_DTYPES,
-    PRUNING_KINDS,
-    Pruning,
-    StorageVerdict,
-    storage_verdict,
-)
+from calc.config.pruning import PRUNING_KINDS, Pruning
 
 if TYPE_CHECKING:
     from calc.config.jobs import Inference, Training

@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calc import symbols as S
+from calc.compress.lora import compress_weights
 from calc.config.distill import TEACHER_ITEMSIZE, Distill
 from calc.config.jobs import Training
 from calc.models import reference
@@ -54,6 +55,13 @@ class Teacher:
     distill: Distill
 
 
+def _distill(job: Training) -> Distill:
+    """``job.distill``; ``ValueError`` for a job that does not distill."""
+    if job.distill is None:
+        raise ValueError("job.distill is None: not a distillation job")
+    return job.distill
+
+
 def check(job: Training) -> None:
     """Raise ``NotImplementedError`` for a distillation job the replay does not cover."""
     if job.implementation != "reference":
@@ -64,7 +72,7 @@ def check(job: Training) -> None:
             "steps whose gradients overflow (measured: the fp16 KD loss at the initial scale "
             "65536 skipped a step, so no optimizer states), a data-dependent path"
         )
-    if job.precision.startswith("amp-") and job.distill.teacher_quant is not None:
+    if job.precision.startswith("amp-") and _distill(job).teacher_quant is not None:
         raise NotImplementedError(
             f"distill with a quantized teacher under precision={job.precision!r} is not "
             "modelled yet"
@@ -75,7 +83,7 @@ def check(job: Training) -> None:
 
 def setup(tape: Tape, student: reference.Shape, job: Training, device: str) -> Teacher:
     """The teacher's weights and RoPE tables, alive before the step (built at setup)."""
-    d = job.distill
+    d = _distill(job)
     t = d.teacher
     # The teacher's vocabulary is a number of its own (the student's, V, may be smaller: the
     # loss slices the teacher's logits); never the student's symbol, which the compiled replay
@@ -97,11 +105,8 @@ def setup(tape: Tape, student: reference.Shape, job: Training, device: str) -> T
     for p in w.parameters():  # frozen: requires_grad_(False), not the student's leaves
         p.leaf = False
         tape.leaves.pop(id(p.storage), None)
-    if (
-        d.teacher_quant is not None
-    ):  # packed linears + scales (calc.compress.quant), as verify.models.compress
-        from calc.compress.lora import compress_weights
-
+    if d.teacher_quant is not None:
+        # packed linears + scales (calc.compress.quant), as verify.models.compress
         compress_weights(tape, w, sh, None, d.teacher_quant, d.teacher_precision)
     own = [st for key, st in tape.live.items() if key not in before]
     per_layer = sum(int(st.size) for st in own if st.tag == 0)
@@ -126,6 +131,7 @@ def teacher_logits(tape: Tape, teacher: Teacher) -> Tensor:
     if sh.model_type == "gpt2":
         pos = tape.new(sh.s, INDEX_ITEMSIZE, "positions")  # a local of hidden_states
         tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
+        assert w.wpe is not None  # gpt2 has its learned position table
         pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out")
         x = ops.add(tape, tok, pe, "embed_out")
         tape.drop(tok, pe)

@@ -75,7 +75,7 @@ def _write(tape: Tape, kind: str, x: Tensor, head_dim: Size) -> None:
     """``QuantKV.write(x, ...)``: the temporaries of quantizing the new tokens."""
     if kind == "int8":
         absx = tape.new(x.numel, x.itemsize, "kv.abs")
-        amax = tape.new(x.numel / head_dim, x.itemsize, "kv.amax")
+        amax = tape.new(sp.sympify(x.numel) / head_dim, x.itemsize, "kv.amax")
         tape.drop(absx)
         div = tape.new(x.numel, x.itemsize, "kv.div")
         q = tape.new(x.numel, 1, "kv.q")

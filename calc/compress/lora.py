@@ -23,6 +23,9 @@ from __future__ import annotations
 
 from calc.compress import quant
 from calc.config.compression import LoRA, Quant
+from calc.config.jobs import Inference, Training
+from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -40,7 +43,7 @@ def linear_shape(sh: Shape, key: str) -> tuple[Size, Size]:
     }[key]  # fmt: skip
 
 
-def adapter_numels(model: object, lora: LoRA) -> tuple[int, ...]:
+def adapter_numels(model: ModelSpec, lora: LoRA) -> tuple[int, ...]:
     """Elements of one layer's adapters, ``A`` then ``B`` per module, for a ``calc.ModelSpec``
     (what 8-bit Adam's ``min_8bit_size`` decides on)."""
     h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
@@ -54,10 +57,10 @@ def adapter_numels(model: object, lora: LoRA) -> tuple[int, ...]:
     return tuple(out)
 
 
-def trainable_numels(model: object, job: object) -> list[int] | None:
+def trainable_numels(model: ModelSpec, job: Training | Inference) -> list[int] | None:
     """Elements of every trainable parameter in ``model.parameters()`` order when ``job``
     trains LoRA adapters (per layer, `adapter_numels`), else None (all parameters train)."""
-    if getattr(job, "lora", None) is None:
+    if not isinstance(job, Training) or job.lora is None:
         return None
     return list(adapter_numels(model, job.lora)) * model.n_layers
 
@@ -98,7 +101,7 @@ def _base_linear(
     """The frozen base: a quantized matmul, or the dense ``F.linear`` with its hook lifted."""
     key = id(base.storage)
     qw = tape.quantized.get(key)
-    if qw is not None:
+    if isinstance(qw, quant.QWeight):
         return quant.quant_linear(tape, x, qw, bias, rows, out_features, name)
     hook = tape.linear_hooks.pop(key)
     try:
@@ -130,9 +133,8 @@ def compress_weights(
         for key in LINEAR_KEYS:
             out_f, in_f = linear_shape(sh, key)
             if q is not None:
-                dense = dict.__getitem__(
-                    lw, key
-                )  # no pre-hook (calc.compress.prune_replay's dicts)
+                dense = dict.__getitem__(lw, key)  # no pre-hook (prune_replay's dicts)
+                assert dense is not None, key  # a decoder linear always has its weight
                 tape.forget_existing(dense)
                 qw = quant.existing(tape, q, out_f, in_f, compute, j, sh.device)
                 values = next(t for t in qw.stored if t.storage.kind == "weight")
@@ -145,6 +147,7 @@ def compress_weights(
                 params += [a, b]
                 shapes += [(lora.rank, in_f), (out_f, lora.rank)]
                 base = dict.__getitem__(lw, key)
+                assert base is not None, key
                 tape.linear_hooks[id(base.storage)] = _lora_hook(base, a, b, lora.rank)
     return params, shapes
 
@@ -163,7 +166,7 @@ def _lora_hook(base: Tensor, a: Tensor, b: Tensor, rank: int):
     return hook
 
 
-def check_parallel(job: object, parallel: object) -> None:
+def check_parallel(job: Training | Inference, parallel: Parallelism) -> None:
     """Raise ``NotImplementedError`` unless ``job``'s compression under ``parallel`` (not a
     single GPU) is a combination the cost model covers and verify measured.
 
@@ -178,6 +181,8 @@ def check_parallel(job: object, parallel: object) -> None:
     (the adapters) are reduce-scattered (``FSDPParamGroup.post_backward``,
     ``fsdp_params_with_grad``; `calc.parallel.fsdp`).
     """
+    if not isinstance(job, Training):
+        raise NotImplementedError("compressed inference on several GPUs is not modelled")
     if job.pruning is not None or job.distill is not None:
         raise NotImplementedError(
             "parallelism together with pruning or distillation is not modelled yet"

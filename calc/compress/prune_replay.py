@@ -94,7 +94,11 @@ def install(tape: Tape, sh: Shape, w: Weights, pruning: Pruning, model: ModelSpe
     """Reparameterise the pruned linears of every layer of ``w`` (``pruning.removed`` False)."""
     keys = pruning.modules_for(model)
     for j, lw in enumerate(w.layers):
-        hooks = {key: _PreHook(tape, lw[key], j, pruning.kind == "2:4") for key in keys}
+        hooks = {}
+        for key in keys:
+            orig = lw[key]
+            assert orig is not None, key  # a decoder linear always has its weight
+            hooks[key] = _PreHook(tape, orig, j, pruning.kind == "2:4")
         order: dict = {}
         for key, t in lw.items():
             if key in hooks and lw.get(f"{key}.b") is not None:

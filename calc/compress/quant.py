@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import sympy as sp
 
 from calc.config.compression import NF4_NESTED_BLOCK, Quant
+from calc.config.model_spec import ModelSpec
 from calc.replay import ops
 from calc.replay.tape import Node, Size, Tape, Tensor
 
@@ -59,10 +60,10 @@ def value_bytes_per_param(quant: Quant) -> sp.Rational:
 def scale_bytes_per_param(quant: Quant, in_features: int | None = None) -> sp.Rational:
     """Bytes of scales, zero points and nested absmax per weight element (the overhead term)."""
     if quant.method == "nf4":
-        g = quant.group
+        block = _nf4_block(quant)
         if quant.double_quant:
-            return sp.Rational(1, g) + sp.Rational(4, g * NF4_NESTED_BLOCK)
-        return sp.Rational(4, g)
+            return sp.Rational(1, block) + sp.Rational(4, block * NF4_NESTED_BLOCK)
+        return sp.Rational(4, block)
     if quant.method == "fp8" and quant.fp8_scaling == "tensor":
         return sp.Integer(0)
     g = quant.group if quant.method != "fp8" else None
@@ -74,6 +75,13 @@ def scale_bytes_per_param(quant: Quant, in_features: int | None = None) -> sp.Ra
         4 if quant.method == "fp8" else quant.scale_bytes * (2 if quant.has_zero_point else 1)
     )
     return sp.Rational(per_group, g)
+
+
+def _nf4_block(quant: Quant) -> int:
+    """Elements per nf4 absmax block: the group in force, never None for nf4 (default 64)."""
+    block = quant.group
+    assert block is not None, quant
+    return block
 
 
 def _div(a: Size, b: Size) -> Size:
@@ -115,7 +123,7 @@ def check_divides(quant: Quant, out_features: int, in_features: int, where: str)
         raise ValueError(f"group_size={g} must divide in_features={in_features} of {where}")
 
 
-def check_fits(model: object, quant: Quant) -> None:
+def check_fits(model: ModelSpec, quant: Quant) -> None:
     """Raise ``ValueError`` unless ``quant``'s group size divides every quantized linear of
     ``model`` (a ``calc.ModelSpec``; the llama family's q, k, v, o, gate, up, down)."""
     h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
@@ -131,7 +139,7 @@ def stored_tensors(quant: Quant, out_f: Size, in_f: Size) -> list[Stored]:
     m = quant.method
     if m == "nf4":
         n = out_f * in_f
-        nb = _div(n, quant.group)
+        nb = _div(n, _nf4_block(quant))
         out = [Stored("nf4.packed", _div(n, 2), 1, "weight"),
                Stored("nf4.code", NF4_CODE_ENTRIES, 4, "qscale")]  # fmt: skip
         if quant.double_quant:
@@ -218,7 +226,7 @@ def dequantize(tape: Tape, qw: QWeight) -> Tensor:
 
 def _dequantize_nf4(tape: Tape, qw: QWeight, n: Size, it: int) -> Tensor:
     q, cd = qw.quant, qw.compute
-    nb = _div(n, q.group)
+    nb = _div(n, _nf4_block(q))
     if qw.device == "cuda":
         # bitsandbytes ``functional.dequantize_4bit``: with nested statistics the absmax is
         # dequantized first (``dequantize_blockwise`` -> fp32 [nb], ``+= offset`` in place),

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from calc.config.checks import is_int, is_real
+
 QuantMethod = Literal["int8", "int4", "nf4", "fp8"]
 ScaleDtype = Literal["fp32", "fp16", "bf16"]
 FP8Scaling = Literal["tensor", "row"]
@@ -38,10 +40,6 @@ NF4_NESTED_BLOCK = 256
 ``quantize_4bit(compress_statistics=True)`` calls ``quantize_blockwise(absmax, blocksize=256)``."""
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoRA:
     """Low-rank adapters ``W x + (alpha / rank) * B(A x)`` on chosen linears of every layer
@@ -61,11 +59,10 @@ class LoRA:
     training precision's parameter dtype."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.rank) or not 1 <= self.rank <= MAX_RANK:
+        if not is_int(self.rank) or not 1 <= self.rank <= MAX_RANK:
             raise ValueError(f"rank={self.rank!r} must be an integer in [1, {MAX_RANK}]")
         if self.alpha is not None:
-            ok = isinstance(self.alpha, int | float) and not isinstance(self.alpha, bool)
-            if not ok or not self.alpha > 0:
+            if not is_real(self.alpha) or not self.alpha > 0:
                 raise ValueError(f"alpha={self.alpha!r} must be a number > 0 or None")
         if not isinstance(self.modules, tuple) or not self.modules:
             raise ValueError(
@@ -127,13 +124,20 @@ class Quant:
     def __post_init__(self) -> None:
         if self.method not in QUANT_METHODS:
             raise ValueError(f"method={self.method!r} is not one of {QUANT_METHODS}")
+        self._check_group_size()
+        self._check_integer_options()
+        self._check_storage()
+
+    def _check_group_size(self) -> None:
+        """``group_size``: None, or an int the method accepts (even for int4, a bitsandbytes
+        block size for nf4, never for fp8)."""
         if self.group_size is not None:
             if self.method == "fp8":
                 raise ValueError(
                     f"group_size={self.group_size!r} is not used by method='fp8': "
                     "choose fp8_scaling='tensor' or 'row'"
                 )
-            if not _is_int(self.group_size) or not 1 <= self.group_size <= MAX_GROUP:
+            if not is_int(self.group_size) or not 1 <= self.group_size <= MAX_GROUP:
                 raise ValueError(
                     f"group_size={self.group_size!r} must be an integer in [1, {MAX_GROUP}] or None"
                 )
@@ -146,6 +150,9 @@ class Quant:
                     f"group_size={self.group_size} must be one of {NF4_BLOCK_SIZES} for nf4 "
                     "(bitsandbytes block sizes)"
                 )
+
+    def _check_integer_options(self) -> None:
+        """``zero_point`` and ``scale_dtype``: int8/int4 only."""
         if self.zero_point is not None:
             if not isinstance(self.zero_point, bool):
                 raise ValueError(f"zero_point={self.zero_point!r} must be a bool or None")
@@ -164,6 +171,9 @@ class Quant:
                     f"scale_dtype={self.scale_dtype!r} applies to int8/int4 only "
                     f"(method={self.method!r} stores fp32 scales)"
                 )
+
+    def _check_storage(self) -> None:
+        """``double_quant``, ``fp8_scaling`` and ``keep_16bit`` (which must keep the norms)."""
         if not isinstance(self.double_quant, bool):
             raise ValueError(f"double_quant={self.double_quant!r} must be a bool")
         if self.fp8_scaling not in FP8_SCALINGS:

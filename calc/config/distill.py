@@ -31,8 +31,8 @@ class Distill:
     """A frozen teacher whose softened logits the student learns from."""
 
     teacher: ModelSpec
-    """The teacher model (any size; its vocabulary covers the student's), or a model card id
-    (``"qwen2.5-32b"``), read with ``calc.load_card``."""
+    """The teacher model (any size; its vocabulary covers the student's); a model card is read
+    with ``calc.load_card(id)`` first (the CLI's ``--teacher`` and the app do that)."""
     teacher_precision: TeacherPrecision = "bf16"
     """Dtype of the teacher's weights and forward: ``fp32``, ``bf16`` or ``fp16``."""
     temperature: float = 1.0
@@ -46,10 +46,6 @@ class Distill:
     nf4, fp8), computing in ``teacher_precision``; ``None`` keeps them dense."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.teacher, str):
-            from calc.data.cards import load_card  # ValueError naming the card and the known ones
-
-            object.__setattr__(self, "teacher", load_card(self.teacher))
         if not isinstance(self.teacher, ModelSpec):
             raise ValueError(
                 f"teacher={self.teacher!r} must be a calc.ModelSpec (e.g. calc.load_card(id))"

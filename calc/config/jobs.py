@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from calc.config.checks import check_choice, check_fraction, check_size
 from calc.config.compression import KVQuant, LoRA, Quant, check_kv_quant, check_lora_quant
 from calc.config.distill import Distill
 from calc.config.pruning import Pruning
@@ -33,32 +34,6 @@ IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
 INFERENCE_PRECISIONS: tuple[str, ...] = get_args(InferencePrecision)
 DEVICES: tuple[str, ...] = get_args(Device)
-
-MAX_TOKENS = 1 << 40
-"""Upper bound on batch x sequence sizes accepted (beyond any real run; guards typos)."""
-
-
-def check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
-    """Raise ``ValueError`` unless ``value`` is one of ``allowed``."""
-    if value not in allowed:
-        raise ValueError(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}")
-
-
-def check_size(field: str, value: object, low: int = 1, high: int = MAX_TOKENS) -> None:
-    """Raise ``ValueError`` unless ``value`` is an int in ``[low, high]`` (bools rejected)."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{field}={value!r} must be an integer in [{low}, {high}]")
-    if not low <= value <= high:
-        raise ValueError(f"{field}={value} is out of range: allowed [{low}, {high}]")
-
-
-def check_fraction(field: str, value: object, high_inclusive: bool = False) -> None:
-    """Raise ``ValueError`` unless ``value`` is a real number in ``[0, 1)`` (or ``[0, 1]``)."""
-    ok_type = isinstance(value, int | float) and not isinstance(value, bool)
-    upper_ok = ok_type and (value <= 1 if high_inclusive else value < 1)  # type: ignore[operator]
-    if not ok_type or not (value >= 0 and upper_ok):  # type: ignore[operator]
-        bound = "1]" if high_inclusive else "1)"
-        raise ValueError(f"{field}={value!r} must be a number in [0, {bound}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

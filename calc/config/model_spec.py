@@ -15,22 +15,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, TypeGuard, TypeVar
 
 import sympy as sp
 
 from calc import symbols as S
+from calc.config.checks import is_int, is_real
 
 ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "gpt2"]
 Group = Literal["embedding", "position", "layer", "final_norm", "head"]
 
 MODEL_TYPES: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3", "gpt2")
-LLAMA_FAMILY: tuple[str, ...] = ("llama", "mistral", "qwen2", "qwen3")
 _MLPS = ("swiglu", "gelu")
 _NORMS = ("rmsnorm", "layernorm")
-_GROUPS = ("embedding", "position", "layer", "final_norm", "head")
 _SIZE_FIELDS = (
     "hidden",
     "n_layers",
@@ -57,12 +56,8 @@ _GELU_ACTS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python
 Dim = int | sp.Expr
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _is_model_type(value: object) -> TypeGuard[ModelType]:
+    return value in MODEL_TYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,9 +144,15 @@ class ModelSpec:
             raise ValueError(f"name={self.name!r} must be a non-empty string")
         if self.model_type not in MODEL_TYPES:
             raise ValueError(f"model_type={self.model_type!r} must be one of {MODEL_TYPES}")
+        self._check_sizes()
+        self._check_structure()
+        self._check_numbers()
+
+    def _check_sizes(self) -> None:
+        """Positive integer sizes; whole GQA groups; GPT-2's heads span the hidden size."""
         for field in _SIZE_FIELDS:
             value = getattr(self, field)
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ValueError(f"{field}={value!r} must be a positive integer")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads}")
@@ -160,6 +161,9 @@ class ModelSpec:
                 f"head_dim={self.head_dim} must equal hidden/n_heads="
                 f"{self.hidden}/{self.n_heads} for gpt2"
             )
+
+    def _check_structure(self) -> None:
+        """The MLP and norm kinds and the structural switches (a norm bias only on LayerNorm)."""
         if self.mlp not in _MLPS:
             raise ValueError(f"mlp={self.mlp!r} must be one of {_MLPS}")
         if self.norm not in _NORMS:
@@ -170,13 +174,16 @@ class ModelSpec:
                 raise ValueError(f"{field}={value!r} must be a bool")
         if self.norm_bias and self.norm != "layernorm":
             raise ValueError(f"norm_bias={self.norm_bias} is only allowed with norm='layernorm'")
+
+    def _check_numbers(self) -> None:
+        """Dropout probabilities in [0, 1); a positive norm epsilon and RoPE base."""
         for field in _DROPOUT_FIELDS:
             value = getattr(self, field)
-            if not _is_real(value) or not 0 <= value < 1:
+            if not is_real(value) or not 0 <= value < 1:
                 raise ValueError(f"{field}={value!r} must be a probability in [0, 1)")
-        if not _is_real(self.norm_eps) or not self.norm_eps > 0:
+        if not is_real(self.norm_eps) or not self.norm_eps > 0:
             raise ValueError(f"norm_eps={self.norm_eps!r} must be a positive number")
-        if self.rope_theta is not None and (not _is_real(self.rope_theta) or self.rope_theta <= 0):
+        if self.rope_theta is not None and (not is_real(self.rope_theta) or self.rope_theta <= 0):
             raise ValueError(f"rope_theta={self.rope_theta!r} must be a positive number or None")
 
     # ------------------------------------------------------------------ construction
@@ -191,7 +198,7 @@ class ModelSpec:
             got = type(config).__name__
             raise ValueError(f"config must be a JSON object (a dict), got {got}")
         model_type = config.get("model_type")
-        if model_type not in MODEL_TYPES:
+        if not _is_model_type(model_type):
             raise ValueError(f"model_type={model_type!r} must be one of {MODEL_TYPES}")
         label = name if name is not None else str(config.get("_name_or_path") or model_type)
         if model_type == "gpt2":
@@ -207,7 +214,7 @@ class ModelSpec:
             raise ValueError(f"n_embd={hidden} must be divisible by n_head={heads}")
         n_inner = c.get("n_inner")
         ffn = 4 * hidden if n_inner is None else _req_int(c, "n_inner")
-        act = _opt(c, "activation_function", "gelu_new", str)
+        act = _opt(c, "activation_function", "gelu_new", _is_str, "str")
         if act not in _GELU_ACTS:
             raise ValueError(f"activation_function={act!r} must be one of {_GELU_ACTS}")
         return cls(
@@ -228,22 +235,24 @@ class ModelSpec:
             mlp_bias=True,
             norm_bias=True,
             qk_norm=False,
-            tied_embeddings=_opt(c, "tie_word_embeddings", True, bool),
+            tied_embeddings=_opt(c, "tie_word_embeddings", True, _is_bool, "bool"),
             learned_positions=True,
             attention_dropout=_prob(c, "attn_pdrop", 0.1),
             hidden_dropout=_prob(c, "resid_pdrop", 0.1),
             embedding_dropout=_prob(c, "embd_pdrop", 0.1),
-            norm_eps=_opt(c, "layer_norm_epsilon", 1e-5, float),
+            norm_eps=_opt_float(c, "layer_norm_epsilon", 1e-5),
             rope_theta=None,
         )
 
     @classmethod
-    def _from_llama_family(cls, c: Mapping[str, object], name: str, model_type: str) -> ModelSpec:
+    def _from_llama_family(
+        cls, c: Mapping[str, object], name: str, model_type: ModelType
+    ) -> ModelSpec:
         # Defaults: transformers/models/{llama,mistral,qwen2,qwen3}/configuration_*.py.
         hidden = _req_int(c, "hidden_size")
         heads = _req_int(c, "num_attention_heads")
         kv_default = 8 if model_type == "mistral" else heads
-        kv = _opt(c, "num_key_value_heads", kv_default, int, none_means_default=True)
+        kv = _opt(c, "num_key_value_heads", kv_default, is_int, "int", none_means_default=True)
         if model_type == "qwen3" and "head_dim" not in c:
             head_dim = 128  # Qwen3Config.head_dim default, not hidden // heads
         elif c.get("head_dim") is None:
@@ -255,20 +264,20 @@ class ModelSpec:
             head_dim = hidden // heads
         else:
             head_dim = _req_int(c, "head_dim")
-        act = _opt(c, "hidden_act", "silu", str)
+        act = _opt(c, "hidden_act", "silu", _is_str, "str")
         if act != "silu":
             raise ValueError(f"hidden_act={act!r} must be 'silu' (SwiGLU MLP) for {model_type}")
         # Biases follow each modeling file: llama and qwen3 read attention_bias for q/k/v/o;
         # qwen2 hard-codes bias on q/k/v only; mistral has none; only llama reads mlp_bias.
         if model_type in ("llama", "qwen3"):
-            qkv_bias = o_bias = _opt(c, "attention_bias", False, bool)
+            qkv_bias = o_bias = _opt(c, "attention_bias", False, _is_bool, "bool")
         else:
             qkv_bias, o_bias = model_type == "qwen2", False
-        mlp_bias = _opt(c, "mlp_bias", False, bool) if model_type == "llama" else False
+        mlp_bias = _opt(c, "mlp_bias", False, _is_bool, "bool") if model_type == "llama" else False
         max_pos_default = {"llama": 2048, "mistral": 4096 * 32}.get(model_type, 32768)
         window: int | None = None
         if model_type == "mistral" or (
-            model_type == "qwen2" and _opt(c, "use_sliding_window", False, bool)
+            model_type == "qwen2" and _opt(c, "use_sliding_window", False, _is_bool, "bool")
         ):
             if "sliding_window" not in c:
                 window = 4096 if model_type == "mistral" else None  # MistralConfig default
@@ -276,7 +285,7 @@ class ModelSpec:
                 window = _req_int(c, "sliding_window")
         return cls(
             name=name,
-            model_type=model_type,  # type: ignore[arg-type]
+            model_type=model_type,
             hidden=hidden,
             n_layers=_req_int(c, "num_hidden_layers"),
             n_heads=heads,
@@ -284,7 +293,7 @@ class ModelSpec:
             head_dim=head_dim,
             ffn=_req_int(c, "intermediate_size"),
             vocab=_req_int(c, "vocab_size"),
-            max_positions=_opt(c, "max_position_embeddings", max_pos_default, int),
+            max_positions=_opt(c, "max_position_embeddings", max_pos_default, is_int, "int"),
             mlp="swiglu",
             norm="rmsnorm",
             qkv_bias=qkv_bias,
@@ -292,12 +301,12 @@ class ModelSpec:
             mlp_bias=mlp_bias,
             norm_bias=False,
             qk_norm=model_type == "qwen3",
-            tied_embeddings=_opt(c, "tie_word_embeddings", False, bool),
+            tied_embeddings=_opt(c, "tie_word_embeddings", False, _is_bool, "bool"),
             learned_positions=False,
             attention_dropout=_prob(c, "attention_dropout", 0.0),
             hidden_dropout=0.0,
             embedding_dropout=0.0,
-            norm_eps=_opt(c, "rms_norm_eps", 1e-6, float),
+            norm_eps=_opt_float(c, "rms_norm_eps", 1e-6),
             rope_theta=_rope_theta(c),
             sliding_window=window,
         )
@@ -311,8 +320,9 @@ class ModelSpec:
             raise ValueError(f"config JSON is malformed: {exc}") from exc
         return cls.from_hf_config(config, name=name)
 
-    def with_overrides(self, **changes: object) -> ModelSpec:
-        """A validated copy with some fields replaced (e.g. a scaled-down model)."""
+    def with_overrides(self, **changes: Any) -> ModelSpec:
+        """A validated copy with some fields replaced (e.g. a scaled-down model); each value is
+        checked by ``__post_init__`` (``ValueError`` naming the field), hence typed ``Any``."""
         return dataclasses.replace(self, **changes)
 
     # ------------------------------------------------------------------ tensors
@@ -406,7 +416,7 @@ class ModelSpec:
     @property
     def n_params_expr(self) -> sp.Expr:
         """Parameter count as a sympy expression of ``h, L, a, k, d, f, V, P``."""
-        return _count(self.param_tensors(symbolic=True), S.L)
+        return sp.sympify(_count(self.param_tensors(symbolic=True), S.L))
 
     @property
     def n_params(self) -> int:
@@ -426,37 +436,49 @@ def _req_int(c: Mapping[str, object], key: str) -> int:
     if key not in c:
         raise ValueError(f"config is missing required key {key!r}")
     value = c[key]
-    if not _is_int(value) or value <= 0:
+    if not is_int(value) or value <= 0:
         raise ValueError(f"{key}={value!r} must be a positive integer")
-    return value  # type: ignore[return-value]
+    return value
+
+
+def _is_bool(value: object) -> TypeGuard[bool]:
+    return isinstance(value, bool)
+
+
+def _is_str(value: object) -> TypeGuard[str]:
+    return isinstance(value, str)
+
+
+_T = TypeVar("_T")
 
 
 def _opt(
     c: Mapping[str, object],
     key: str,
-    default: object,
-    kind: type,
+    default: _T,
+    is_kind: Callable[[object], TypeGuard[_T]],
+    kind: str,
     *,
     none_means_default: bool = False,
-) -> object:
-    """``c[key]`` checked against ``kind``, or ``default`` when the key is absent."""
+) -> _T:
+    """``c[key]`` checked by ``is_kind`` (a ``ValueError`` naming ``kind`` otherwise), or
+    ``default`` when the key is absent."""
     if key not in c or (none_means_default and c[key] is None):
         return default
     value = c[key]
-    if kind is float:
-        ok = _is_real(value)
-    elif kind is int:
-        ok = _is_int(value)
-    else:
-        ok = isinstance(value, kind)
-    if not ok:
-        raise ValueError(f"{key}={value!r} must be of type {kind.__name__}")
-    return float(value) if kind is float else value  # type: ignore[arg-type]
+    if not is_kind(value):
+        raise ValueError(f"{key}={value!r} must be of type {kind}")
+    return value
+
+
+def _opt_float(c: Mapping[str, object], key: str, default: float) -> float:
+    """A real number ``c[key]`` as a float, or ``default`` when absent."""
+    return float(_opt(c, key, default, is_real, "float"))
 
 
 def _prob(c: Mapping[str, object], key: str, default: float) -> float:
     """A dropout probability ``c[key]`` in [0, 1), or ``default`` when absent."""
-    value: float = _opt(c, key, default, float)  # type: ignore[assignment]
+    value = _opt_float(c, key, default)
     if not 0 <= value < 1:
         raise ValueError(f"{key}={value!r} must be a probability in [0, 1)")
     return value
@@ -467,7 +489,7 @@ def _rope_theta(c: Mapping[str, object]) -> float:
     default 10000.0 (``RotaryEmbeddingConfigMixin.default_theta`` in modeling_rope_utils.py)."""
     params = c.get("rope_parameters")
     if "rope_theta" in c:
-        return _opt(c, "rope_theta", 10_000.0, float)  # type: ignore[return-value]
+        return _opt_float(c, "rope_theta", 10_000.0)
     if isinstance(params, Mapping) and "rope_theta" in params:
-        return _opt(params, "rope_theta", 10_000.0, float)  # type: ignore[return-value]
+        return _opt_float(params, "rope_theta", 10_000.0)
     return 10_000.0

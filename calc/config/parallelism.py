@@ -19,15 +19,11 @@ Conventions (what PyTorch and Megatron-LM do, cited per field):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal, get_args
+from dataclasses import dataclass
+from typing import Literal, get_args
 
-from calc.config.jobs import check_choice, check_size
-
-if TYPE_CHECKING:
-    from calc.config.model_spec import ModelSpec
-    from calc.parallel.data import ReplayPlan
+from calc.config.checks import check_bool, check_choice, check_size
+from calc.config.model_spec import ModelSpec
 
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
@@ -38,16 +34,8 @@ OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_PARTITIONS: tuple[str, ...] = get_args(ZeroPartition)
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
-BY_PARAMETER_MAX_LAYERS = 16
-"""Largest model (layers) for which the by-parameter ZeRO-1 partition is replayed layer by
-layer (about 5 s per layer and rank on one core)."""
 MAX_DEGREE = 1 << 20
 """Upper bound on any parallel degree (beyond any real cluster; guards typos)."""
-
-
-def _check_bool(field: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{field}={value!r} must be True or False")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,7 +94,7 @@ class Parallelism:
             "gradient_as_bucket_view",
             "vocab_parallel",
         ):
-            _check_bool(name, getattr(self, name))
+            check_bool(name, getattr(self, name))
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise ValueError(f"zero={self.zero!r} is not one of 0, 1, 2, 3")
         check_choice("pp_schedule", self.pp_schedule, PIPELINE_SCHEDULES)
@@ -162,8 +150,11 @@ def check_divisibility(model: ModelSpec, parallel: Parallelism) -> None:
 
     Tensor parallelism (Megatron-LM column/row parallel linears, Shoeybi et al. 2019 §3; PyTorch
     ``ColwiseParallel``/``RowwiseParallel``) needs tp to divide the query heads, the KV heads
-    (GQA: each rank holds whole KV heads; Megatron-LM requires ``num_query_groups % tp == 0``),
-    the MLP width and, for the vocab-parallel embedding and loss, the vocabulary. Sequence and
+    (GQA: each rank holds whole KV heads; Megatron-LM requires ``num_attention_heads``,
+    ``num_query_groups`` and ``ffn_hidden_size`` to be multiples of tp,
+    ``megatron/training/arguments.py``; the model's ``view(b, s, heads, head_dim)`` needs whole
+    heads on each rank), the MLP width and, for the vocab-parallel embedding and loss, the
+    vocabulary. Sequence and
     context parallelism split the sequence, which is checked against a job's length by the
     estimate. Pipeline parallelism needs at least one layer per (virtual) stage; an uneven
     split is accepted and named by the estimate (the first stages take the extra layers).
@@ -200,171 +191,3 @@ def layers_per_stage(n_layers: int, parallel: Parallelism) -> tuple[int, ...]:
     base, extra = divmod(n_layers, chunks)
     per_chunk = [base + (1 if i < extra else 0) for i in range(chunks)]
     return tuple(sum(per_chunk[r :: parallel.pp]) for r in range(parallel.pp))
-
-
-# ---------------------------------------------------------------------- the sharding layer
-
-Holding = Literal["replicated", "dp-sharded", "dp-owned", "tp-split", "pp-stage", "cpu"]
-"""How a rank holds a class of tensors: a full copy (``replicated``), a 1/dp slice of every
-tensor (``dp-sharded``: FSDP2/ZeRO-3 parameters, ZeRO-2 gradients), whole tensors owned by one
-dp rank each (``dp-owned``: ``ZeroRedundancyOptimizer``'s states), the rank's part of a
-Megatron split (``tp-split``), only the layers of its pipeline stage (``pp-stage``), or not on
-the GPU at all (``cpu``: offloaded)."""
-TENSOR_KINDS: tuple[str, ...] = ("weight", "grad", "state", "activation")
-
-
-def holding(kind: str, parallel: Parallelism) -> tuple[Holding, ...]:
-    """How one rank holds tensors of ``kind`` under ``parallel``: the holdings that apply, in
-    the order the layer applies them (e.g. ``("pp-stage", "tp-split", "dp-owned")``).
-
-    Sources: ZeRO stages 1/2/3 shard optimizer states / + gradients / + parameters over the
-    data-parallel ranks (Rajbhandari et al. 2020, §5.1-5.3); ``ZeroRedundancyOptimizer`` keeps
-    whole parameters' states per rank; Megatron TP splits weights, their gradients and states,
-    and the activations inside attention and MLP (Shoeybi et al. 2019 §3; with SP also the
-    rest, Korthikanti et al. 2022 §4.2.2); a pipeline stage holds its layers only; ZeRO-Offload
-    keeps optimizer states (and, ZeRO-Infinity, parameters) in CPU memory.
-    """
-    check_choice("kind", kind, TENSOR_KINDS)
-    out: list[Holding] = []
-    if parallel.pp > 1 and kind != "activation":
-        out.append("pp-stage")
-    if parallel.tp > 1:
-        out.append("tp-split")
-    if kind == "activation":
-        return tuple(out) or ("replicated",)
-    level = parallel.shard_level
-    offloaded = (kind == "state" and parallel.offload != "none") or (
-        kind in ("weight",) and parallel.offload == "optimizer+params"
-    )
-    if offloaded:
-        out.append("cpu")
-    elif parallel.dp > 1:
-        sharded_from = {"state": 1, "grad": 2, "weight": 3}[kind]
-        if level >= sharded_from:
-            by_param = kind == "state" and parallel.zero_partition == "by-parameter"
-            out.append("dp-owned" if by_param else "dp-sharded")
-    return tuple(out) or ("replicated",)
-
-
-@dataclass(frozen=True, slots=True)
-class RankClass:
-    """Ranks that hold the same tensors, hence have the same peak."""
-
-    ranks: tuple[int, ...]
-    """Global ranks (mesh ``[dp, pp, cp, tp]``, row-major: tp innermost)."""
-    label: str
-    """What distinguishes this class (e.g. ``dp rank 1``)."""
-    model: ModelSpec
-    """The model one rank of this class replays (tensor parallelism: its part)."""
-    replay: ReplayPlan
-    """Changes to the replayed step (`calc.parallel.data.ReplayPlan`)."""
-    ddp: bool
-    """DDP gradient buckets are held (data parallel without sharded gradients)."""
-    notes: tuple[str, ...] = ()
-
-
-def global_rank(parallel: Parallelism, dp: int = 0, pp: int = 0, cp: int = 0, tp: int = 0) -> int:
-    """Global rank of mesh coordinates ``[dp, pp, cp, tp]`` (tp innermost)."""
-    return ((dp * parallel.pp + pp) * parallel.cp + cp) * parallel.tp + tp
-
-
-def rank_classes(
-    model: ModelSpec, parallel: Parallelism, trainable_numels: Sequence[int] | None = None
-) -> list[RankClass]:
-    """The classes of ranks of ``parallel`` and what each holds, decided by `holding`.
-    ``trainable_numels``: elements of the trainable parameters in ``parameters()`` order when
-    not all of the model's parameters train (LoRA: the adapters, `calc.compress.lora.trainable_numels`);
-    ``ZeroRedundancyOptimizer`` partitions those.
-
-    Raises ``NotImplementedError`` naming what the cost model does not cover yet.
-    """
-    from calc.parallel.data import ReplayPlan, zero_redundancy_partition
-
-    w, g, s = holding("weight", parallel), holding("grad", parallel), holding("state", parallel)
-    for hold in (w, g, s):
-        if "pp-stage" in hold:
-            raise NotImplementedError("pipeline parallelism (pp > 1) is not modelled yet")
-    fsdp = "dp-sharded" in w or (parallel.offload == "optimizer+params")
-    if parallel.offload != "none" and parallel.dp == 1:
-        raise NotImplementedError("CPU offload is modelled with data parallelism (dp > 1)")
-    local = model  # cp > 1: the job is the rank's (calc.parallel.context, in calc.estimate.ranks)
-    notes: list[str] = []
-    if "tp-split" in w:
-        from calc.parallel import tensor as tensor_parallel
-
-        local = tensor_parallel.rank_model(model, parallel)
-        notes.append(f"tensor parallel: each rank replays {local.name}")
-    zero2 = "dp-sharded" in g and not fsdp
-    ddp = parallel.dp > 1 and not fsdp and not zero2
-    plan = ReplayPlan(
-        grads_in_buckets=ddp and parallel.gradient_as_bucket_view,
-        fsdp=fsdp,
-        shard_world=parallel.dp,
-        reshard_after_forward=parallel.reshard_after_forward,
-        shard_states="dp-sharded" in s and not fsdp,
-        shard_grads=zero2,
-        offload=parallel.offload,
-    )
-    if plan.shard_states:
-        notes.append(
-            f"ZeRO-{parallel.zero} (analytic, no PyTorch engine runs it): optimizer states of "
-            f"each parameter's dim-0 shard (1/{parallel.dp})"
-            + ("; gradients reduce-scattered as they become ready" if zero2 else
-               "; gradients all-reduced through DDP's buckets")
-        )  # fmt: skip
-    if parallel.offload != "none":
-        notes.append(
-            f"offload={parallel.offload} (analytic): optimizer states and step on the CPU; "
-            "gradients leave the GPU after the backward"
-            + ("; parameter shards on the CPU, gathered per layer" if fsdp else "")
-        )
-    if fsdp:
-        notes.append(
-            f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="
-            f"{parallel.reshard_after_forward}; ranks holding smaller (unpadded) shards may "
-            "peak lower"
-        )
-    every = tuple(range(parallel.world_size))
-    if "dp-owned" not in s:
-        return [RankClass(every, "every rank", local, plan, ddp, tuple(notes))]
-    if local.n_layers > BY_PARAMETER_MAX_LAYERS:
-        raise NotImplementedError(
-            f"zero_partition='by-parameter' replays every layer once per dp rank (the partition "
-            f"is not the same in every layer); {local.n_layers} layers is beyond "
-            f"{BY_PARAMETER_MAX_LAYERS}: use zero_partition='shard' (states 1/dp per parameter)"
-        )
-    numels = _param_numels(local) if trainable_numels is None else list(trainable_numels)
-    parts = zero_redundancy_partition(numels, parallel.dp)
-    out = []
-    for d, part in enumerate(parts):
-        ranks = tuple(
-            global_rank(parallel, dp=d, pp=p, cp=c, tp=t)
-            for p in range(parallel.pp)
-            for c in range(parallel.cp)
-            for t in range(parallel.tp)
-        )
-        owned = sum(numels[i] for i in part)
-        out.append(
-            RankClass(
-                ranks, f"dp rank {d}", local, replace(plan, optimizer_params=tuple(part)), ddp,
-                (*notes, f"ZeRO-1 (ZeroRedundancyOptimizer): dp rank {d} holds the optimizer "
-                 f"states of {len(part)} parameters, {owned} elements"),
-            )
-        )  # fmt: skip
-    return out
-
-
-def _param_numels(model: ModelSpec) -> list[int]:
-    """Elements of every parameter in ``model.parameters()`` order (layers expanded)."""
-    tensors = model.param_tensors()
-    out: list[int] = []
-    layer = [int(t.numel) for t in tensors if t.group == "layer"]
-    placed = False
-    for t in tensors:
-        if t.group == "layer":
-            if not placed:
-                out.extend(layer * model.n_layers)
-                placed = True
-            continue
-        out.append(int(t.numel))
-    return out

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
-from calc.estimate.result import GIB
+from calc.data.cards import load_gpu_catalog_data
+from calc.units import GIB
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,8 +75,6 @@ _OPTIONAL = ("marketed_source",)
 @lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GPU]:
     """Every GPU of ``hardware/gpus.json``, by id, smallest usable memory first."""
-    from calc.data.cards import load_gpu_catalog_data
-
     rows = load_gpu_catalog_data().get("gpus")
     if not isinstance(rows, list):
         raise ValueError("hardware/gpus.json: 'gpus' must be a list of GPU objects")
@@ -82,7 +82,7 @@ def gpu_catalog() -> dict[str, GPU]:
     for row in rows:
         if not isinstance(row, dict):
             raise ValueError(f"hardware/gpus.json: each GPU must be an object, got {row!r}")
-        fields = {name: row.get(name) for name in _FIELDS}
+        fields: dict[str, Any] = {name: row.get(name) for name in _FIELDS}  # GPU checks them
         fields.update({name: str(row[name]) for name in _OPTIONAL if name in row})
         gpus.append(GPU(**fields))
     gpus.sort(key=lambda g: (g.usable_bytes, g.id))

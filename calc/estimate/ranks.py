@@ -1,8 +1,8 @@
 """The most-loaded GPU of a parallel job: one replay per kind of rank, then the maximum.
 
 `estimate_parallel` splits the world (``dp x tp x pp x cp`` ranks) into classes of ranks that
-hold the same tensors (`calc.config.parallelism.rank_classes`), replays the step once per class with the
-sharding layer's view of that rank (`calc.config.parallelism.holding` decides, tensor by tensor, what
+hold the same tensors (`calc.parallel.layout.rank_classes`), replays the step once per class with the
+sharding layer's view of that rank (`calc.parallel.layout.holding` decides, tensor by tensor, what
 the rank keeps), adds the constant storages outside the replay (DDP's buckets), and returns
 the estimate of the rank with the highest peak, with every rank's peak in
 ``Estimate.rank_peaks`` and in the breakdown under ``ranks/<r>``.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from calc.compress.lora import trainable_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.config.parallelism import Parallelism, RankClass, check_divisibility, rank_classes
+from calc.config.parallelism import Parallelism, check_divisibility
 from calc.estimate.core import (
     Compiled,
     ReplayOptions,
@@ -34,6 +34,7 @@ from calc.estimate.result import Estimate
 from calc.estimate.stages import stage_results
 from calc.parallel import data as dpm
 from calc.parallel.context import rank_job, ring_kv_bytes
+from calc.parallel.layout import RankClass, rank_classes
 from calc.replay.timeline import MIDDLE
 from calc.symbols import JOB_SYMBOLS
 

@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
-GIB = 1 << 30
-"""Bytes per GiB (2**30): the only unit used for display."""
+from calc.units import GIB
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

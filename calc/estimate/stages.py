@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.config.parallelism import Parallelism, RankClass, global_rank
+from calc.config.parallelism import Parallelism
 from calc.estimate.core import ReplayOptions, compiled_for, evaluate
 from calc.estimate.result import Estimate
 from calc.parallel.data import ReplayPlan
+from calc.parallel.layout import RankClass, global_rank
 from calc.parallel.tensor import rank_model
 from calc.step.pipeline import in_flight, microbatch_job, stage_plans
 

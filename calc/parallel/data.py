@@ -25,9 +25,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from calc.config.parallelism import Parallelism
-from calc.replay.tape import Tape, Tensor
+from calc.parallel.fsdp import shard_numel
+from calc.replay.tape import Size, Tape, Tensor
+from calc.units import MIB
 
-MIB = 1 << 20
 DDP_FIRST_BUCKET_BYTES = 1 * MIB
 """``torch.distributed._DEFAULT_FIRST_BUCKET_BYTES``: the first bucket's cap with the default
 ``bucket_cap_mb``."""
@@ -111,7 +112,7 @@ def zero_redundancy_partition(numels: Sequence[int], world: int) -> list[list[in
     return ranks
 
 
-def install(tape: Tape, plan: ReplayPlan, shard_of: dict | None = None) -> None:
+def install(tape: Tape, plan: ReplayPlan, shard_of: dict[int, Size] | None = None) -> None:
     """Set the tape's post-accumulate-grad hook for ``plan`` (``shard_of``: leaf storage id ->
     shard numel, for ZeRO-2)."""
     if plan.grads_in_buckets:
@@ -149,9 +150,7 @@ def prepare(
 ) -> list[Tensor]:
     """Install ``plan``'s hooks; return what the optimizer steps (ZeRO-1/2 with sharded states:
     a shard-sized view of each parameter, `calc.parallel.fsdp.shard_numel`)."""
-    from calc.parallel.fsdp import shard_numel
-
-    shard_of: dict[int, object] = {}
+    shard_of: dict[int, Size] = {}
     if plan.shard_states or plan.shard_grads:
         for p, shape in zip(params, shapes, strict=True):
             shard_of[id(p.storage)] = shard_numel(shape, plan.shard_world)

@@ -32,6 +32,8 @@ replay frees it after the ``cat``, as in the forward.
 
 from __future__ import annotations
 
+import sympy as sp
+
 from calc.replay import ops
 from calc.replay.tape import Node, Size, Tape, Tensor
 
@@ -106,7 +108,7 @@ def row_linear(
     xi = ops.view(tape, x)
     y = ops.linear(tape, xi, w, bias, rows, out, name)
     tape.drop(xi)
-    r = reduce_scatter(tape, y, rows * out / tp, f"{name}.reduce_scatter")
+    r = reduce_scatter(tape, y, sp.sympify(rows * out) / tp, f"{name}.reduce_scatter")
     tape.drop(y)
     return r
 
@@ -124,6 +126,7 @@ def vocab_embedding(tape: Tape, w: Tensor, rows: Size, hidden: Size, name: str, 
         return [tape.new(w.numel * tp, w.itemsize, f"d{w.name}.whole_table")]
 
     n = tape.node("Embedding", rule, [w])
-    n.info["in_meta"] = None  # the whole-table gradient is not reduced to the share
+    if n is not None:  # no node with grad mode off
+        n.info["in_meta"] = None  # the whole-table gradient is not reduced to the share
     tape.grad_any_size.add(id(w.storage))
     return tape.output(tape.new(rows * hidden, w.itemsize, name), n)

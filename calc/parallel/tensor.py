@@ -37,32 +37,10 @@ plan (with ``vocab_parallel`` too: the embedding's partial output reduce-scatter
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism, check_divisibility
 from calc.replay import ops
-from calc.replay.tape import Node, Tape, Tensor
-
-if TYPE_CHECKING:
-    from calc.config.model_spec import ModelSpec
-    from calc.config.parallelism import Parallelism
-
-
-def check_tensor_parallel(model: ModelSpec, tp: int) -> None:
-    """Raise ``ValueError`` when ``tp`` cannot split ``model``'s heads and MLP evenly.
-
-    Megatron-LM requires whole attention heads and whole KV groups per rank
-    (``num_attention_heads % tp == 0``, ``num_query_groups % tp == 0``, ``ffn_hidden_size %
-    tp == 0``: ``megatron/training/arguments.py``); PyTorch's ``ColwiseParallel`` shards the
-    weight rows evenly with ``Shard(0)``, and the model's ``view(b, s, heads, head_dim)`` then
-    needs whole heads on each rank.
-    """
-    for field, value in (("n_heads", model.n_heads), ("n_kv_heads", model.n_kv_heads),
-                         ("ffn", model.ffn)):  # fmt: skip
-        if value % tp:
-            raise ValueError(
-                f"tp={tp} does not divide {field}={value} of {model.name}: allowed tp: "
-                f"the common divisors of n_heads, n_kv_heads and ffn"
-            )
+from calc.replay.tape import Node, Size, Tape, Tensor
 
 
 def rank_model(model: ModelSpec, parallel: Parallelism) -> ModelSpec:
@@ -86,13 +64,11 @@ def rank_model(model: ModelSpec, parallel: Parallelism) -> ModelSpec:
         raise NotImplementedError(
             "tensor parallelism of gpt2's fused c_attn is not modelled (llama family only)"
         )
-    check_tensor_parallel(model, tp)
+    check_divisibility(model, parallel)  # whole heads, KV groups, MLP columns (and vocab rows)
     vocab = model.vocab
     if parallel.vocab_parallel:
         if model.tied_embeddings:
             raise NotImplementedError("a vocabulary-parallel tied embedding/head is not modelled")
-        if vocab % tp:
-            raise ValueError(f"tp={tp} does not divide vocab={vocab} (vocab_parallel=True)")
         vocab //= tp
     return model.with_overrides(
         name=f"{model.name}/tp{tp}",
@@ -131,7 +107,7 @@ def all_reduce(tape: Tape, partial: Tensor, name: str) -> Tensor:
 
 
 def column_linear(
-    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: object, out: object, name: str
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str
 ) -> Tensor:
     """``ColwiseParallel`` around ``F.linear``: from_local (`enter_column`), the local linear,
     ``to_local`` (a view)."""
@@ -144,7 +120,7 @@ def column_linear(
 
 
 def row_linear(
-    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: object, out: object, name: str
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str
 ) -> Tensor:
     """``RowwiseParallel`` around ``F.linear``: from_local (a view), the local linear (a
     partial sum), its all-reduce (`all_reduce`), ``to_local`` (a view)."""
@@ -159,7 +135,7 @@ def row_linear(
 
 
 def loss_parallel_cross_entropy(
-    tape: Tape, logits: Tensor, rows: object, vocab: object, itemsize: int
+    tape: Tape, logits: Tensor, rows: Size, vocab: Size, itemsize: int
 ) -> Tensor:
     """``F.cross_entropy`` on vocabulary-sharded logits under ``loss_parallel()``
     (``torch/distributed/tensor/parallel/loss.py``): ``log_softmax`` [rows, V/tp] (its

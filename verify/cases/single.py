@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from calc.compress.structured import pruned_spec
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from verify.cases.scale import DEFAULT_MAX_POSITIONS, scaled_spec
@@ -69,8 +70,6 @@ class Case:
         kw.setdefault("max_positions", max(DEFAULT_MAX_POSITIONS, self.seq))
         spec = scaled_spec(self.card, **kw)
         if self.structured:
-            from calc.config.pruning import pruned_spec
-
             spec = pruned_spec(spec, **dict(self.structured))
         return spec
 

@@ -90,11 +90,12 @@ def test_temperature_and_hard_loss_never_cost_less() -> None:
     assert plain.peak_bytes <= hot.peak_bytes <= both.peak_bytes
 
 
-def test_teacher_by_card_id() -> None:
-    d = calc.Distill(teacher="qwen2.5-32b")
+def test_teacher_is_a_model_spec_not_a_card_id() -> None:
+    """The config reads no card: a card id is refused, naming the field and the way to load it."""
+    with pytest.raises(ValueError, match=r"teacher='qwen2\.5-32b' must be a calc\.ModelSpec"):
+        calc.Distill(teacher="qwen2.5-32b")  # type: ignore[arg-type]
+    d = calc.Distill(teacher=calc.load_card("qwen2.5-32b"))
     assert d.teacher.n_params == 32_763_876_352  # the card's published count
-    with pytest.raises(ValueError, match="not a known model card"):
-        calc.Distill(teacher="qwen-9000")
 
 
 @pytest.mark.parametrize(

@@ -16,14 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import calc
-from calc.config.pruning import (
-    Pruning,
+from calc.compress.sparse import (
     break_even_nnz,
     pruned_nnz,
     semi_structured_bytes,
     sparse_bytes,
     storage_verdict,
 )
+from calc.config.pruning import Pruning
 from tests.specs import tiny_llama
 
 PRUNED_TINY = 17408  # module docstring

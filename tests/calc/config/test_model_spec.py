@@ -9,33 +9,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calc.config.model_spec import ModelSpec
+from tests.specs import tiny_llama
 
-BASE = ModelSpec(
+BASE = tiny_llama(
     name="tiny",
-    model_type="llama",
     hidden=8,
-    n_layers=2,
-    n_heads=2,
     n_kv_heads=1,
     head_dim=4,
     ffn=16,
     vocab=10,
     max_positions=32,
-    mlp="swiglu",
-    norm="rmsnorm",
-    qkv_bias=False,
-    o_bias=False,
-    mlp_bias=False,
-    norm_bias=False,
-    qk_norm=False,
-    tied_embeddings=False,
-    learned_positions=False,
-    attention_dropout=0.0,
-    hidden_dropout=0.0,
-    embedding_dropout=0.0,
     norm_eps=1e-5,
-    rope_theta=10000.0,
 )
+"""Hidden 8, 2 layers, 2 query heads of 4 sharing 1 KV head, ffn 16, vocabulary 10."""
 
 
 @pytest.mark.parametrize(
@@ -81,17 +67,12 @@ def test_kv_heads_message_names_both_values() -> None:
         dataclasses.replace(BASE, n_heads=8, n_kv_heads=3, hidden=32)
 
 
+GPT2 = {"model_type": "gpt2", "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 4,
+        "vocab_size": 10}  # fmt: skip
+
+
 def test_gpt2_head_dim_must_split_hidden() -> None:
-    gpt2 = ModelSpec.from_hf_config(
-        {
-            "model_type": "gpt2",
-            "n_embd": 8,
-            "n_layer": 1,
-            "n_head": 2,
-            "n_positions": 4,
-            "vocab_size": 10,
-        }
-    )
+    gpt2 = ModelSpec.from_hf_config(GPT2)
     with pytest.raises(ValueError, match="head_dim=3"):
         gpt2.with_overrides(head_dim=3)
 
@@ -141,22 +122,14 @@ def test_missing_required_key(key: str) -> None:
 
 
 def test_gpt2_bad_keys() -> None:
-    base = {
-        "model_type": "gpt2",
-        "n_embd": 8,
-        "n_layer": 1,
-        "n_head": 2,
-        "n_positions": 4,
-        "vocab_size": 10,
-    }
     with pytest.raises(ValueError, match="n_positions"):
-        ModelSpec.from_hf_config({k: v for k, v in base.items() if k != "n_positions"})
+        ModelSpec.from_hf_config({k: v for k, v in GPT2.items() if k != "n_positions"})
     with pytest.raises(ValueError, match="n_embd=8 must be divisible by n_head=3"):
-        ModelSpec.from_hf_config({**base, "n_head": 3})
+        ModelSpec.from_hf_config({**GPT2, "n_head": 3})
     with pytest.raises(ValueError, match="activation_function"):
-        ModelSpec.from_hf_config({**base, "activation_function": "relu"})
+        ModelSpec.from_hf_config({**GPT2, "activation_function": "relu"})
     with pytest.raises(ValueError, match="resid_pdrop"):
-        ModelSpec.from_hf_config({**base, "resid_pdrop": 1.0})
+        ModelSpec.from_hf_config({**GPT2, "resid_pdrop": 1.0})
 
 
 @pytest.mark.parametrize("config", [[1, 2], "llama", None, 3])
