@@ -14,15 +14,17 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from calc.cli.main import DEFAULT_CARD, load_model
 from calc.config.jobs import DEVICES
+from calc.config.model_spec import ModelSpec
 from calc.data.gpus import gpu_catalog
 from calc.estimate.result import GIB
 from calc.plan import planner as P
 from calc.plan.axes import axes_for
 from calc.plan.engine import KIND_OF_TASK, context, gpu_of, kind_of
-from calc.plan.result import RANK_BYS, TASKS, Evaluated
+from calc.plan.result import RANK_BYS, TASKS, Change, Evaluated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +91,7 @@ def parse_assignments(items: Sequence[str], kind: str, allow_many: bool) -> dict
             raise ValueError(
                 f"{item!r}: give {'one or more values' if allow_many else 'one value'}"
             )
-        values = []
+        values: list[int | str] = []
         for t in texts:
             if axes[name].size:
                 if not t.isdigit():
@@ -158,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 0")
     model, label = load_model(args)
     fixed = parse_assignments(args.fix, kind, allow_many=True)
-    common = dict(
+    common: dict[str, Any] = dict(  # the arguments, validated by the planner
         task=args.task, seq_len=args.seq_len, global_batch=args.global_batch, gpu=args.gpu,
         fixed=fixed, device=args.device, error_bars=not args.no_error_bars,
     )  # fmt: skip
@@ -176,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
             gpu_count=args.gpus, fixed=fixed, device=args.device, progress=_progress,
             workers=args.workers,
         )  # fmt: skip
-    result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)  # type: ignore[arg-type]
-    least = P.least_hardware(model, **common) if args.least_hardware else None  # type: ignore[arg-type]
-    changes: tuple = ()
+    result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)
+    least = P.least_hardware(model, **common) if args.least_hardware else None
+    changes: tuple[Change, ...] = ()
     current: Evaluated | None = None
     if args.what_to_change:
         changes, current = _changes(model, args, kind, fixed)
@@ -190,8 +192,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _changes(
-    model: object, args: argparse.Namespace, kind: str, fixed: Mapping
-) -> tuple[tuple, Evaluated]:
+    model: ModelSpec, args: argparse.Namespace, kind: str, fixed: Mapping
+) -> tuple[tuple[Change, ...], Evaluated]:
     """The changes that make the ``--what-to-change`` configuration fit, and its own verdict."""
     from calc.plan.engine import base_fields_of, make_job
 
@@ -207,14 +209,14 @@ def _changes(
                 )
             axis.apply(fields, value, ctx)
     job = make_job(kind, fields, ctx)
-    common = dict(gpu=args.gpu, gpu_count=args.gpus, device=args.device,
+    common: dict[str, Any] = dict(gpu=args.gpu, gpu_count=args.gpus, device=args.device,
                   error_bars=not args.no_error_bars, parallel=want.get("parallel"))  # fmt: skip
-    current = P.evaluate(model, job, **common)  # type: ignore[arg-type]
-    return P.changes_to_fit(model, job, **common), current  # type: ignore[arg-type]
+    current = P.evaluate(model, job, **common)
+    return P.changes_to_fit(model, job, **common), current
 
 
 def _json(
-    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple,
+    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple[Change, ...],
     current: Evaluated | None,
 ) -> dict:  # fmt: skip
     out: dict = {
@@ -242,7 +244,7 @@ def _json(
 
 
 def _print(
-    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple,
+    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple[Change, ...],
     current: Evaluated | None, args: argparse.Namespace,
 ) -> None:  # fmt: skip
     g = result.gpu

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import calc
 from calc.config.distill import TEACHER_PRECISIONS
@@ -67,12 +67,12 @@ def pruning_of(args: argparse.Namespace) -> Pruning | None:
         if args.prune_amount is not None or args.prune_modules or args.prune_removed:
             raise ValueError("--prune-amount/--prune-modules/--prune-removed need --prune")
         return None
-    kw: dict[str, object] = {"kind": args.prune, "removed": args.prune_removed}
+    kw: dict[str, Any] = {"kind": args.prune, "removed": args.prune_removed}  # Pruning checks
     if args.prune_amount is not None:
         kw["amount"] = args.prune_amount
     if args.prune_modules:
         kw["modules"] = tuple(m.strip() for m in args.prune_modules.split(",") if m.strip())
-    return Pruning(**kw)  # type: ignore[arg-type]
+    return Pruning(**kw)
 
 
 def apply(
@@ -100,12 +100,10 @@ def apply(
         if args.prune is not None:
             pruning_of(args)  # validated; inference serves the dense weights (see storage)
         return model, job
-    changes: dict[str, object] = {}
     pruning = pruning_of(args)
-    if pruning is not None:
-        changes["pruning"] = pruning
+    distill = None
     if args.teacher is not None:
-        kw: dict[str, object] = {"teacher": calc.load_card(args.teacher)}
+        kw: dict[str, Any] = {"teacher": calc.load_card(args.teacher)}  # Distill checks them
         for field, value in zip(
             ("teacher_precision", "temperature", "hard_weight", "teacher_quant"),
             distill_opts,
@@ -113,8 +111,14 @@ def apply(
         ):
             if value is not None:
                 kw[field] = value
-        changes["distill"] = calc.Distill(**kw)  # type: ignore[arg-type]
-    return model, dataclasses.replace(job, **changes) if changes else job
+        distill = calc.Distill(**kw)
+    if pruning is None and distill is None:
+        return model, job
+    return model, dataclasses.replace(
+        job,
+        pruning=job.pruning if pruning is None else pruning,
+        distill=job.distill if distill is None else distill,
+    )
 
 
 def storage(

@@ -75,7 +75,7 @@ def smallest_gpu(peak_bytes: int) -> str:
     return "none of one GPU (shard it)"
 
 
-def _cell_json(task: str, width: str, r: object) -> dict:
+def _cell_json(task: str, width: str, r: report.Recipe | report.Unavailable | None) -> dict:
     """One cell as JSON: the recipe, or ``applies: false``, or the reasons nothing ran."""
     if r is None:
         return {"task": task, "width": width, "applies": False}

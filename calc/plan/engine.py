@@ -8,9 +8,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeGuard
 
 import numpy as np
 
+from calc.config.compression import Quant, QuantMethod
 from calc.config.jobs import Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
@@ -51,7 +53,7 @@ tables once (13-48 s on 2, 4 or 8 GPUs, ``benchmarks/bench_plan.py``); enumerati
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
-QLORA_METHOD = "nf4"
+QLORA_METHOD: QuantMethod = "nf4"
 """Base-weight quantization of ``task="qlora"`` unless ``base`` sets ``quant``: 4-bit
 NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314, §3)."""
 
@@ -99,7 +101,7 @@ def base_fields_of(kind: str, base: Training | Inference | None, task: str = "")
         want = Training if kind == TRAINING else Inference
         if not isinstance(base, want):
             raise ValueError(f"base must be a calc.{want.__name__} for this task, got {base!r}")
-        fields = {f: getattr(base, f) for f in base.__slots__}  # type: ignore[attr-defined]
+        fields = {f: getattr(base, f) for f in base.__slots__}
         for size in ("micro_batch", "seq_len", "grad_accum", "batch", "context", "prompt"):
             fields.pop(size, None)
     return task_fields(task, fields)
@@ -193,20 +195,22 @@ class Evaluator:
             out["parallel"] = self.layout or default_layout(self.ctx.gpu_count)
         return out
 
-    def _row(self, choices: Mapping, job: Training | Inference | None, **kw: object) -> Evaluated:
+    def _row(
+        self, choices: Mapping, job: Training | Inference | None, *, reason: str,
+        peak_bytes: int | None = None, fits: bool = False, headroom_bytes: int | None = None,
+        throughput_proxy: float = 0.0, error_bar: ErrorBar | None = None, peak_phase: str = "",
+    ) -> Evaluated:  # fmt: skip
+        """A row of the answer; without a peak, a configuration excluded for ``reason``."""
         grad_accum = job.grad_accum if isinstance(job, Training) else 1
         config = Config(
-            job=job,  # type: ignore[arg-type]
-            gpu_count=self.ctx.gpu_count,
-            choices=dict(choices),
-            grad_accum=grad_accum,
+            job=job, gpu_count=self.ctx.gpu_count, choices=dict(choices), grad_accum=grad_accum
         )
-        base = dict(
+        return Evaluated(
             config=config, usable_bytes=self.gpu.usable_bytes, gpu_id=self.gpu.id,
-            peak_bytes=None, fits=False, headroom_bytes=None, throughput_proxy=0.0,
+            peak_bytes=peak_bytes, fits=fits, headroom_bytes=headroom_bytes,
+            throughput_proxy=throughput_proxy, reason=reason, error_bar=error_bar,
+            peak_phase=peak_phase,
         )  # fmt: skip
-        base.update(kw)
-        return Evaluated(**base)  # type: ignore[arg-type]
 
     def _bar(self, key: object, job: Training | Inference) -> ErrorBar | None:
         if key not in self._bars:
@@ -266,7 +270,7 @@ class Evaluator:
         if not vectorised(job, parallel):
             return self._parallel_row(choices, job)
         try:
-            check_compressed(job, parallel)  # type: ignore[arg-type]
+            check_compressed(job, parallel)
             replays = rank_replays(self.model, job, parallel, self.device)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
@@ -332,7 +336,7 @@ class Evaluator:
         par_groups: dict = {}
         for i, (choices, job) in enumerate(entries):
             if not isinstance(job, str) and job.quant is not None:
-                job = _check_quant(self.model, job)
+                job = _check_quant(self.model, job, job.quant)
             if isinstance(job, str):
                 out[i] = self._row(choices, None, reason=job)
                 continue
@@ -343,7 +347,7 @@ class Evaluator:
                 else:
                     par_groups.setdefault(got[0], []).append((i, got[1]))
                 continue
-            groups.setdefault(plan_grid.structure_id(self.model, job), []).append(i)
+            groups.setdefault(plan_grid.structure_id(self.model, job), []).append((i, job))
         points: dict = {}  # sizes evaluated once per set of points, shared by structures
         total = len(groups) + len(par_groups)
         for n_done, members in enumerate(par_groups.values()):
@@ -352,30 +356,27 @@ class Evaluator:
             rows = self._parallel_group([item for _, item in members], points)
             for (i, _), row in zip(members, rows, strict=True):
                 out[i] = row
-        for n_done, (key, idx) in enumerate(groups.items(), start=len(par_groups)):
+        for n_done, (key, members) in enumerate(groups.items(), start=len(par_groups)):
             if self.progress is not None:
                 self.progress(n_done, total)
-            jobs = [entries[i][1] for i in idx]
+            jobs = [job for _, job in members]
             exemplar = jobs[0]
-            assert not isinstance(exemplar, str)
             table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
             self.compiled_now += int(fresh)
             if table.not_modelled:
-                for i in idx:
+                for i, job in members:
                     out[i] = self._row(
-                        entries[i][0], entries[i][1], reason=f"not modelled: {table.not_modelled}"
-                    )  # type: ignore[arg-type]
+                        entries[i][0], job, reason=f"not modelled: {table.not_modelled}"
+                    )
                 continue
-            b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)  # type: ignore[arg-type]
+            b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)
             memo_here = points.setdefault((b, s, c), {})
             peaks = plan_eval.grid_peaks(
                 self.model, exemplar, np.array(b), np.array(s), np.array(c),
                 device=self.device, table=table, memo=memo_here,
             )  # fmt: skip
             bar = self._bar(key, exemplar)
-            for n, i in enumerate(idx):
-                job = entries[i][1]
-                assert not isinstance(job, str)
+            for n, (i, job) in enumerate(members):
                 peak = int(peaks.peak_bytes[n])
                 headroom, fits, reason = self._verdict(peak)
                 out[i] = self._row(
@@ -403,7 +404,7 @@ def layout_job(
     return choices, job, label, parallel
 
 
-def vectorised(job: Training | Inference, parallel: Parallelism) -> bool:
+def vectorised(job: Training | Inference, parallel: Parallelism) -> TypeGuard[Training]:
     """Whether the planner evaluates ``job`` under ``parallel`` from its rank classes' tables
     (``calc.estimate.ranks.rank_replays``; LoRA and QLoRA jobs after ``calc.compress.lora.check_parallel``, as
     ``calc.estimate`` checks them); else one ``calc.estimate`` call per configuration:
@@ -422,7 +423,10 @@ def check_compressed(job: Training, parallel: Parallelism) -> None:
 
 
 def parallel_tables(
-    model: ModelSpec, ctx: Context, entries: Sequence[tuple[Mapping, object]], device: str
+    model: ModelSpec,
+    ctx: Context,
+    entries: Sequence[tuple[Mapping, Training | Inference | str]],
+    device: str,
 ) -> dict[tuple, tuple[ModelSpec, Training, ReplayOptions]]:
     """The rank-class tables (``calc.plan.grid.structure_table`` arguments: rank model, rank
     job, replay options) a multi-GPU training plan of ``entries`` evaluates, by structure;
@@ -433,10 +437,9 @@ def parallel_tables(
     for choices, job in entries:
         if isinstance(job, str):
             continue
-        _ch, job, _label, parallel = layout_job(choices, job, ctx.gpu_count)  # type: ignore[arg-type]
+        _ch, job, _label, parallel = layout_job(choices, job, ctx.gpu_count)
         if not vectorised(job, parallel):
             continue
-        assert isinstance(job, Training)
         for accum in dict.fromkeys((job.grad_accum, 2 if job.grad_accum == 1 else 1)):
             try:
                 check_compressed(job, parallel)
@@ -450,13 +453,16 @@ def parallel_tables(
     return out
 
 
-def _check_quant(model: ModelSpec, job: Training | Inference) -> Training | Inference | str:
-    """``job``, or an ``invalid:`` reason when its quantization's group size does not divide
-    the model's linears (``calc.compress.quant.check_fits``, as ``calc.estimate`` checks)."""
+def _check_quant(
+    model: ModelSpec, job: Training | Inference, quant: Quant
+) -> Training | Inference | str:
+    """``job``, or an ``invalid:`` reason when its quantization (``quant``) has a group size
+    that does not divide the model's linears (``calc.compress.quant.check_fits``, as
+    ``calc.estimate`` checks)."""
     from calc.compress.quant import check_fits
 
     try:
-        check_fits(model, job.quant)  # type: ignore[arg-type]
+        check_fits(model, quant)
     except ValueError as exc:
         return f"invalid: {exc}"
     return job
