@@ -50,12 +50,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
 
 ALLOWED: frozenset[tuple[str, str]] = frozenset(
     {
-        ("calc.cli.main", "calc"),
-        ("calc.cli.main", "calc.cli.plan"),
-        ("calc.cli.main", "calc.cli.prune_distill"),
-        ("calc.cli.main", "calc.cli.report"),
-        ("calc.cli.prune_distill", "calc"),
-        ("calc.cli.report", "calc.cli.main"),
         ("calc.compress.distill", "calc.compress.lora"),
         ("calc.compress.quant", "calc.replay.ops"),
         ("calc.config.distill", "calc.data.cards"),
@@ -78,14 +72,6 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset(
         ("calc.models.hf_inference", "calc.step.inference"),
         ("calc.models.hf_ops", "calc.replay.ops"),
         ("calc.parallel.data", "calc.parallel.fsdp"),
-        ("calc.plan.engine", "calc.compress.lora"),
-        ("calc.plan.engine", "calc.compress.quant"),
-        ("calc.plan.engine", "calc.config.compression"),
-        ("calc.plan.engine", "calc.data.cards"),
-        ("calc.plan.engine", "calc.estimate.ranks"),
-        ("calc.plan.grid", "calc.data.cards"),
-        ("calc.plan.result", "calc.plan.layouts"),
-        ("calc.plan.throughput", "calc.config.parallelism"),
         ("calc.step.inference", "calc.compress.kv_quant"),
         ("calc.step.inference", "calc.compress.lora"),
         ("calc.step.inference", "calc.models.hf_inference"),

@@ -13,17 +13,16 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-from calc.cli.main import DEFAULT_CARD, load_model
+from calc.cli import model_source
 from calc.config.jobs import DEVICES
 from calc.config.model_spec import ModelSpec
 from calc.data.gpus import gpu_catalog
 from calc.estimate.result import GIB
 from calc.plan import planner as P
 from calc.plan.axes import axes_for
-from calc.plan.engine import KIND_OF_TASK, context, gpu_of, kind_of
+from calc.plan.engine import KIND_OF_TASK, base_fields_of, context, gpu_of, kind_of, make_job
 from calc.plan.result import RANK_BYS, TASKS, Change, Evaluated
 
 
@@ -34,11 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Enumerate every configuration the cost model covers for a job and a GPU "
         "budget; list those that fit, ranked, and why the others do not.",
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--card", metavar="ID", help=f"model card id (default {DEFAULT_CARD})")
-    src.add_argument(
-        "--config", metavar="PATH", type=Path, help="a Hugging Face config.json instead"
-    )
+    model_source.add_arguments(p)
     p.add_argument(
         "--task", default="full-finetune", help=f"{', '.join(TASKS)} (default full-finetune)"
     )
@@ -158,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     for name in ("top", "excluded"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 0")
-    model, label = load_model(args)
+    model, label = model_source.load_model(args)
     fixed = parse_assignments(args.fix, kind, allow_many=True)
     common: dict[str, Any] = dict(  # the arguments, validated by the planner
         task=args.task, seq_len=args.seq_len, global_batch=args.global_batch, gpu=args.gpu,
@@ -195,8 +190,6 @@ def _changes(
     model: ModelSpec, args: argparse.Namespace, kind: str, fixed: Mapping
 ) -> tuple[tuple[Change, ...], Evaluated]:
     """The changes that make the ``--what-to-change`` configuration fit, and its own verdict."""
-    from calc.plan.engine import base_fields_of, make_job
-
     ctx = context(kind, args.seq_len, args.global_batch, args.gpus)
     want = parse_assignments(args.what_to_change, kind, allow_many=False)
     fields = base_fields_of(kind, None, args.task)

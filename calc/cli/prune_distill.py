@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import calc
-from calc.config.distill import TEACHER_PRECISIONS
+from calc.config.compression import Quant
+from calc.config.distill import TEACHER_PRECISIONS, Distill
+from calc.config.jobs import Inference, Training
+from calc.config.model_spec import ModelSpec
 from calc.config.pruning import (
     INDEX_DTYPES,
     PRUNING_KINDS,
     Pruning,
     StorageVerdict,
+    pruned_spec,
     storage_verdict,
 )
-
-if TYPE_CHECKING:
-    from calc.config.jobs import Inference, Training
-    from calc.config.model_spec import ModelSpec
+from calc.data.cards import load_card
 
 VALUE_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-master": 2}
 """Bytes of one stored weight for a job's precision (``amp-*`` keep fp32 weights)."""
@@ -79,7 +79,7 @@ def apply(
     args: argparse.Namespace, model: ModelSpec, job: Training | Inference
 ) -> tuple[ModelSpec, Training | Inference]:
     """The model after structured pruning and the job with its pruning/distillation fields."""
-    model = calc.pruned_spec(
+    model = pruned_spec(
         model,
         n_heads=args.keep_heads,
         n_kv_heads=args.keep_kv_heads,
@@ -90,11 +90,11 @@ def apply(
         args.teacher_precision,
         args.distill_temperature,
         args.distill_hard_weight,
-        None if args.teacher_quant is None else calc.Quant(method=args.teacher_quant),
+        None if args.teacher_quant is None else Quant(method=args.teacher_quant),
     )
     if args.teacher is None and any(v is not None for v in distill_opts):
         raise ValueError("--teacher-precision/--distill-* need --teacher")
-    if not isinstance(job, calc.Training):
+    if not isinstance(job, Training):
         if args.teacher is not None:
             raise ValueError("task='infer' does not take --teacher")
         if args.prune is not None:
@@ -103,7 +103,7 @@ def apply(
     pruning = pruning_of(args)
     distill = None
     if args.teacher is not None:
-        kw: dict[str, Any] = {"teacher": calc.load_card(args.teacher)}  # Distill checks them
+        kw: dict[str, Any] = {"teacher": load_card(args.teacher)}  # Distill checks them
         for field, value in zip(
             ("teacher_precision", "temperature", "hard_weight", "teacher_quant"),
             distill_opts,
@@ -111,7 +111,7 @@ def apply(
         ):
             if value is not None:
                 kw[field] = value
-        distill = calc.Distill(**kw)
+        distill = Distill(**kw)
     if pruning is None and distill is None:
         return model, job
     return model, dataclasses.replace(

@@ -12,12 +12,16 @@ from typing import TypeGuard
 
 import numpy as np
 
-from calc.config.compression import Quant, QuantMethod
+from calc.compress.lora import check_parallel
+from calc.compress.quant import check_fits
+from calc.config.compression import LoRA, Quant, QuantMethod
 from calc.config.jobs import Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
+from calc.data.cards import load_verify_report
 from calc.data.gpus import GPU, get_gpu
-from calc.estimate.core import ReplayOptions
+from calc.estimate.core import ReplayOptions, estimate
+from calc.estimate.ranks import expand_layers, rank_replays
 from calc.plan import grid as plan_grid
 from calc.plan import grid_eval as plan_eval
 from calc.plan.axes import (
@@ -111,8 +115,6 @@ def task_fields(task: str, fields: dict) -> dict:
     """``fields`` with what ``task`` implies: ``lora`` gets ``calc.LoRA(rank=LORA_RANK)``,
     ``qlora`` also ``calc.Quant(method=QLORA_METHOD)``, unless ``fields`` (the base job) set
     them; ``pretrain``/``full-finetune`` refuse a base with adapters or quantized weights."""
-    from calc.config.compression import LoRA, Quant
-
     out = dict(fields)
     if task in ("lora", "qlora") and out.get("lora") is None:
         out["lora"] = LoRA(rank=LORA_RANK)
@@ -248,8 +250,6 @@ class Evaluator:
         (``calc.estimate.ranks``), one call per configuration: the fallback for what ``_parallel_group``
         does not vectorise (``vectorised``: pipeline or context parallelism, pruning,
         distillation)."""
-        from calc.estimate.core import estimate
-
         choices, job, label, parallel = self._layout(choices, job)
         try:
             est = estimate(self.model, job, parallel, self.device)
@@ -264,8 +264,6 @@ class Evaluator:
     ) -> Evaluated | tuple[tuple, tuple]:
         """A multi-GPU training entry: its row when it is settled now (invalid, not modelled,
         or not vectorised: ``_parallel_row``), else its group key and what its rows need."""
-        from calc.estimate.ranks import rank_replays
-
         choices, job, label, parallel = self._layout(choices, job)
         if not vectorised(job, parallel):
             return self._parallel_row(choices, job)
@@ -285,8 +283,6 @@ class Evaluator:
         class's table, ``calc.plan.grid``, with DDP's buckets and the other constants of
         ``calc.estimate.ranks`` as per-step extras); each row's peak is the most-loaded class's (ties:
         the lowest rank), as ``calc.estimate.ranks.estimate_parallel`` takes it."""
-        from calc.estimate.ranks import expand_layers
-
         replays = items[0][4]
         jobs = [it[1] for it in items]
         b, s, c = (np.array(v) for v in zip(*(sizes_of(j) for j in jobs), strict=True))
@@ -417,8 +413,6 @@ def check_compressed(job: Training, parallel: Parallelism) -> None:
     """``calc.estimate``'s check of a LoRA/QLoRA job on several GPUs (``NotImplementedError``
     for the layouts the cost model does not cover with adapters)."""
     if job.lora is not None or job.quant is not None:
-        from calc.compress.lora import check_parallel
-
         check_parallel(job, parallel)
 
 
@@ -431,8 +425,6 @@ def parallel_tables(
     """The rank-class tables (``calc.plan.grid.structure_table`` arguments: rank model, rank
     job, replay options) a multi-GPU training plan of ``entries`` evaluates, by structure;
     each job also with grad_accum 1 or 2 (the other of the two structures)."""
-    from calc.estimate.ranks import rank_replays
-
     out: dict[tuple, tuple[ModelSpec, Training, ReplayOptions]] = {}
     for choices, job in entries:
         if isinstance(job, str):
@@ -459,8 +451,6 @@ def _check_quant(
     """``job``, or an ``invalid:`` reason when its quantization (``quant``) has a group size
     that does not divide the model's linears (``calc.compress.quant.check_fits``, as
     ``calc.estimate`` checks)."""
-    from calc.compress.quant import check_fits
-
     try:
         check_fits(model, quant)
     except ValueError as exc:
@@ -506,8 +496,6 @@ def verified_cases_of(report: Mapping | None, use_report: bool) -> tuple[Verifie
     if not use_report:
         return ()
     if report is None:
-        from calc.data.cards import load_verify_report
-
         report = load_verify_report()
     return verified_cases(report)
 
