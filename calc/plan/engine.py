@@ -325,25 +325,65 @@ class Evaluator:
             for n, (ch, job, label, par, _r) in enumerate(items)
         ]
 
-    def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
-        """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
-        out: list[Evaluated | None] = [None] * len(entries)
-        groups: dict = {}
-        par_groups: dict = {}
+    def _single_group(
+        self, key: tuple, members: list[tuple[Mapping, Training | Inference]], points: dict
+    ) -> list[Evaluated]:
+        """Rows of one-GPU entries ``(choices, job)`` sharing the compiled structure ``key``:
+        one vectorised evaluation of all their sizes (``calc.plan.grid_eval.grid_peaks``)."""
+        jobs = [job for _, job in members]
+        exemplar = jobs[0]
+        table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
+        self.compiled_now += int(fresh)
+        if table.not_modelled:
+            reason = f"not modelled: {table.not_modelled}"
+            return [self._row(choices, job, reason=reason) for choices, job in members]
+        b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)
+        memo_here = points.setdefault((b, s, c), {})
+        peaks = plan_eval.grid_peaks(
+            self.model, exemplar, np.array(b), np.array(s), np.array(c),
+            device=self.device, table=table, memo=memo_here,
+        )  # fmt: skip
+        bar = self._bar(key, exemplar)
+        rows = []
+        for n, (choices, job) in enumerate(members):
+            peak = int(peaks.peak_bytes[n])
+            headroom, fits, reason = self._verdict(peak)
+            rows.append(self._row(
+                choices, job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
+                throughput_proxy=throughput_proxy(self.model, job), reason=reason,
+                error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
+            ))  # fmt: skip
+        return rows
+
+    def _group(
+        self, entries: Sequence[tuple[Mapping, Training | Inference | str]],
+        out: list[Evaluated | None],
+    ) -> tuple[dict[tuple, list], dict[tuple, list]]:  # fmt: skip
+        """Rows settled now (invalid, not modelled) into ``out``; the other entries grouped for
+        evaluation in bulk: ``(one-GPU groups by structure, multi-GPU groups by layout and
+        structure)``, each member led by its index in ``entries``."""
+        groups: dict[tuple, list] = {}
+        par_groups: dict[tuple, list] = {}
         for i, (choices, job) in enumerate(entries):
             if not isinstance(job, str) and job.quant is not None:
                 job = _check_quant(self.model, job, job.quant)
             if isinstance(job, str):
                 out[i] = self._row(choices, None, reason=job)
-                continue
-            if self.ctx.kind == TRAINING and self.ctx.gpu_count > 1:
+            elif self.ctx.kind == TRAINING and self.ctx.gpu_count > 1:
                 got = self._parallel_entry(choices, job)
                 if isinstance(got, Evaluated):
                     out[i] = got
                 else:
                     par_groups.setdefault(got[0], []).append((i, got[1]))
-                continue
-            groups.setdefault(plan_grid.structure_id(self.model, job), []).append((i, job))
+            else:
+                key = plan_grid.structure_id(self.model, job)
+                groups.setdefault(key, []).append((i, (choices, job)))
+        return groups, par_groups
+
+    def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
+        """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
+        out: list[Evaluated | None] = [None] * len(entries)
+        groups, par_groups = self._group(entries, out)
         points: dict = {}  # sizes evaluated once per set of points, shared by structures
         total = len(groups) + len(par_groups)
         for n_done, members in enumerate(par_groups.values()):
@@ -355,31 +395,9 @@ class Evaluator:
         for n_done, (key, members) in enumerate(groups.items(), start=len(par_groups)):
             if self.progress is not None:
                 self.progress(n_done, total)
-            jobs = [job for _, job in members]
-            exemplar = jobs[0]
-            table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
-            self.compiled_now += int(fresh)
-            if table.not_modelled:
-                for i, job in members:
-                    out[i] = self._row(
-                        entries[i][0], job, reason=f"not modelled: {table.not_modelled}"
-                    )
-                continue
-            b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)
-            memo_here = points.setdefault((b, s, c), {})
-            peaks = plan_eval.grid_peaks(
-                self.model, exemplar, np.array(b), np.array(s), np.array(c),
-                device=self.device, table=table, memo=memo_here,
-            )  # fmt: skip
-            bar = self._bar(key, exemplar)
-            for n, (i, job) in enumerate(members):
-                peak = int(peaks.peak_bytes[n])
-                headroom, fits, reason = self._verdict(peak)
-                out[i] = self._row(
-                    entries[i][0], job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
-                    throughput_proxy=throughput_proxy(self.model, job), reason=reason,
-                    error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
-                )  # fmt: skip
+            rows = self._single_group(key, [item for _, item in members], points)
+            for (i, _), row in zip(members, rows, strict=True):
+                out[i] = row
         if self.progress is not None:
             self.progress(total, total)
         return [e for e in out if e is not None]

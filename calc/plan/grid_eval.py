@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -70,6 +71,8 @@ class Reduced:
 _JOB_SYMBOLS = {sym.name for sym in S.JOB_SYMBOLS}
 _JOB_INDEX = {sym.name: i for i, sym in enumerate(S.JOB_SYMBOLS)}
 Poly = dict[tuple[int, ...], int]
+_ZERO = (0,) * len(_JOB_INDEX)
+"""The exponents of the constant monomial."""
 
 
 def _uses_job_symbols(prog: Sequence) -> bool:
@@ -87,6 +90,36 @@ def _poly_mul(p: Poly, q: Poly) -> Poly:
     return {e: c for e, c in out.items() if c}
 
 
+def _poly_leaf(prog: Sequence, dims: dict[str, int]) -> Poly:
+    """An ``int`` or a ``sym`` (a job size: its monomial; a model dimension: its value)."""
+    if prog[0] == "int":
+        return {_ZERO: int(prog[1])} if prog[1] else {}
+    if prog[1] in _JOB_INDEX:
+        exps = [0] * len(_JOB_INDEX)
+        exps[_JOB_INDEX[prog[1]]] = 1
+        return {tuple(exps): 1}
+    value = int(dims[prog[1]])
+    return {_ZERO: value} if value else {}
+
+
+def _poly_add(parts: Sequence[Poly]) -> Poly:
+    out: Poly = {}
+    for part in parts:
+        for e, c in part.items():
+            out[e] = out.get(e, 0) + c
+    return {e: c for e, c in out.items() if c}
+
+
+def _poly_quotient(num: Poly, den: Poly) -> Poly | None:
+    """``num / den`` when ``den`` is a positive constant dividing every coefficient of ``num``."""
+    if set(den) != {_ZERO} or den[_ZERO] <= 0:
+        return None
+    d = den[_ZERO]
+    if any(c % d for c in num.values()):
+        return None
+    return {e: c // d for e, c in num.items()}
+
+
 def polynomial(prog: Sequence, dims: dict[str, int]) -> Poly | None:
     """``prog`` as an exact polynomial in the job sizes ``(b, s, c)`` with integer
     coefficients (monomial exponents -> coefficient), the model's dimensions substituted; None
@@ -94,47 +127,23 @@ def polynomial(prog: Sequence, dims: dict[str, int]) -> Poly | None:
     multiples of a constant denominator, or a ``max``/``min``). Where every coefficient is a
     multiple of the denominator, the division is exact at every integer size, so rounding
     does nothing and the size is that polynomial."""
-    zero = (0,) * len(_JOB_INDEX)
     op = prog[0]
-    if op == "int":
-        return {zero: int(prog[1])} if prog[1] else {}
-    if op == "sym":
-        if prog[1] in _JOB_INDEX:
-            exps = [0] * len(_JOB_INDEX)
-            exps[_JOB_INDEX[prog[1]]] = 1
-            return {tuple(exps): 1}
-        value = int(dims[prog[1]])
-        return {zero: value} if value else {}
-    if op in ("add", "mul"):
-        parts = [polynomial(a, dims) for a in prog[1:]]
-        if any(p is None for p in parts):
-            return None
-        out: Poly = {} if op == "add" else {zero: 1}
-        for part in parts:
-            assert part is not None
-            if op == "add":
-                for e, c in part.items():
-                    out[e] = out.get(e, 0) + c
-            else:
-                out = _poly_mul(out, part)
-        return {e: c for e, c in out.items() if c}
+    if op in ("int", "sym"):
+        return _poly_leaf(prog, dims)
+    if op not in ("add", "mul", "pow", "div", "floor", "ceil"):
+        return None  # max, min
+    operands = prog[1:2] if op == "pow" else prog[1:]
+    parts = [polynomial(a, dims) for a in operands]
+    polys = [p for p in parts if p is not None]
+    if len(polys) < len(parts):
+        return None
+    if op == "add":
+        return _poly_add(polys)
+    if op == "mul":
+        return reduce(_poly_mul, polys, {_ZERO: 1})
     if op == "pow":
-        base = polynomial(prog[1], dims)
-        if base is None:
-            return None
-        out = {zero: 1}
-        for _ in range(int(prog[2])):
-            out = _poly_mul(out, base)
-        return out
-    if op in ("div", "floor", "ceil"):
-        num, den = polynomial(prog[1], dims), polynomial(prog[2], dims)
-        if num is None or den is None or set(den) != {zero} or den[zero] <= 0:
-            return None
-        d = den[zero]
-        if any(c % d for c in num.values()):
-            return None
-        return {e: c // d for e, c in num.items()}
-    return None
+        return reduce(_poly_mul, [polys[0]] * int(prog[2]), {_ZERO: 1})
+    return _poly_quotient(*polys)
 
 
 def _reduce(
@@ -162,7 +171,6 @@ def _reduce(
         full = np.concatenate([var_counts, const[:, None]], axis=1)
         keep = np.arange(len(full), dtype=np.int64)
         return Reduced(columns, full.astype(np.float64), full, keep)
-    zero = (0,) * len(_JOB_INDEX)
     index: dict[tuple, int] = {}
     transform: list[dict[int, int]] = []  # per varying size: column -> coefficient
     const_coef = np.zeros(len(var_programs), dtype=np.float64)
@@ -173,7 +181,7 @@ def _reduce(
         )
         mapped: dict[int, int] = {}
         for col, coef in terms.items():
-            if col == ("mono", zero):
+            if col == ("mono", _ZERO):
                 const_coef[k] = coef
             else:
                 mapped[index.setdefault(col, len(index))] = coef
