@@ -51,20 +51,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
 
 ALLOWED: frozenset[tuple[str, str]] = frozenset(
     {
-        ("calc.cli.main", "calc"),
-        ("calc.cli.main", "calc.cli.plan"),
-        ("calc.cli.main", "calc.cli.prune_distill"),
-        ("calc.cli.main", "calc.cli.report"),
-        ("calc.cli.prune_distill", "calc"),
-        ("calc.cli.report", "calc.cli.main"),
-        ("calc.plan.engine", "calc.compress.lora"),
-        ("calc.plan.engine", "calc.compress.quant"),
-        ("calc.plan.engine", "calc.config.compression"),
-        ("calc.plan.engine", "calc.data.cards"),
-        ("calc.plan.engine", "calc.estimate.ranks"),
-        ("calc.plan.grid", "calc.data.cards"),
-        ("calc.plan.result", "calc.plan.layouts"),
-        ("calc.plan.throughput", "calc.config.parallelism"),
         ("verify.__main__", "verify.cases.single"),
         ("verify.__main__", "verify.dist.launch"),
         ("verify.__main__", "verify.run.report"),

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
 
 from calc.config.compression import (
     FP8_SCALINGS,
@@ -25,9 +24,7 @@ from calc.config.compression import (
     LoRA,
     Quant,
 )
-
-if TYPE_CHECKING:
-    from calc.config.jobs import Inference, Training
+from calc.config.jobs import Inference, Training
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -86,8 +83,6 @@ def lora_of(args: argparse.Namespace) -> LoRA | None:
 
 def apply(args: argparse.Namespace, job: Training | Inference) -> Training | Inference:
     """``job`` with the quantization/LoRA fields the options ask for (validated again)."""
-    from calc.config.jobs import Training
-
     quant, lora = quant_of(args), lora_of(args)
     if isinstance(job, Training):
         if args.kv_quant is not None:

@@ -15,21 +15,19 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import calc
 from calc.cli import compression as cli_compression
+from calc.cli import plan as cli_plan
+from calc.cli import prune_distill as cli_prune_distill
+from calc.cli import report as cli_report
+from calc.cli.model_source import DEFAULT_CARD, load_model
 from calc.config import jobs
+from calc.config.jobs import Inference, Training
 from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.data.cards import list_cards
-from calc.estimate.result import GIB
+from calc.estimate.api import estimate
+from calc.estimate.result import GIB, Estimate
 
-if TYPE_CHECKING:
-    from calc.config.jobs import Inference, Training
-    from calc.config.model_spec import ModelSpec
-    from calc.estimate.result import Estimate
-
-DEFAULT_CARD = "qwen2.5-32b"
 DEFAULT_TRAINING: dict[str, int] = {"micro_batch": 1, "seq_len": 2048}
 """Sizes of the default training job: ``calc.Training`` requires them."""
 DEFAULT_INFERENCE: dict[str, int] = {"batch": 1, "context": 4096}
@@ -153,8 +151,6 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         par.add_argument(flag, action="store_true", default=None, help=hlp)
 
-    from calc.cli import prune_distill as cli_prune_distill
-
     cli_prune_distill.add_arguments(p)
 
     out = p.add_argument_group("output")
@@ -176,23 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
 # ----------------------------------------------------------------------------- input
 
 
-def load_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
-    """The ``ModelSpec`` the arguments name, and a label for it."""
-    if args.config is not None:
-        path: Path = args.config
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"config={str(path)!r} cannot be read: {exc.strerror}") from exc
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config={str(path)!r} is malformed JSON: {exc}") from exc
-        return calc.ModelSpec.from_hf_config(config), str(path)
-    card = args.card if args.card is not None else DEFAULT_CARD
-    return calc.load_card(card), card
-
-
 def build_job(args: argparse.Namespace) -> Training | Inference:
     """``calc.Training`` or ``calc.Inference`` from the arguments; options of the other task are
     rejected rather than silently ignored."""
@@ -207,8 +186,8 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
         raise ValueError(f"task={args.task!r} does not take {names}")
     kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
     if args.task == "train":
-        return cli_compression.apply(args, calc.Training(**{**DEFAULT_TRAINING, **kwargs}))
-    return cli_compression.apply(args, calc.Inference(**{**DEFAULT_INFERENCE, **kwargs}))
+        return cli_compression.apply(args, Training(**{**DEFAULT_TRAINING, **kwargs}))
+    return cli_compression.apply(args, Inference(**{**DEFAULT_INFERENCE, **kwargs}))
 
 
 PARALLEL_FIELDS: tuple[str, ...] = (
@@ -228,7 +207,7 @@ def build_parallel(args: argparse.Namespace) -> Parallelism | None:
     if args.task != "train":
         names = ", ".join("--" + f.replace("_", "-") for f in kwargs)
         raise ValueError(f"task={args.task!r} does not take {names} (parallel inference)")
-    return calc.Parallelism(**kwargs)
+    return Parallelism(**kwargs)
 
 
 def check_output_args(args: argparse.Namespace) -> None:
@@ -320,12 +299,10 @@ def run(args: argparse.Namespace) -> int:
     check_output_args(args)
     model, label = load_model(args)
     job = build_job(args)
-    from calc.cli import prune_distill as cli_prune_distill
-
     model, job = cli_prune_distill.apply(args, model, job)
     stored = cli_prune_distill.storage(args, model, job)
     parallel = build_parallel(args)
-    est = calc.estimate(model, job, parallel, device=args.device)
+    est = estimate(model, job, parallel, device=args.device)
     peak = int(est.peak_bytes)
     fits, headroom, sentence = verdict(peak, args.gpu_gib)
 
@@ -363,7 +340,7 @@ def run(args: argparse.Namespace) -> int:
     if parallel is not None:
         changed = {
             k: v for k, v in dataclasses.asdict(parallel).items()
-            if v != getattr(calc.Parallelism(), k)
+            if v != getattr(Parallelism(), k)
         }  # fmt: skip
         print(f"parallel: {', '.join(f'{k}={v}' for k, v in changed.items())} "
               f"({parallel.world_size} GPUs)")  # fmt: skip
@@ -394,12 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     task and weight width)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plan"]:
-        from calc.cli.plan import main as plan_main
-
-        return plan_main(argv[1:])
+        return cli_plan.main(argv[1:])
     if argv[:1] == ["report"]:
-        from calc.cli import report as cli_report
-
         return cli_report.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_cards:

@@ -13,16 +13,17 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
+from typing import Any
 
-from calc.cli.main import DEFAULT_CARD, load_model
+from calc.cli import model_source
 from calc.config.jobs import DEVICES
+from calc.config.model_spec import ModelSpec
 from calc.data.gpus import gpu_catalog
 from calc.estimate.result import GIB
 from calc.plan import planner as P
 from calc.plan.axes import axes_for
-from calc.plan.engine import KIND_OF_TASK, context, gpu_of, kind_of
-from calc.plan.result import RANK_BYS, TASKS, Evaluated
+from calc.plan.engine import KIND_OF_TASK, base_fields_of, context, gpu_of, kind_of, make_job
+from calc.plan.result import RANK_BYS, TASKS, Change, Evaluated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,11 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Enumerate every configuration the cost model covers for a job and a GPU "
         "budget; list those that fit, ranked, and why the others do not.",
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--card", metavar="ID", help=f"model card id (default {DEFAULT_CARD})")
-    src.add_argument(
-        "--config", metavar="PATH", type=Path, help="a Hugging Face config.json instead"
-    )
+    model_source.add_arguments(p)
     p.add_argument(
         "--task", default="full-finetune", help=f"{', '.join(TASKS)} (default full-finetune)"
     )
@@ -89,7 +86,7 @@ def parse_assignments(items: Sequence[str], kind: str, allow_many: bool) -> dict
             raise ValueError(
                 f"{item!r}: give {'one or more values' if allow_many else 'one value'}"
             )
-        values = []
+        values: list[int | str] = []
         for t in texts:
             if axes[name].size:
                 if not t.isdigit():
@@ -156,9 +153,9 @@ def run(args: argparse.Namespace) -> int:
     for name in ("top", "excluded"):
         if getattr(args, name) < 0:
             raise ValueError(f"{name}={getattr(args, name)} must be >= 0")
-    model, label = load_model(args)
+    model, label = model_source.load_model(args)
     fixed = parse_assignments(args.fix, kind, allow_many=True)
-    common = dict(
+    common: dict[str, Any] = dict(  # the arguments, validated by the planner
         task=args.task, seq_len=args.seq_len, global_batch=args.global_batch, gpu=args.gpu,
         fixed=fixed, device=args.device, error_bars=not args.no_error_bars,
     )  # fmt: skip
@@ -176,9 +173,9 @@ def run(args: argparse.Namespace) -> int:
             gpu_count=args.gpus, fixed=fixed, device=args.device, progress=_progress,
             workers=args.workers,
         )  # fmt: skip
-    result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)  # type: ignore[arg-type]
-    least = P.least_hardware(model, **common) if args.least_hardware else None  # type: ignore[arg-type]
-    changes: tuple = ()
+    result = P.plan(model, gpu_count=args.gpus, rank_by=args.rank_by, progress=_progress, **common)
+    least = P.least_hardware(model, **common) if args.least_hardware else None
+    changes: tuple[Change, ...] = ()
     current: Evaluated | None = None
     if args.what_to_change:
         changes, current = _changes(model, args, kind, fixed)
@@ -190,11 +187,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _changes(
-    model: object, args: argparse.Namespace, kind: str, fixed: Mapping
-) -> tuple[tuple, Evaluated]:
+    model: ModelSpec, args: argparse.Namespace, kind: str, fixed: Mapping
+) -> tuple[tuple[Change, ...], Evaluated]:
     """The changes that make the ``--what-to-change`` configuration fit, and its own verdict."""
-    from calc.plan.engine import base_fields_of, make_job
-
     ctx = context(kind, args.seq_len, args.global_batch, args.gpus)
     want = parse_assignments(args.what_to_change, kind, allow_many=False)
     fields = base_fields_of(kind, None, args.task)
@@ -207,14 +202,14 @@ def _changes(
                 )
             axis.apply(fields, value, ctx)
     job = make_job(kind, fields, ctx)
-    common = dict(gpu=args.gpu, gpu_count=args.gpus, device=args.device,
+    common: dict[str, Any] = dict(gpu=args.gpu, gpu_count=args.gpus, device=args.device,
                   error_bars=not args.no_error_bars, parallel=want.get("parallel"))  # fmt: skip
-    current = P.evaluate(model, job, **common)  # type: ignore[arg-type]
-    return P.changes_to_fit(model, job, **common), current  # type: ignore[arg-type]
+    current = P.evaluate(model, job, **common)
+    return P.changes_to_fit(model, job, **common), current
 
 
 def _json(
-    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple,
+    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple[Change, ...],
     current: Evaluated | None,
 ) -> dict:  # fmt: skip
     out: dict = {
@@ -242,7 +237,7 @@ def _json(
 
 
 def _print(
-    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple,
+    label: str, result: P.Plan, least: P.LeastHardware | None, changes: tuple[Change, ...],
     current: Evaluated | None, args: argparse.Namespace,
 ) -> None:  # fmt: skip
     g = result.gpu

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import Any
 
-import calc
 from calc.compress.sparse import INDEX_DTYPES, StorageVerdict, storage_verdict
-from calc.config.distill import TEACHER_PRECISIONS
+from calc.compress.structured import pruned_spec
+from calc.config.compression import Quant
+from calc.config.distill import TEACHER_PRECISIONS, Distill
+from calc.config.jobs import Inference, Training
+from calc.config.model_spec import ModelSpec
 from calc.config.pruning import PRUNING_KINDS, Pruning
-
-if TYPE_CHECKING:
-    from calc.config.jobs import Inference, Training
-    from calc.config.model_spec import ModelSpec
+from calc.data.cards import load_card
 
 VALUE_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2, "bf16-master": 2}
 """Bytes of one stored weight for a job's precision (``amp-*`` keep fp32 weights)."""
@@ -62,19 +62,19 @@ def pruning_of(args: argparse.Namespace) -> Pruning | None:
         if args.prune_amount is not None or args.prune_modules or args.prune_removed:
             raise ValueError("--prune-amount/--prune-modules/--prune-removed need --prune")
         return None
-    kw: dict[str, object] = {"kind": args.prune, "removed": args.prune_removed}
+    kw: dict[str, Any] = {"kind": args.prune, "removed": args.prune_removed}  # Pruning checks
     if args.prune_amount is not None:
         kw["amount"] = args.prune_amount
     if args.prune_modules:
         kw["modules"] = tuple(m.strip() for m in args.prune_modules.split(",") if m.strip())
-    return Pruning(**kw)  # type: ignore[arg-type]
+    return Pruning(**kw)
 
 
 def apply(
     args: argparse.Namespace, model: ModelSpec, job: Training | Inference
 ) -> tuple[ModelSpec, Training | Inference]:
     """The model after structured pruning and the job with its pruning/distillation fields."""
-    model = calc.pruned_spec(
+    model = pruned_spec(
         model,
         n_heads=args.keep_heads,
         n_kv_heads=args.keep_kv_heads,
@@ -85,22 +85,20 @@ def apply(
         args.teacher_precision,
         args.distill_temperature,
         args.distill_hard_weight,
-        None if args.teacher_quant is None else calc.Quant(method=args.teacher_quant),
+        None if args.teacher_quant is None else Quant(method=args.teacher_quant),
     )
     if args.teacher is None and any(v is not None for v in distill_opts):
         raise ValueError("--teacher-precision/--distill-* need --teacher")
-    if not isinstance(job, calc.Training):
+    if not isinstance(job, Training):
         if args.teacher is not None:
             raise ValueError("task='infer' does not take --teacher")
         if args.prune is not None:
             pruning_of(args)  # validated; inference serves the dense weights (see storage)
         return model, job
-    changes: dict[str, object] = {}
     pruning = pruning_of(args)
-    if pruning is not None:
-        changes["pruning"] = pruning
+    distill = None
     if args.teacher is not None:
-        kw: dict[str, object] = {"teacher": calc.load_card(args.teacher)}
+        kw: dict[str, Any] = {"teacher": load_card(args.teacher)}  # Distill checks them
         for field, value in zip(
             ("teacher_precision", "temperature", "hard_weight", "teacher_quant"),
             distill_opts,
@@ -108,8 +106,14 @@ def apply(
         ):
             if value is not None:
                 kw[field] = value
-        changes["distill"] = calc.Distill(**kw)  # type: ignore[arg-type]
-    return model, dataclasses.replace(job, **changes) if changes else job
+        distill = Distill(**kw)
+    if pruning is None and distill is None:
+        return model, job
+    return model, dataclasses.replace(
+        job,
+        pruning=job.pruning if pruning is None else pruning,
+        distill=job.distill if distill is None else distill,
+    )
 
 
 def storage(

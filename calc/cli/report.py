@@ -11,8 +11,8 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from calc.cli import model_source
 from calc.estimate.result import GIB
 from calc.plan import report
 
@@ -39,9 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Least per-GPU memory to serve, LoRA-, QLoRA- and fully fine-tune a model "
         "on one GPU, for bf16, int8 and int4 weights, with the recipe that reaches it.",
     )
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--card", metavar="ID", help="model card id (default qwen2.5-32b)")
-    src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json instead")
+    model_source.add_arguments(p)
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument(
         "--seq-len", type=int, default=4096, help="context served / tokens per training sequence"
@@ -75,7 +73,7 @@ def smallest_gpu(peak_bytes: int) -> str:
     return "none of one GPU (shard it)"
 
 
-def _cell_json(task: str, width: str, r: object) -> dict:
+def _cell_json(task: str, width: str, r: report.Recipe | report.Unavailable | None) -> dict:
     """One cell as JSON: the recipe, or ``applies: false``, or the reasons nothing ran."""
     if r is None:
         return {"task": task, "width": width, "applies": False}
@@ -95,11 +93,7 @@ def _cell_json(task: str, width: str, r: object) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from calc.cli.main import load_model
-
-    src = argparse.Namespace(config=None if args.config is None else Path(args.config))
-    src.card = args.card
-    model, label = load_model(src)
+    model, label = model_source.load_model(args)
     tasks = _tasks(args.tasks)
     cells = report.report(
         model, batch=args.batch, seq_len=args.seq_len, lora_rank=args.lora_rank,

@@ -99,9 +99,11 @@ class Axis:
     def apply(self, fields: dict, value: object, ctx: Context) -> None:
         """Set the job fields for ``value`` (``fields`` is the job's field dict)."""
         if self.name == "quant":  # a method name; the base's Quant kept if it is that method
-            old = fields.get("quant")
-            keep = old is not None and old.method == value
-            fields["quant"] = old if keep else None if value == "none" else Quant(method=value)  # type: ignore[arg-type]
+            quant = fields.get("quant")
+            if quant is None or quant.method != value:
+                # value is one of the axis's values, "none" or a QuantMethod
+                quant = None if value == "none" else Quant(method=value)  # type: ignore[arg-type]
+            fields["quant"] = quant
         elif self.name == "kv_quant":
             fields["kv_quant"] = None if value == "none" else value
         elif self.name != "micro_batch":
@@ -110,6 +112,7 @@ class Axis:
             label = fields.get("parallel") or default_layout(ctx.gpu_count)
             dp = layout_of(label, ctx.gpu_count).dp
             fields["micro_batch"] = value
+            # value is one of the axis's values, an int (divisors of the per-GPU batch)
             fields["grad_accum"] = max(1, ctx.global_batch // (dp * int(value)))  # type: ignore[call-overload]
         else:
             fields["batch"] = value

@@ -8,15 +8,21 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeGuard
 
 import numpy as np
 
+from calc.compress.lora import check_parallel
+from calc.compress.quant import check_fits
+from calc.config.compression import LoRA, Quant, QuantMethod
 from calc.config.jobs import Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
+from calc.data.cards import load_verify_report
 from calc.data.gpus import GPU, get_gpu
 from calc.estimate.api import estimate
 from calc.estimate.core import ReplayOptions
+from calc.estimate.ranks import expand_layers, rank_replays
 from calc.plan import grid as plan_grid
 from calc.plan import grid_eval as plan_eval
 from calc.plan.axes import (
@@ -52,7 +58,7 @@ tables once (13-48 s on 2, 4 or 8 GPUs, ``benchmarks/bench_plan.py``); enumerati
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
-QLORA_METHOD = "nf4"
+QLORA_METHOD: QuantMethod = "nf4"
 """Base-weight quantization of ``task="qlora"`` unless ``base`` sets ``quant``: 4-bit
 NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314, §3)."""
 
@@ -100,7 +106,7 @@ def base_fields_of(kind: str, base: Training | Inference | None, task: str = "")
         want = Training if kind == TRAINING else Inference
         if not isinstance(base, want):
             raise ValueError(f"base must be a calc.{want.__name__} for this task, got {base!r}")
-        fields = {f: getattr(base, f) for f in base.__slots__}  # type: ignore[attr-defined]
+        fields = {f: getattr(base, f) for f in base.__slots__}
         for size in ("micro_batch", "seq_len", "grad_accum", "batch", "context", "prompt"):
             fields.pop(size, None)
     return task_fields(task, fields)
@@ -110,8 +116,6 @@ def task_fields(task: str, fields: dict) -> dict:
     """``fields`` with what ``task`` implies: ``lora`` gets ``calc.LoRA(rank=LORA_RANK)``,
     ``qlora`` also ``calc.Quant(method=QLORA_METHOD)``, unless ``fields`` (the base job) set
     them; ``pretrain``/``full-finetune`` refuse a base with adapters or quantized weights."""
-    from calc.config.compression import LoRA, Quant
-
     out = dict(fields)
     if task in ("lora", "qlora") and out.get("lora") is None:
         out["lora"] = LoRA(rank=LORA_RANK)
@@ -194,20 +198,22 @@ class Evaluator:
             out["parallel"] = self.layout or default_layout(self.ctx.gpu_count)
         return out
 
-    def _row(self, choices: Mapping, job: Training | Inference | None, **kw: object) -> Evaluated:
+    def _row(
+        self, choices: Mapping, job: Training | Inference | None, *, reason: str,
+        peak_bytes: int | None = None, fits: bool = False, headroom_bytes: int | None = None,
+        throughput_proxy: float = 0.0, error_bar: ErrorBar | None = None, peak_phase: str = "",
+    ) -> Evaluated:  # fmt: skip
+        """A row of the answer; without a peak, a configuration excluded for ``reason``."""
         grad_accum = job.grad_accum if isinstance(job, Training) else 1
         config = Config(
-            job=job,  # type: ignore[arg-type]
-            gpu_count=self.ctx.gpu_count,
-            choices=dict(choices),
-            grad_accum=grad_accum,
+            job=job, gpu_count=self.ctx.gpu_count, choices=dict(choices), grad_accum=grad_accum
         )
-        base = dict(
+        return Evaluated(
             config=config, usable_bytes=self.gpu.usable_bytes, gpu_id=self.gpu.id,
-            peak_bytes=None, fits=False, headroom_bytes=None, throughput_proxy=0.0,
+            peak_bytes=peak_bytes, fits=fits, headroom_bytes=headroom_bytes,
+            throughput_proxy=throughput_proxy, reason=reason, error_bar=error_bar,
+            peak_phase=peak_phase,
         )  # fmt: skip
-        base.update(kw)
-        return Evaluated(**base)  # type: ignore[arg-type]
 
     def _bar(self, key: object, job: Training | Inference) -> ErrorBar | None:
         if key not in self._bars:
@@ -259,13 +265,11 @@ class Evaluator:
     ) -> Evaluated | tuple[tuple, tuple]:
         """A multi-GPU training entry: its row when it is settled now (invalid, not modelled,
         or not vectorised: ``_parallel_row``), else its group key and what its rows need."""
-        from calc.estimate.ranks import rank_replays
-
         choices, job, label, parallel = self._layout(choices, job)
         if not vectorised(job, parallel):
             return self._parallel_row(choices, job)
         try:
-            check_compressed(job, parallel)  # type: ignore[arg-type]
+            check_compressed(job, parallel)
             replays = rank_replays(self.model, job, parallel, self.device)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
@@ -280,8 +284,6 @@ class Evaluator:
         class's table, ``calc.plan.grid``, with DDP's buckets and the other constants of
         ``calc.estimate.ranks`` as per-step extras); each row's peak is the most-loaded class's (ties:
         the lowest rank), as ``calc.estimate.ranks.estimate_parallel`` takes it."""
-        from calc.estimate.ranks import expand_layers
-
         replays = items[0][4]
         jobs = [it[1] for it in items]
         b, s, c = (np.array(v) for v in zip(*(sizes_of(j) for j in jobs), strict=True))
@@ -324,25 +326,65 @@ class Evaluator:
             for n, (ch, job, label, par, _r) in enumerate(items)
         ]
 
-    def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
-        """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
-        out: list[Evaluated | None] = [None] * len(entries)
-        groups: dict = {}
-        par_groups: dict = {}
+    def _single_group(
+        self, key: tuple, members: list[tuple[Mapping, Training | Inference]], points: dict
+    ) -> list[Evaluated]:
+        """Rows of one-GPU entries ``(choices, job)`` sharing the compiled structure ``key``:
+        one vectorised evaluation of all their sizes (``calc.plan.grid_eval.grid_peaks``)."""
+        jobs = [job for _, job in members]
+        exemplar = jobs[0]
+        table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
+        self.compiled_now += int(fresh)
+        if table.not_modelled:
+            reason = f"not modelled: {table.not_modelled}"
+            return [self._row(choices, job, reason=reason) for choices, job in members]
+        b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)
+        memo_here = points.setdefault((b, s, c), {})
+        peaks = plan_eval.grid_peaks(
+            self.model, exemplar, np.array(b), np.array(s), np.array(c),
+            device=self.device, table=table, memo=memo_here,
+        )  # fmt: skip
+        bar = self._bar(key, exemplar)
+        rows = []
+        for n, (choices, job) in enumerate(members):
+            peak = int(peaks.peak_bytes[n])
+            headroom, fits, reason = self._verdict(peak)
+            rows.append(self._row(
+                choices, job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
+                throughput_proxy=throughput_proxy(self.model, job), reason=reason,
+                error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
+            ))  # fmt: skip
+        return rows
+
+    def _group(
+        self, entries: Sequence[tuple[Mapping, Training | Inference | str]],
+        out: list[Evaluated | None],
+    ) -> tuple[dict[tuple, list], dict[tuple, list]]:  # fmt: skip
+        """Rows settled now (invalid, not modelled) into ``out``; the other entries grouped for
+        evaluation in bulk: ``(one-GPU groups by structure, multi-GPU groups by layout and
+        structure)``, each member led by its index in ``entries``."""
+        groups: dict[tuple, list] = {}
+        par_groups: dict[tuple, list] = {}
         for i, (choices, job) in enumerate(entries):
             if not isinstance(job, str) and job.quant is not None:
-                job = _check_quant(self.model, job)
+                job = _check_quant(self.model, job, job.quant)
             if isinstance(job, str):
                 out[i] = self._row(choices, None, reason=job)
-                continue
-            if self.ctx.kind == TRAINING and self.ctx.gpu_count > 1:
+            elif self.ctx.kind == TRAINING and self.ctx.gpu_count > 1:
                 got = self._parallel_entry(choices, job)
                 if isinstance(got, Evaluated):
                     out[i] = got
                 else:
                     par_groups.setdefault(got[0], []).append((i, got[1]))
-                continue
-            groups.setdefault(plan_grid.structure_id(self.model, job), []).append(i)
+            else:
+                key = plan_grid.structure_id(self.model, job)
+                groups.setdefault(key, []).append((i, (choices, job)))
+        return groups, par_groups
+
+    def run(self, entries: Sequence[tuple[Mapping, Training | Inference | str]]) -> list[Evaluated]:
+        """``entries``: (choices, job) or (choices, "invalid: ..." message)."""
+        out: list[Evaluated | None] = [None] * len(entries)
+        groups, par_groups = self._group(entries, out)
         points: dict = {}  # sizes evaluated once per set of points, shared by structures
         total = len(groups) + len(par_groups)
         for n_done, members in enumerate(par_groups.values()):
@@ -351,37 +393,12 @@ class Evaluator:
             rows = self._parallel_group([item for _, item in members], points)
             for (i, _), row in zip(members, rows, strict=True):
                 out[i] = row
-        for n_done, (key, idx) in enumerate(groups.items(), start=len(par_groups)):
+        for n_done, (key, members) in enumerate(groups.items(), start=len(par_groups)):
             if self.progress is not None:
                 self.progress(n_done, total)
-            jobs = [entries[i][1] for i in idx]
-            exemplar = jobs[0]
-            assert not isinstance(exemplar, str)
-            table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
-            self.compiled_now += int(fresh)
-            if table.not_modelled:
-                for i in idx:
-                    out[i] = self._row(
-                        entries[i][0], entries[i][1], reason=f"not modelled: {table.not_modelled}"
-                    )  # type: ignore[arg-type]
-                continue
-            b, s, c = zip(*(sizes_of(j) for j in jobs), strict=True)  # type: ignore[arg-type]
-            memo_here = points.setdefault((b, s, c), {})
-            peaks = plan_eval.grid_peaks(
-                self.model, exemplar, np.array(b), np.array(s), np.array(c),
-                device=self.device, table=table, memo=memo_here,
-            )  # fmt: skip
-            bar = self._bar(key, exemplar)
-            for n, i in enumerate(idx):
-                job = entries[i][1]
-                assert not isinstance(job, str)
-                peak = int(peaks.peak_bytes[n])
-                headroom, fits, reason = self._verdict(peak)
-                out[i] = self._row(
-                    entries[i][0], job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
-                    throughput_proxy=throughput_proxy(self.model, job), reason=reason,
-                    error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
-                )  # fmt: skip
+            rows = self._single_group(key, [item for _, item in members], points)
+            for (i, _), row in zip(members, rows, strict=True):
+                out[i] = row
         if self.progress is not None:
             self.progress(total, total)
         return [e for e in out if e is not None]
@@ -402,7 +419,7 @@ def layout_job(
     return choices, job, label, parallel
 
 
-def vectorised(job: Training | Inference, parallel: Parallelism) -> bool:
+def vectorised(job: Training | Inference, parallel: Parallelism) -> TypeGuard[Training]:
     """Whether the planner evaluates ``job`` under ``parallel`` from its rank classes' tables
     (``calc.estimate.ranks.rank_replays``; LoRA and QLoRA jobs after ``calc.compress.lora.check_parallel``, as
     ``calc.estimate`` checks them); else one ``calc.estimate`` call per configuration:
@@ -415,27 +432,25 @@ def check_compressed(job: Training, parallel: Parallelism) -> None:
     """``calc.estimate``'s check of a LoRA/QLoRA job on several GPUs (``NotImplementedError``
     for the layouts the cost model does not cover with adapters)."""
     if job.lora is not None or job.quant is not None:
-        from calc.compress.lora import check_parallel
-
         check_parallel(job, parallel)
 
 
 def parallel_tables(
-    model: ModelSpec, ctx: Context, entries: Sequence[tuple[Mapping, object]], device: str
+    model: ModelSpec,
+    ctx: Context,
+    entries: Sequence[tuple[Mapping, Training | Inference | str]],
+    device: str,
 ) -> dict[tuple, tuple[ModelSpec, Training, ReplayOptions]]:
     """The rank-class tables (``calc.plan.grid.structure_table`` arguments: rank model, rank
     job, replay options) a multi-GPU training plan of ``entries`` evaluates, by structure;
     each job also with grad_accum 1 or 2 (the other of the two structures)."""
-    from calc.estimate.ranks import rank_replays
-
     out: dict[tuple, tuple[ModelSpec, Training, ReplayOptions]] = {}
     for choices, job in entries:
         if isinstance(job, str):
             continue
-        _ch, job, _label, parallel = layout_job(choices, job, ctx.gpu_count)  # type: ignore[arg-type]
+        _ch, job, _label, parallel = layout_job(choices, job, ctx.gpu_count)
         if not vectorised(job, parallel):
             continue
-        assert isinstance(job, Training)
         for accum in dict.fromkeys((job.grad_accum, 2 if job.grad_accum == 1 else 1)):
             try:
                 check_compressed(job, parallel)
@@ -449,13 +464,14 @@ def parallel_tables(
     return out
 
 
-def _check_quant(model: ModelSpec, job: Training | Inference) -> Training | Inference | str:
-    """``job``, or an ``invalid:`` reason when its quantization's group size does not divide
-    the model's linears (``calc.compress.quant.check_fits``, as ``calc.estimate`` checks)."""
-    from calc.compress.quant import check_fits
-
+def _check_quant(
+    model: ModelSpec, job: Training | Inference, quant: Quant
+) -> Training | Inference | str:
+    """``job``, or an ``invalid:`` reason when its quantization (``quant``) has a group size
+    that does not divide the model's linears (``calc.compress.quant.check_fits``, as
+    ``calc.estimate`` checks)."""
     try:
-        check_fits(model, job.quant)  # type: ignore[arg-type]
+        check_fits(model, quant)
     except ValueError as exc:
         return f"invalid: {exc}"
     return job
@@ -499,8 +515,6 @@ def verified_cases_of(report: Mapping | None, use_report: bool) -> tuple[Verifie
     if not use_report:
         return ()
     if report is None:
-        from calc.data.cards import load_verify_report
-
         report = load_verify_report()
     return verified_cases(report)
 

@@ -61,7 +61,9 @@ def verified_cases(report: Mapping | None) -> tuple[VerifiedCase, ...]:
             or not isinstance(job, Mapping)
         ):
             continue
-        spec = case.get("spec") if isinstance(case.get("spec"), Mapping) else {}
+        spec = case.get("spec")
+        if not isinstance(spec, Mapping):
+            spec = {}
         fields = {**job, "model_type": spec.get("model_type")}
         out.append(
             VerifiedCase(

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.data.cards import calc_source_digest, read_plan_cache, write_plan_cache
 from calc.estimate import core as _estimate
 from calc.estimate.core import SINGLE, ReplayOptions
 from calc.plan.program import program_from_json, program_to_json, to_program
@@ -36,7 +37,7 @@ NOT_IN_TABLES = frozenset(
         "data/cards.py", "cli/main.py", "present/display.py", "plan/evidence.py", "data/gpus.py",
         "plan/planner.py", "plan/axes.py", "cli/plan.py", "plan/layouts.py", "plan/engine.py",
         "plan/grid_eval.py", "plan/result.py", "plan/search.py", "estimate/result.py",
-        "present/sweep.py", "plan/throughput.py",
+        "present/sweep.py", "plan/throughput.py", "cli/model_source.py",
     }
 )  # fmt: skip
 """Modules of ``calc`` that do not change a compiled table (the planner's presentation, the
@@ -110,8 +111,6 @@ def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
     """``job`` with ``grad_accum`` beyond 2 set to 2: the replay accumulates identically from the
     second micro-batch on, so the peaks agree (tests/calc/plan/test_grid.py checks it) and one
     compile serves every accumulation count >= 2."""
-    from dataclasses import replace
-
     if isinstance(job, Training) and job.grad_accum > 2:
         return replace(job, grad_accum=2)
     return job
@@ -131,8 +130,6 @@ def _branch_of(model: ModelSpec, opts: ReplayOptions) -> int:
 
 
 def _cache_name(key: tuple, device: str, branch: int) -> str:
-    from calc.data.cards import calc_source_digest
-
     digest = _source_digest(lambda: calc_source_digest(NOT_IN_TABLES))
     text = repr((CACHE_FORMAT, digest, key, device, branch))
     return hashlib.sha256(text.encode()).hexdigest()
@@ -195,8 +192,6 @@ def structure_table(
         return _TABLES[mem_key], False
     name = _cache_name(key, device, branch) if persist else ""
     if persist:
-        from calc.data.cards import read_plan_cache
-
         data = read_plan_cache(name)
         if data is not None:
             try:
@@ -209,8 +204,6 @@ def structure_table(
     table = _compile_table(model, job, device, opts)
     _TABLES[mem_key] = table
     if persist:
-        from calc.data.cards import write_plan_cache
-
         write_plan_cache(name, table.to_json())
     return table, True
 

@@ -9,8 +9,9 @@ sizes are folded into one constant column and candidates another one dominates a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import reduce
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.estimate import core as _estimate
 from calc.plan.grid import StructureTable, structure_table
-from calc.plan.program import run_program
+from calc.plan.program import Value, run_program
 from calc.replay.timeline import _undominated, step1_mask
 
 EXACT_FLOAT_LIMIT = 1 << 53
@@ -70,6 +71,8 @@ class Reduced:
 _JOB_SYMBOLS = {sym.name for sym in S.JOB_SYMBOLS}
 _JOB_INDEX = {sym.name: i for i, sym in enumerate(S.JOB_SYMBOLS)}
 Poly = dict[tuple[int, ...], int]
+_ZERO = (0,) * len(_JOB_INDEX)
+"""The exponents of the constant monomial."""
 
 
 def _uses_job_symbols(prog: Sequence) -> bool:
@@ -87,6 +90,36 @@ def _poly_mul(p: Poly, q: Poly) -> Poly:
     return {e: c for e, c in out.items() if c}
 
 
+def _poly_leaf(prog: Sequence, dims: dict[str, int]) -> Poly:
+    """An ``int`` or a ``sym`` (a job size: its monomial; a model dimension: its value)."""
+    if prog[0] == "int":
+        return {_ZERO: int(prog[1])} if prog[1] else {}
+    if prog[1] in _JOB_INDEX:
+        exps = [0] * len(_JOB_INDEX)
+        exps[_JOB_INDEX[prog[1]]] = 1
+        return {tuple(exps): 1}
+    value = int(dims[prog[1]])
+    return {_ZERO: value} if value else {}
+
+
+def _poly_add(parts: Sequence[Poly]) -> Poly:
+    out: Poly = {}
+    for part in parts:
+        for e, c in part.items():
+            out[e] = out.get(e, 0) + c
+    return {e: c for e, c in out.items() if c}
+
+
+def _poly_quotient(num: Poly, den: Poly) -> Poly | None:
+    """``num / den`` when ``den`` is a positive constant dividing every coefficient of ``num``."""
+    if set(den) != {_ZERO} or den[_ZERO] <= 0:
+        return None
+    d = den[_ZERO]
+    if any(c % d for c in num.values()):
+        return None
+    return {e: c // d for e, c in num.items()}
+
+
 def polynomial(prog: Sequence, dims: dict[str, int]) -> Poly | None:
     """``prog`` as an exact polynomial in the job sizes ``(b, s, c)`` with integer
     coefficients (monomial exponents -> coefficient), the model's dimensions substituted; None
@@ -94,47 +127,23 @@ def polynomial(prog: Sequence, dims: dict[str, int]) -> Poly | None:
     multiples of a constant denominator, or a ``max``/``min``). Where every coefficient is a
     multiple of the denominator, the division is exact at every integer size, so rounding
     does nothing and the size is that polynomial."""
-    zero = (0,) * len(_JOB_INDEX)
     op = prog[0]
-    if op == "int":
-        return {zero: int(prog[1])} if prog[1] else {}
-    if op == "sym":
-        if prog[1] in _JOB_INDEX:
-            exps = [0] * len(_JOB_INDEX)
-            exps[_JOB_INDEX[prog[1]]] = 1
-            return {tuple(exps): 1}
-        value = int(dims[prog[1]])
-        return {zero: value} if value else {}
-    if op in ("add", "mul"):
-        parts = [polynomial(a, dims) for a in prog[1:]]
-        if any(p is None for p in parts):
-            return None
-        out: Poly = {} if op == "add" else {zero: 1}
-        for part in parts:
-            assert part is not None
-            if op == "add":
-                for e, c in part.items():
-                    out[e] = out.get(e, 0) + c
-            else:
-                out = _poly_mul(out, part)
-        return {e: c for e, c in out.items() if c}
+    if op in ("int", "sym"):
+        return _poly_leaf(prog, dims)
+    if op not in ("add", "mul", "pow", "div", "floor", "ceil"):
+        return None  # max, min
+    operands = prog[1:2] if op == "pow" else prog[1:]
+    parts = [polynomial(a, dims) for a in operands]
+    polys = [p for p in parts if p is not None]
+    if len(polys) < len(parts):
+        return None
+    if op == "add":
+        return _poly_add(polys)
+    if op == "mul":
+        return reduce(_poly_mul, polys, {_ZERO: 1})
     if op == "pow":
-        base = polynomial(prog[1], dims)
-        if base is None:
-            return None
-        out = {zero: 1}
-        for _ in range(int(prog[2])):
-            out = _poly_mul(out, base)
-        return out
-    if op in ("div", "floor", "ceil"):
-        num, den = polynomial(prog[1], dims), polynomial(prog[2], dims)
-        if num is None or den is None or set(den) != {zero} or den[zero] <= 0:
-            return None
-        d = den[zero]
-        if any(c % d for c in num.values()):
-            return None
-        return {e: c // d for e, c in num.items()}
-    return None
+        return reduce(_poly_mul, [polys[0]] * int(prog[2]), {_ZERO: 1})
+    return _poly_quotient(*polys)
 
 
 def _reduce(
@@ -146,7 +155,7 @@ def _reduce(
     candidates; a plan's few points skip both (their setup would cost more than it saves)."""
     rows = table.rows(n_layers)
     varying = np.array([_uses_job_symbols(p) for p in table.programs], dtype=bool)
-    env: dict[str, object] = {name: np.int64(v) for name, v in dims.items()}
+    env: dict[str, Value] = {name: np.int64(v) for name, v in dims.items()}
     const_sizes = np.array(
         [
             0 if v else int(run_program(p, env))
@@ -162,7 +171,6 @@ def _reduce(
         full = np.concatenate([var_counts, const[:, None]], axis=1)
         keep = np.arange(len(full), dtype=np.int64)
         return Reduced(columns, full.astype(np.float64), full, keep)
-    zero = (0,) * len(_JOB_INDEX)
     index: dict[tuple, int] = {}
     transform: list[dict[int, int]] = []  # per varying size: column -> coefficient
     const_coef = np.zeros(len(var_programs), dtype=np.float64)
@@ -173,15 +181,15 @@ def _reduce(
         )
         mapped: dict[int, int] = {}
         for col, coef in terms.items():
-            if col == ("mono", zero):
+            if col == ("mono", _ZERO):
                 const_coef[k] = coef
             else:
                 mapped[index.setdefault(col, len(index))] = coef
         transform.append(mapped)
     t = np.zeros((len(var_programs), len(index)), dtype=np.float64)
     for k, mapped in enumerate(transform):
-        for col, coef in mapped.items():
-            t[k, col] = coef
+        for j, coef in mapped.items():
+            t[k, j] = coef
     full_f = np.concatenate(
         [var_counts.astype(np.float64) @ t, (const + var_counts @ const_coef)[:, None]], axis=1
     )
@@ -192,11 +200,10 @@ def _reduce(
     full = np.concatenate(
         [var_counts @ t_int, (const + var_counts @ const_coef.astype(np.int64))[:, None]], axis=1
     )
+    groups: tuple[np.ndarray, ...] = (np.arange(len(full)),)
     if by_step:  # dominance within each group only: a group's constant keeps the order
         first = step1_mask(table.phases)
         groups = (np.flatnonzero(first), np.flatnonzero(~first))
-    else:
-        groups = (np.arange(len(full)),)
     keep_list: list[int] = []
     for group in groups:
         sub = full[group]
@@ -212,13 +219,13 @@ def device_extra_bytes(job: Training | Inference, device: str) -> int:
 
 
 def _check_magnitude(
-    columns: tuple, env: dict[str, object], b: np.ndarray, s: np.ndarray, c: np.ndarray
+    columns: tuple, env: Mapping[str, Value], b: np.ndarray, s: np.ndarray, c: np.ndarray
 ) -> None:
     """Refuse sizes whose int64 evaluation could wrap around: every column grows with the job
     sizes, so it is evaluated in float64 at the largest ones first."""
     if not len(b):
         return
-    top = {k: np.float64(v) for k, v in env.items() if k not in _JOB_SYMBOLS}
+    top: dict[str, Value] = {k: np.float64(v) for k, v in env.items() if k not in _JOB_SYMBOLS}
     top.update(b=np.float64(b.max()), s=np.float64(s.max()), c=np.float64(c.max()))
     for col in columns:
         if col[0] == "mono":
@@ -226,18 +233,18 @@ def _check_magnitude(
                 [top[sym.name] ** e for sym, e in zip(S.JOB_SYMBOLS, col[1], strict=True)]
             )
         else:
-            value = run_program(col[1], top)  # type: ignore[arg-type]
-        if not abs(float(value)) < 2.0**61:  # type: ignore[arg-type]
-            raise OverflowError(f"plan_eval: a size near {float(value):.3g} is beyond exact int64")  # type: ignore[arg-type]
+            value = run_program(col[1], top)
+        if not abs(float(value)) < 2.0**61:
+            raise OverflowError(f"plan_eval: a size near {float(value):.3g} is beyond exact int64")
 
 
-def _column_values(col: tuple, env: dict[str, object], n: int, memo: dict) -> np.ndarray:
+def _column_values(col: tuple, env: Mapping[str, Value], n: int, memo: dict) -> np.ndarray:
     if col not in memo:
         if col[0] == "mono":
-            value: object = np.int64(1)
+            value: Value = np.int64(1)
             for sym, exp in zip(S.JOB_SYMBOLS, col[1], strict=True):
                 if exp:
-                    value = value * env[sym.name] ** exp  # type: ignore[operator]
+                    value = value * env[sym.name] ** exp
         else:
             value = run_program(col[1], env)
         memo[col] = np.broadcast_to(np.asarray(value, dtype=np.int64), (n,))
@@ -265,7 +272,7 @@ def grid_peaks(
     device: str = "cuda",
     table: StructureTable | None = None,
     memo: dict | None = None,
-    extras: tuple[object, object] | None = None,
+    extras: tuple[int | np.ndarray, int | np.ndarray] | None = None,
 ) -> GridPeaks:
     """Peaks of ``job``'s structure at each point ``(b[i], s[i], c[i])`` (micro-batch or batch,
     sequence or prompt length, KV context; ``c`` defaults to ``s``).
@@ -287,7 +294,7 @@ def grid_peaks(
     s = np.ascontiguousarray(s, dtype=np.int64)
     c = s if c is None else np.ascontiguousarray(c, dtype=np.int64)
     red = reduced(table, model, prune=len(b) >= PRUNE_MIN_POINTS, by_step=extras is not None)
-    env: dict[str, object] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
+    env: dict[str, Value] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
     env.update(b=b, s=s, c=c)
     memo = {} if memo is None else memo
     n = len(b)
@@ -333,10 +340,10 @@ def grad_numels(table: StructureTable, model: ModelSpec) -> list[tuple] | None:
     (``StructureTable.grad_order``) at ``model``'s dimensions, the input of
     ``calc.estimate.ranks.expand_layers``; None when a numel depends on the job's sizes (then no
     constant per structure exists)."""
-    env: dict[str, object] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
+    env: dict[str, Value] = {sym.name: np.int64(v) for sym, v in model.dims().items()}
     out = []
     for tag, prog, itemsize in table.grad_order:
         if _uses_job_symbols(prog):
             return None
-        out.append((tag, int(run_program(prog, env)), itemsize))  # type: ignore[call-overload]
+        out.append((tag, int(run_program(prog, env)), itemsize))
     return out

@@ -55,18 +55,18 @@ def layouts(gpu_count: int) -> dict[str, Parallelism]:
             out[f"tp{tp}"] = Parallelism(tp=tp)
             continue
         for name, kw in _SHARDINGS:
-            out[f"dp{dp}-{name}{suffix}"] = Parallelism(dp=dp, tp=tp, **kw)  # type: ignore[arg-type]
+            out[f"dp{dp}-{name}{suffix}"] = Parallelism(dp=dp, tp=tp, **kw)
     return out
 
 
 def layout_of(label: object, gpu_count: int) -> Parallelism:
     """The ``Parallelism`` of a label (``ValueError`` naming the allowed labels)."""
     table = layouts(gpu_count)
-    if label not in table:
+    if not isinstance(label, str) or label not in table:
         raise ValueError(
             f"parallel={label!r} is not a layout of {gpu_count} GPUs; allowed: {', '.join(table)}"
         )
-    return table[label]  # type: ignore[index]
+    return table[label]
 
 
 def default_layout(gpu_count: int) -> str:

@@ -23,7 +23,10 @@ other one fails and the error observed on the nearest verified cases (``calc.pla
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable, Mapping
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
 
 from calc.config.jobs import DEVICES, Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
@@ -161,8 +164,6 @@ def precompile(
             if not isinstance(job, str):
                 targets.setdefault(plan_grid.structure_id(model, job), (model, job, SINGLE))
         if kind == TRAINING:  # grad_accum 1 and >= 2 are two structures: compile both
-            from dataclasses import replace
-
             for _m, job, _o in list(targets.values()):
                 other = replace(job, grad_accum=2 if job.grad_accum == 1 else 1)
                 targets.setdefault(plan_grid.structure_id(model, other), (model, other, SINGLE))
@@ -189,9 +190,6 @@ def _compile_one(
 def _precompile_parallel(
     jobs: list, device: str, progress: Callable[[int, int], None] | None, workers: int,
 ) -> int:  # fmt: skip
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     compiled = 0
     ctx = multiprocessing.get_context("spawn")  # no forked BLAS or sympy state
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:

@@ -9,17 +9,22 @@ nothing is ever ``eval``-ed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import sympy as sp
 
 from calc import symbols as S
 
 _NAMES = {sym: sym.name for sym in S.ALL_SYMBOLS}
+Value: TypeAlias = np.integer | np.floating | npt.NDArray[np.integer | np.floating]
+"""What a program computes from its symbols' values: one int64, or int64 values over a grid of
+points (exact); float64 only to bound a size's magnitude before the exact evaluation."""
 
 
-def to_program(expr: sp.Expr) -> tuple:
+def to_program(expr: sp.Basic) -> tuple:
     """A nested-tuple program computing the integer ``expr`` exactly from integer symbols.
 
     Operations: ``("int", n)``, ``("sym", name)``, ``("add", ...)``, ``("mul", ...)``,
@@ -30,9 +35,9 @@ def to_program(expr: sp.Expr) -> tuple:
     Raises ``NotImplementedError`` naming any other sympy function.
     """
     expr = sp.sympify(expr)  # a sympy object already (never user text): normalises Python ints
-    if expr.is_Integer:
+    if isinstance(expr, sp.Integer):
         return ("int", int(expr))
-    if expr.is_Symbol:
+    if isinstance(expr, sp.Symbol):
         if expr not in _NAMES:
             raise NotImplementedError(f"plan_grid: unknown symbol {expr}")
         return ("sym", _NAMES[expr])
@@ -50,13 +55,13 @@ def to_program(expr: sp.Expr) -> tuple:
         return ("add", *(to_program(a) for a in expr.args))
     if expr.is_Mul:
         return ("mul", *(to_program(a) for a in expr.args))
-    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) >= 1:
+    if isinstance(expr, sp.Pow) and expr.exp.is_Integer and int(expr.exp) >= 1:
         return ("pow", to_program(expr.base), int(expr.exp))
     raise NotImplementedError(f"plan_grid cannot evaluate {type(expr).__name__}: {expr}")
 
 
-def run_program(prog: Sequence, env: dict[str, object]) -> object:
-    """Evaluate a ``to_program`` program; ``env`` maps symbol names to ints or int64 arrays."""
+def run_program(prog: Sequence, env: Mapping[str, Value]) -> Value:
+    """Evaluate a ``to_program`` program; ``env`` maps symbol names to int64 values or arrays."""
     op = prog[0]
     if op == "int":
         return np.int64(prog[1])

@@ -23,8 +23,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from calc.compress.quant import check_fits
-from calc.config.compression import LoRA, Quant
-from calc.config.jobs import Inference, Training
+from calc.config.compression import KVQuant, LoRA, Quant
+from calc.config.jobs import (
+    Attention,
+    Implementation,
+    Inference,
+    Optimizer,
+    Precision,
+    Recompute,
+    Training,
+)
 from calc.config.model_spec import ModelSpec
 from calc.estimate.api import estimate
 
@@ -32,9 +40,9 @@ TASKS: tuple[str, ...] = ("serve", "lora", "qlora", "full")
 """The report's rows: serve, LoRA fine-tune, QLoRA fine-tune, full fine-tune."""
 WIDTHS: tuple[str, ...] = ("bf16", "int8", "int4")
 """The report's columns: the width of the (frozen or served) weights."""
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adam8bit")
+OPTIMIZERS: tuple[Optimizer, ...] = ("adamw", "adam8bit")
 """Optimizers searched for training (Adam-quality updates; SGD's zero state is not a recipe)."""
-RECOMPUTES: tuple[str, ...] = ("none", "full")
+RECOMPUTES: tuple[Recompute, ...] = ("none", "full")
 """Activation recomputation searched for training."""
 WEIGHT_FORMATS: dict[str, tuple[Quant | None, ...]] = {
     "bf16": (None,),
@@ -42,8 +50,13 @@ WEIGHT_FORMATS: dict[str, tuple[Quant | None, ...]] = {
     "int4": (Quant(method="int4"), Quant(method="nf4")),
 }
 """Weight formats per width (defaults of `calc.Quant`: int4 groups of 128, nf4 double-quant)."""
-KV_FORMATS: tuple[str | None, ...] = (None, "int8", "fp8")
+KV_FORMATS: tuple[KVQuant | None, ...] = (None, "int8", "fp8")
 """KV-cache formats searched for serving."""
+IMPLEMENTATION: Implementation = "reference"
+"""Every recipe runs verify's plain-PyTorch model (its quantized linears and adapters are what
+verify measures)."""
+ATTENTION: Attention = "sdpa"
+"""Every recipe runs the SDPA kernel CUDA picks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,10 +101,17 @@ def candidates(
         raise ValueError(f"task={task!r} is not one of {TASKS}")
     if width not in WIDTHS:
         raise ValueError(f"width={width!r} is not one of {WIDTHS}")
-    ref = {"implementation": "reference", "attention": "sdpa"}
     if task == "serve":
         return [
-            Inference(batch=batch, context=seq_len, precision="bf16", quant=q, kv_quant=kv, **ref)
+            Inference(
+                batch=batch,
+                context=seq_len,
+                precision="bf16",
+                quant=q,
+                kv_quant=kv,
+                implementation=IMPLEMENTATION,
+                attention=ATTENTION,
+            )
             for q in WEIGHT_FORMATS[width]
             for kv in KV_FORMATS
         ]
@@ -99,7 +119,7 @@ def candidates(
         return []
     lora = LoRA(rank=lora_rank) if task in ("lora", "qlora") else None
     quants = WEIGHT_FORMATS[width] if task == "qlora" else (None,)
-    precisions = ("bf16", "bf16-master") if task == "full" else ("bf16",)
+    precisions: tuple[Precision, ...] = ("bf16", "bf16-master") if task == "full" else ("bf16",)
     return [
         Training(
             micro_batch=batch,
@@ -109,7 +129,8 @@ def candidates(
             recompute=r,
             lora=lora,
             quant=q,
-            **ref,
+            implementation=IMPLEMENTATION,
+            attention=ATTENTION,
         )
         for p in precisions
         for q in quants

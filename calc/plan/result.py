@@ -15,6 +15,7 @@ from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU
 from calc.estimate.result import GIB
 from calc.plan.evidence import ErrorBar
+from calc.plan.layouts import layout_of
 
 Task = Literal["pretrain", "full-finetune", "lora", "qlora", "inference"]
 TASKS: tuple[str, ...] = get_args(Task)
@@ -50,8 +51,6 @@ class Config:
         label = self.choices.get("parallel")
         if label is None:
             return None
-        from calc.plan.layouts import layout_of
-
         return layout_of(label, self.gpu_count)
 
 

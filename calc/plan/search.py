@@ -7,7 +7,7 @@ Both evaluate through ``calc.plan.engine`` (the compiled, vectorised peaks of
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from calc.config.jobs import DEVICES, Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
@@ -99,7 +99,7 @@ def _changed(
 ) -> Training | Inference | str:  # fmt: skip
     fields = {
         f: getattr(job, f)
-        for f in job.__slots__  # type: ignore[attr-defined]
+        for f in job.__slots__
         if f not in ("micro_batch", "seq_len", "grad_accum", "batch", "context")
     }
     if layout is not None:  # the (new) layout first: grad_accum is per data-parallel replica
@@ -211,8 +211,8 @@ def _better(a: Evaluated, b: Evaluated) -> bool:
     return (a.throughput_proxy, a.headroom_bytes or 0) > (b.throughput_proxy, b.headroom_bytes or 0)
 
 
-def _order(changes: object) -> list[Change]:
+def _order(changes: Iterable[Change]) -> list[Change]:
     return sorted(
-        changes,  # type: ignore[arg-type]
+        changes,
         key=lambda c: (-c.evaluated.throughput_proxy, -(c.evaluated.headroom_bytes or 0)),
     )

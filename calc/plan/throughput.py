@@ -33,10 +33,12 @@ precisions by recipe, not by this proxy.
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism
 
 TOKENS_HALF_EFFICIENCY = 1024
 """Tokens per micro-batch at which the proxy's efficiency term is 1/2 (an assumed scale)."""
@@ -51,15 +53,10 @@ OFFLOAD_COST = 0.3
 """Assumed slowdown of offloading the optimizer to the CPU."""
 
 
-def communication_factor(parallel: object) -> float:
+def communication_factor(parallel: Parallelism) -> float:
     """The layout's communication factor (``>= 1``, module docstring), from a
     ``calc.Parallelism``: ``(1 + DP_COST_PER_VOLUME x volume) x (1 + TP_COST x log2 tp) x
     (1 + OFFLOAD_COST if offloading)``; 1 for one GPU."""
-    import math
-
-    from calc.config.parallelism import Parallelism
-
-    assert isinstance(parallel, Parallelism)
     factor = 1.0
     if parallel.dp > 1:
         factor *= 1 + DP_COST_PER_VOLUME * (3 if parallel.shard_level == 3 else 2)

@@ -8,11 +8,13 @@ them. Every number here is the estimate's own bytes divided by ``GIB``: nothing 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import sympy as sp
 
 from calc import symbols as S
 from calc.estimate.result import GIB, Estimate
+from calc.plan.result import Evaluated
 from calc.present.sweep import Sweep
 
 
@@ -138,13 +140,13 @@ MIB = 1 << 20
 """Bytes per MiB (verify's cases are scaled-down models of a few MiB)."""
 
 
-def evidence_rows(report: Mapping[str, object]) -> list[dict[str, object]]:
+def evidence_rows(report: Mapping[str, Any]) -> list[dict[str, object]]:
     """One row per case of a verify report (``verify/reports/latest/report.json`` as a dict):
     ``case``, ``implementation``, ``kind``, ``card``, ``status``, ``predicted_mib``,
     ``measured_mib`` (None where absent), ``error_pct`` (signed, predicted vs measured),
     ``tolerance_pct``, ``peak_phase`` (measured)."""
     rows: list[dict[str, object]] = []
-    for case in report.get("cases", []):  # type: ignore[union-attr]
+    for case in report.get("cases", []):
         pred, meas = case.get("predicted_peak"), case.get("measured_peak")
         rows.append(
             {
@@ -163,25 +165,25 @@ def evidence_rows(report: Mapping[str, object]) -> list[dict[str, object]]:
     return rows
 
 
-def plan_rows(evaluated: Sequence[object]) -> list[dict[str, object]]:
+def plan_rows(evaluated: Sequence[Evaluated]) -> list[dict[str, object]]:
     """One row per configuration of a plan (``calc.plan.planner.Evaluated``, in the given order):
     ``rank``, the axis values (``config.choices``), ``grad_accum``, ``peak_gib``,
     ``headroom_gib``, ``headroom_pct``, ``throughput_proxy``, ``error_bar`` and ``reason``."""
     rows: list[dict[str, object]] = []
     for rank, ev in enumerate(evaluated, start=1):
-        peak, room = ev.peak_bytes, ev.headroom_bytes  # type: ignore[attr-defined]
-        bar = ev.error_bar  # type: ignore[attr-defined]
+        peak, room = ev.peak_bytes, ev.headroom_bytes
+        bar = ev.error_bar
         rows.append(
             {
                 "rank": rank,
-                **dict(ev.config.choices),  # type: ignore[attr-defined]
-                "grad_accum": ev.config.grad_accum,  # type: ignore[attr-defined]
+                **dict(ev.config.choices),
+                "grad_accum": ev.config.grad_accum,
                 "peak_gib": None if peak is None else gib(peak),
                 "headroom_gib": None if room is None else gib(room),
-                "headroom_pct": ev.headroom_pct,  # type: ignore[attr-defined]
-                "throughput_proxy": ev.throughput_proxy,  # type: ignore[attr-defined]
+                "headroom_pct": ev.headroom_pct,
+                "throughput_proxy": ev.throughput_proxy,
                 "error_bar": "" if bar is None else bar.text(),
-                "reason": ev.reason,  # type: ignore[attr-defined]
+                "reason": ev.reason,
             }
         )
     return rows

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
@@ -99,4 +100,5 @@ def _with_size(job: Training | Inference, field: str, value: int) -> Training | 
     context is shortened to it (a prompt cannot exceed the context)."""
     if isinstance(job, Inference) and field == "context" and job.prompt is not None:
         return replace(job, context=value, prompt=min(job.prompt, value))
-    return replace(job, **{field: value})
+    size: dict[str, Any] = {field: value}  # a field of SWEEP_FIELDS, checked by `sweep`
+    return replace(job, **size)

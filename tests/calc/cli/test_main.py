@@ -50,7 +50,7 @@ class FakeEstimate:
 
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object, str]]:
-    """Replace ``calc.estimate`` with a fake; the list records each call's arguments."""
+    """Replace the CLI's ``calc.estimate`` with a fake; the list records each call's arguments."""
     seen: list[tuple[object, object, str]] = []
 
     def fake_estimate(
@@ -60,7 +60,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object, str]]:
         seen.append((model, job, device))
         return FakeEstimate(peak_bytes=7 * GIB)
 
-    monkeypatch.setattr(calc, "estimate", fake_estimate, raising=False)
+    monkeypatch.setattr(cli, "estimate", fake_estimate)
     return seen
 
 

@@ -1,0 +1,42 @@
+"""Which model a command line names: a model card id (``--card``) or a Hugging Face
+``config.json`` (``--config``). Shared by ``python -m calc``, ``plan`` and ``report``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from calc.config.model_spec import ModelSpec
+from calc.data.cards import load_card
+
+DEFAULT_CARD = "qwen2.5-32b"
+"""The model card of a command line that names none."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--card ID`` or ``--config PATH`` (mutually exclusive) on ``p``."""
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--card", metavar="ID", help=f"model card id (default {DEFAULT_CARD})")
+    src.add_argument(
+        "--config", metavar="PATH", type=Path, help="a Hugging Face config.json instead"
+    )
+
+
+def load_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
+    """The ``ModelSpec`` the arguments name (``args.config``: a ``Path`` or None; ``args.card``:
+    a card id or None, default `DEFAULT_CARD`), and a label for it. ``ValueError`` for a
+    config that cannot be read or is not JSON."""
+    if args.config is not None:
+        path: Path = args.config
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ValueError(f"config={str(path)!r} cannot be read: {exc.strerror}") from exc
+        try:
+            config = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"config={str(path)!r} is malformed JSON: {exc}") from exc
+        return ModelSpec.from_hf_config(config), str(path)
+    card = args.card if args.card is not None else DEFAULT_CARD
+    return load_card(card), card
