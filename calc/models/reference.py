@@ -270,7 +270,9 @@ def _gather(tape: Tape, sh: Shape, x: Tensor, name: str) -> Tensor:
     return sequence_parallel.gather(tape, x, sh.b * sh.s * sh.h, name)
 
 
-def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) -> Tensor:
+def block(
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor | None, sin: Tensor | None
+) -> Tensor:
     n = sh.local_rows
     n1 = norm(tape, sh, x, lw["norm1"], lw.get("norm1.b"), n)
     g1 = _gather(tape, sh, n1, "sp.attn_in")
@@ -289,7 +291,7 @@ def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) 
     return x3
 
 
-def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tensor:
+def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
     """``ReferenceLM.forward(ids, targets)``; returns the loss tensor."""
     n = sh.b * sh.s
     out = logits(tape, sh, w, cos, sin)
@@ -302,7 +304,7 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tens
     return loss
 
 
-def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor) -> Tensor:
+def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
     """``F.linear(ReferenceLM.hidden_states(ids), head_weight())``: the logits ``[b*s, V]``
     (what ``forward`` feeds the loss; distillation's student, `calc.compress.distill`)."""
     n = sh.b * sh.s

@@ -21,7 +21,7 @@ from calc.config.parallelism import Parallelism
 from calc.data.cards import load_verify_report
 from calc.data.gpus import GPU, get_gpu
 from calc.estimate.api import estimate
-from calc.estimate.core import ReplayOptions
+from calc.estimate.core import ReplayOptions, StructureKey
 from calc.estimate.ranks import expand_layers, rank_replays
 from calc.plan import grid as plan_grid
 from calc.plan import grid_eval as plan_eval
@@ -327,7 +327,7 @@ class Evaluator:
         ]
 
     def _single_group(
-        self, key: tuple, members: list[tuple[Mapping, Training | Inference]], points: dict
+        self, key: StructureKey, members: list[tuple[Mapping, Training | Inference]], points: dict
     ) -> list[Evaluated]:
         """Rows of one-GPU entries ``(choices, job)`` sharing the compiled structure ``key``:
         one vectorised evaluation of all their sizes (``calc.plan.grid_eval.grid_peaks``)."""
@@ -359,11 +359,11 @@ class Evaluator:
     def _group(
         self, entries: Sequence[tuple[Mapping, Training | Inference | str]],
         out: list[Evaluated | None],
-    ) -> tuple[dict[tuple, list], dict[tuple, list]]:  # fmt: skip
+    ) -> tuple[dict[StructureKey, list], dict[tuple, list]]:  # fmt: skip
         """Rows settled now (invalid, not modelled) into ``out``; the other entries grouped for
         evaluation in bulk: ``(one-GPU groups by structure, multi-GPU groups by layout and
         structure)``, each member led by its index in ``entries``."""
-        groups: dict[tuple, list] = {}
+        groups: dict[StructureKey, list] = {}
         par_groups: dict[tuple, list] = {}
         for i, (choices, job) in enumerate(entries):
             if not isinstance(job, str) and job.quant is not None:

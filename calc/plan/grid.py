@@ -27,7 +27,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import calc_source_digest, read_plan_cache, write_plan_cache
 from calc.estimate import core as _estimate
-from calc.estimate.core import SINGLE, ReplayOptions
+from calc.estimate.core import SINGLE, ReplayOptions, StructureKey
 from calc.plan.program import program_from_json, program_to_json, to_program
 
 CACHE_FORMAT = 3
@@ -118,7 +118,7 @@ def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
 
 def structure_id(
     model: ModelSpec, job: Training | Inference, opts: ReplayOptions = SINGLE
-) -> tuple:
+) -> StructureKey:
     """What decides the compiled structure of ``(model, job)`` replayed with ``opts``: jobs
     with equal ids differ only in sizes and share one ``StructureTable``."""
     return _estimate._structure_key(model, _cap_grad_accum(job), opts)
@@ -129,7 +129,7 @@ def _branch_of(model: ModelSpec, opts: ReplayOptions) -> int:
     return model.n_layers if opts.exact_layers else _estimate._branch(model.n_layers)
 
 
-def _cache_name(key: tuple, device: str, branch: int) -> str:
+def _cache_name(key: StructureKey, device: str, branch: int) -> str:
     digest = _source_digest(lambda: calc_source_digest(NOT_IN_TABLES))
     text = repr((CACHE_FORMAT, digest, key, device, branch))
     return hashlib.sha256(text.encode()).hexdigest()

@@ -67,6 +67,7 @@ def forward(
     if sh.model_type == "gpt2":
         pos = tape.new(sh.s, INDEX_ITEMSIZE, "positions")  # torch.arange(start, start + s)
         tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
+        assert w.wpe is not None  # gpt2 has its learned position table
         pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out")
         x = ops.add(tape, tok, pe, "embed_out")
         tape.drop(tok, pe)

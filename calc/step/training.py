@@ -21,7 +21,7 @@ from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
 from calc.replay import ops
-from calc.replay.tape import Event, Tape, Tensor
+from calc.replay.tape import Event, Tape, Tensor, divide
 from calc.step.optimizer import OptimizerTail, SizeValues
 from calc.step.sizes import values_for
 
@@ -179,8 +179,8 @@ def build_step(
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if path is ForwardPath.HF:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
-        tape.existing(sh.d / 2, 4, "rope_inv_freq", "buffer")
-        tape.existing(sh.d / 2, 4, "rope_original_inv_freq", "buffer")
+        tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
+        tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
     rope = rope and not hf_path  # HF computes cos/sin inside each forward
     cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
