@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from calc.models.attention import attention_kernel
+from verify.models import reference_inference
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -71,11 +74,7 @@ class Pins:
 
 
 def calc_kernel(spec: ModelSpec, job: Training | Inference) -> str:
-    """``calc.attention_kernel`` when calc has it, else ``flash`` (the CUDA default)."""
-    try:
-        from calc import attention_kernel
-    except ImportError:
-        return "eager" if job.attention == "eager" else "flash"
+    """The attention kernel calc says CUDA runs (`calc.models.attention.attention_kernel`)."""
     return attention_kernel(spec, job)
 
 
@@ -187,11 +186,8 @@ def prefill(
     """One prefill of ``ids`` into a KV cache of ``job.context`` tokens under ``no_grad``.
 
     hf: a ``StaticCache`` of ``context`` tokens and ``logits_to_keep=1``. reference: the KV-cache
-    helper of ``verify.models.reference_inference`` (``prefill(model, ids, context)``), which raises
-    `verify.models.build.NotRunnable` while that module is missing.
+    helper of `verify.models.reference_inference` (``prefill(model, ids, context)``).
     """
-    from verify.models.build import NotRunnable
-
     model.eval()
     meter.mark("prefill")
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
@@ -204,12 +200,6 @@ def prefill(
             out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
             del out, cache
         else:
-            try:
-                from verify.models import reference_inference
-            except ImportError as exc:
-                raise NotRunnable(
-                    "reference inference needs verify.models.reference_inference"
-                ) from exc
             logits = reference_inference.prefill(
                 model, ids, job.context, getattr(job, "kv_quant", None)
             )
