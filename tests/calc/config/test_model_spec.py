@@ -9,33 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from calc.config.model_spec import ModelSpec
+from tests.specs import tiny_llama
 
-BASE = ModelSpec(
-    name="tiny",
-    model_type="llama",
-    hidden=8,
-    n_layers=2,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=4,
-    ffn=16,
-    vocab=10,
-    max_positions=32,
-    mlp="swiglu",
-    norm="rmsnorm",
-    qkv_bias=False,
-    o_bias=False,
-    mlp_bias=False,
-    norm_bias=False,
-    qk_norm=False,
-    tied_embeddings=False,
-    learned_positions=False,
-    attention_dropout=0.0,
-    hidden_dropout=0.0,
-    embedding_dropout=0.0,
-    norm_eps=1e-5,
-    rope_theta=10000.0,
-)
+BASE = tiny_llama(name="tiny", hidden=8, n_kv_heads=1, head_dim=4, ffn=16, vocab=10,
+                  max_positions=32, norm_eps=1e-5)  # fmt: skip
 
 
 @pytest.mark.parametrize(

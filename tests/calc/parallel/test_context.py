@@ -11,18 +11,13 @@ from __future__ import annotations
 import pytest
 
 import calc
+from tests.specs import tiny_llama64
 
 RING_KV = 8192
 
 
 def _llama() -> calc.ModelSpec:
-    return calc.ModelSpec(
-        name="tiny-cp", model_type="llama", hidden=64, n_layers=2, n_heads=4, n_kv_heads=4,
-        head_dim=16, ffn=128, vocab=64, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
+    return tiny_llama64(name="tiny-cp")
 
 
 def _job(seq_len: int) -> calc.Training:

@@ -17,20 +17,17 @@ import calc
 from calc.config.parallelism import holding, layers_per_stage
 from calc.parallel.data import assign_buckets, bucket_bytes, zero_redundancy_partition
 from calc.parallel.fsdp import shard_numel
+from tests.specs import tiny_llama
 
 MIB = 1 << 20
 
 
+ZERO_LLAMA = {"name": "zero-llama", "hidden": 512, "n_heads": 8, "n_kv_heads": 8,
+              "head_dim": 64, "ffn": 1024, "vocab": 512}  # fmt: skip
+
+
 def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="zero-llama", model_type="llama", hidden=512, n_layers=2, n_heads=8, n_kv_heads=8,
-        head_dim=64, ffn=1024, vocab=512, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+    return tiny_llama(**{**ZERO_LLAMA, **changes})
 
 
 # ---------------------------------------------------------------------- validation

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import calc
 from calc.parallel import sequence as spm
 from calc.replay.tape import Tape
+from tests.specs import tiny_llama64, tiny_training
 
 
 def _live(tape: Tape) -> list[int]:
@@ -30,22 +31,11 @@ def _live(tape: Tape) -> list[int]:
 
 
 def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="tiny-sp", model_type="llama", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2,
-        head_dim=16, ffn=128, vocab=64, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+    return tiny_llama64(**{"name": "tiny-sp", "n_kv_heads": 2, **changes})
 
 
 def _job(**changes: object) -> calc.Training:
-    job = dict(micro_batch=1, seq_len=8, precision="fp32", optimizer="adamw",
-               optimizer_impl="for-loop", implementation="reference")  # fmt: skip
-    job.update(changes)
-    return calc.Training(**job)  # type: ignore[arg-type]
+    return tiny_training(**changes)
 
 
 def test_gather_holds_two_full_tensors_for_an_instant() -> None:

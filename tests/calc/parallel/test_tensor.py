@@ -22,28 +22,18 @@ from hypothesis import strategies as st
 
 import calc
 from calc.parallel.tensor import rank_model
+from tests.specs import tiny_llama64, tiny_training
 
 W_TP1 = 330240
 W_TP2 = 182784
 
 
 def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="tiny-tp", model_type="llama", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2,
-        head_dim=16, ffn=128, vocab=64, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+    return tiny_llama64(**{"name": "tiny-tp", "n_kv_heads": 2, **changes})
 
 
 def _job(**changes: object) -> calc.Training:
-    job = dict(micro_batch=1, seq_len=8, precision="fp32", optimizer="adamw",
-               optimizer_impl="for-loop", implementation="reference")  # fmt: skip
-    job.update(changes)
-    return calc.Training(**job)  # type: ignore[arg-type]
+    return tiny_training(**changes)
 
 
 def test_rank_model_divides_heads_kv_heads_and_ffn() -> None:

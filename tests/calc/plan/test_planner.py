@@ -304,9 +304,7 @@ def test_bad_input_names_the_field(changes: dict, match: str) -> None:
 
 
 # TINY with h=64, d=32, f=128: nf4's blocks of 64 divide every quantized linear's input width
-TINY64 = calc.ModelSpec(**{
-    **{f: getattr(TINY, f) for f in TINY.__slots__}, "hidden": 64, "head_dim": 32, "ffn": 128,
-})  # fmt: skip
+TINY64 = tiny_llama(hidden=64, head_dim=32, ffn=128)
 ONE_RECIPE = {"optimizer": ("adamw",), "recompute": ("none",)}
 
 
