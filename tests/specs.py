@@ -7,12 +7,21 @@ forward 24 (SwiGLU), vocabulary 50, RMSNorm, RoPE, no biases, untied head, no dr
 ``tiny_llama64()`` is the same at hidden 64 (4 heads of 16, feed-forward 128, vocabulary 64), the
 size the parallelism tests split (tp 2 and 4 divide the heads). ``tiny_training()`` is the job
 those tests run: one sequence of 8 tokens, fp32, AdamW as a per-tensor loop, reference model.
+``recorded(name)`` is a verify case as the committed report recorded it, with the peak the CPU
+tracker measured: an expected value calc did not make.
 """
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from pathlib import Path
+
 import calc
-from calc.config.jobs import Training
+from calc.config.jobs import Inference, Training
+
+REPORT = Path(__file__).resolve().parents[1] / "verify" / "reports" / "latest" / "report.json"
+"""The committed report of the full verification battery (peaks measured by the CPU tracker)."""
 
 TINY_LLAMA_FIELDS: dict[str, object] = {
     "name": "tiny-llama", "model_type": "llama", "hidden": 16, "n_layers": 2, "n_heads": 2,
@@ -44,3 +53,16 @@ def tiny_training(**changes: object) -> Training:
     job: dict[str, object] = dict(micro_batch=1, seq_len=8, precision="fp32", optimizer="adamw",
                                   optimizer_impl="for-loop", implementation="reference")  # fmt: skip
     return Training(**{**job, **changes})  # type: ignore[arg-type]
+
+
+@cache
+def _recorded_cases() -> dict[str, dict]:
+    return {c["name"]: c for c in json.loads(REPORT.read_text())["cases"]}
+
+
+def recorded(name: str) -> tuple[calc.ModelSpec, Training | Inference, int]:
+    """The scaled model, the job and the measured peak (bytes, CPU tracker) of the verify case
+    ``name`` in `REPORT`."""
+    case = _recorded_cases()[name]
+    job_class = Training if case["kind"] == "training" else Inference
+    return calc.ModelSpec(**case["spec"]), job_class(**case["job"]), case["measured_peak"]
