@@ -120,9 +120,20 @@ class Case:
         return self.job.precision
 
 
-def train(
+def train(name: str, card: str, **kw: Any) -> Case:
+    """A training case: `training_job` of the job fields in ``kw`` (`single_case`)."""
+    return single_case(name, card, "training", **kw)
+
+
+def infer(name: str, card: str, **kw: Any) -> Case:
+    """An inference case: ``calc.Inference`` of the job fields in ``kw`` (`single_case`)."""
+    return single_case(name, card, "inference", **kw)
+
+
+def single_case(
     name: str,
     card: str,
+    kind: str,
     *,
     impl: str = "reference",
     tags: tuple[str, ...] = (),
@@ -130,38 +141,19 @@ def train(
     note: str = "",
     **job: Any,
 ) -> Case:
-    """A training case: `training_job` of ``job``, tagged ``training``."""
-    return Case(
-        name=name,
-        card=card,
-        scale=pairs(scale),
-        job=training_job(impl, **job),
-        impl=impl,
-        tolerance_pct=TOLERANCE_PCT[impl],
-        tags=("training", *tags),
-        note=note,
+    """A ``kind`` (``training`` or ``inference``) case of ``card`` scaled by ``scale``, run by
+    ``impl`` at its tolerance, tagged ``kind`` and ``tags``; ``job`` holds the job's fields."""
+    made = (
+        training_job(impl, **job) if kind == "training" else Inference(implementation=impl, **job)
     )
-
-
-def infer(
-    name: str,
-    card: str,
-    *,
-    impl: str = "reference",
-    tags: tuple[str, ...] = (),
-    scale: Mapping[str, Any] | None = None,
-    note: str = "",
-    **job: Any,
-) -> Case:
-    """An inference case: ``calc.Inference(**job)``, tagged ``inference``."""
     return Case(
         name=name,
         card=card,
         scale=pairs(scale),
-        job=Inference(implementation=impl, **job),
+        job=made,
         impl=impl,
         tolerance_pct=TOLERANCE_PCT[impl],
-        tags=("inference", *tags),
+        tags=(kind, *tags),
         note=note,
     )
 

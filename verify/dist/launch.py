@@ -51,7 +51,7 @@ from verify.dist import engines, pp_plans, tp_plans
 from verify.dist.compare import record_for
 from verify.dist.engine import Engine, RankContext
 from verify.measure.tracker import StorageTracker
-from verify.run.step import AUTOCAST_DTYPE, forced_sdpa, make_batch, pins_for
+from verify.run.step import forced_sdpa, make_batch, micro_batches, pins_for
 
 LAUNCH_TIMEOUT_S = 1800
 """Upper bound on one torchrun launch (all cases of one process count)."""
@@ -113,7 +113,6 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     dist.barrier()
     tracker = StorageTracker(scan_baseline=False, count_late=False, phase="setup")
     steps: list[dict[str, Any]] = []
-    amp = AUTOCAST_DTYPE.get(job.precision)
     with tracker as tr:
         tr.track(ids, targets)
         built = engine(case, spec, ctx)
@@ -127,27 +126,14 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
             for step in range(1, case.steps + 1):
                 tr.mark(f"step{step}/forward")
                 tr.reset_peak()
-                for mb in range(job.grad_accum):
-                    tr.mark(f"step{step}/forward")
-                    if built.train_step is not None:
+                if built.train_step is not None:  # a pipeline schedule: forward and backward
+                    for _ in range(job.grad_accum):
+                        tr.mark(f"step{step}/forward")
                         built.train_step(ids, targets)
-                        continue
-                    ctx_amp = (
-                        torch.autocast(ctx.device, dtype=amp)
-                        if amp is not None
-                        else contextlib.nullcontext()
-                    )
-                    with ctx_amp:
-                        loss = built.loss_fn(ids, targets)
-                    loss = built.scale(loss)
-                    if job.zero_grad == "before_backward" and mb == 0:
-                        built.zero_grad()
-                    tr.mark(f"step{step}/backward")
-                    if built.backward is not None:
-                        built.backward(loss)
-                    else:
-                        loss.backward()
-                    del loss
+                else:
+                    micro_batches(step, built.loss_fn, ids, targets, job, tr, scale=built.scale,
+                                  zero_grad=built.zero_grad, backward=built.backward,
+                                  device_type=ctx.device)  # fmt: skip
                 tr.mark(f"step{step}/optimizer")
                 built.step()
                 if job.zero_grad == "after_step":

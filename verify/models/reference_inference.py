@@ -105,16 +105,7 @@ def _attention(
     end = start + seq
     if seq > 1 and start != 0:
         raise NotImplementedError("chunked prefill (a prompt after cached tokens) is not written")
-    if spec.model_type == "gpt2":
-        q, k, v = attn.c_attn(x).split(spec.hidden, dim=-1)
-    else:
-        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    q = q.view(bsz, seq, a, hd)
-    k = k.view(bsz, seq, kv, hd)
-    if spec.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)
-    v = v.view(bsz, seq, kv, hd).transpose(1, 2)
+    q, k, v = attn.heads(x)
     if rope is not None:
         cos, sin = rope[0][start:end].to(q.dtype), rope[1][start:end].to(q.dtype)
         q = q * cos + rotate_half(q) * sin

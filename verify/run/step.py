@@ -144,6 +144,42 @@ def make_batch(
     return ids.to(device), targets.to(device)
 
 
+def micro_batches(
+    step: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    job: Training,
+    meter: Meter,
+    *,
+    scale: Callable[[torch.Tensor], torch.Tensor],
+    zero_grad: Callable[[], None],
+    backward: Callable[[torch.Tensor], None] | None = None,
+    device_type: str = "cpu",
+) -> None:
+    """The ``job.grad_accum`` micro-batches of optimizer step ``step`` (the inner loop of the
+    protocol above): forward under autocast for ``amp-*``, ``scale`` (the GradScaler's), the
+    ``before_backward`` zero_grad at the first one, then ``backward`` (``loss.backward()``
+    unless given) and the loss dropped."""
+    amp = AUTOCAST_DTYPE.get(job.precision)
+    for mb in range(job.grad_accum):
+        meter.mark(f"step{step}/forward")
+        ctx = (
+            torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        )
+        with ctx:
+            loss = loss_fn(ids, targets)
+        loss = scale(loss)
+        if job.zero_grad == "before_backward" and mb == 0:
+            zero_grad()
+        meter.mark(f"step{step}/backward")
+        if backward is not None:
+            backward(loss)
+        else:
+            loss.backward()
+        del loss
+
+
 def train_two_steps(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     bundle: OptBundle,
@@ -156,24 +192,10 @@ def train_two_steps(
     device_type: str = "cpu",
 ) -> None:
     """Run the protocol above: two optimizer steps of ``job.grad_accum`` micro-batches each."""
-    amp = AUTOCAST_DTYPE.get(job.precision)
     with forced_sdpa(pins.sdpa_backend):
         for step in (1, 2):
-            for mb in range(job.grad_accum):
-                meter.mark(f"step{step}/forward")
-                ctx = (
-                    torch.autocast(device_type, dtype=amp)
-                    if amp is not None
-                    else contextlib.nullcontext()
-                )
-                with ctx:
-                    loss = loss_fn(ids, targets)
-                loss = bundle.scale(loss)
-                if job.zero_grad == "before_backward" and mb == 0:
-                    bundle.zero_grad()
-                meter.mark(f"step{step}/backward")
-                loss.backward()
-                del loss
+            micro_batches(step, loss_fn, ids, targets, job, meter, scale=bundle.scale,
+                          zero_grad=bundle.zero_grad, device_type=device_type)  # fmt: skip
             meter.mark(f"step{step}/optimizer")
             bundle.step()
             if job.zero_grad == "after_step":
