@@ -30,8 +30,12 @@ import torch.nn.functional as F
 
 from verify.models.reference import Attention, Block, ReferenceLM, rotate_half
 
-Cache = list[tuple[torch.Tensor, torch.Tensor]]
-"""Per layer, the K and V tensors ``[batch, kv_heads, context, head_dim]``."""
+LayerCache = tuple[torch.Tensor, torch.Tensor]
+"""One layer's K and V tensors ``[batch, kv_heads, context, head_dim]`` (or `QuantKV`)."""
+Cache = list[LayerCache]
+"""Per layer, its `LayerCache`."""
+Rope = tuple[torch.Tensor, torch.Tensor] | None
+"""The rotary tables (cos, sin) for every position, or None (gpt2's learned positions)."""
 
 
 class QuantKV:
@@ -89,11 +93,7 @@ def new_cache(model: ReferenceLM, batch: int, context: int, kv_quant: str | None
 
 
 def _attention(
-    attn: Attention,
-    x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor] | None,
-    layer_cache: tuple[torch.Tensor, torch.Tensor],
-    start: int,
+    attn: Attention, x: torch.Tensor, rope: Rope, layer_cache: LayerCache, start: int
 ) -> torch.Tensor:
     """``Attention.forward`` for tokens ``start .. start + seq`` with k/v written to the cache.
 
@@ -130,11 +130,7 @@ def _attention(
 
 
 def _block(
-    block: Block,
-    x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor] | None,
-    layer_cache: tuple[torch.Tensor, torch.Tensor],
-    start: int,
+    block: Block, x: torch.Tensor, rope: Rope, layer_cache: LayerCache, start: int
 ) -> torch.Tensor:
     """``Block.forward`` (eval: no dropout) with the attention writing the cache. A function of
     its own, as the block is: the caller's ``x`` stays alive until the block returns."""

@@ -58,17 +58,13 @@ def test_kv_heads_message_names_both_values() -> None:
         dataclasses.replace(BASE, n_heads=8, n_kv_heads=3, hidden=32)
 
 
+GPT2 = {"model_type": "gpt2", "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 4,
+        "vocab_size": 10}  # fmt: skip
+"""A one-layer GPT-2 config.json: hidden 8 in 2 heads."""
+
+
 def test_gpt2_head_dim_must_split_hidden() -> None:
-    gpt2 = ModelSpec.from_hf_config(
-        {
-            "model_type": "gpt2",
-            "n_embd": 8,
-            "n_layer": 1,
-            "n_head": 2,
-            "n_positions": 4,
-            "vocab_size": 10,
-        }
-    )
+    gpt2 = ModelSpec.from_hf_config(GPT2)
     with pytest.raises(ValueError, match="head_dim=3"):
         gpt2.with_overrides(head_dim=3)
 
@@ -118,14 +114,7 @@ def test_missing_required_key(key: str) -> None:
 
 
 def test_gpt2_bad_keys() -> None:
-    base = {
-        "model_type": "gpt2",
-        "n_embd": 8,
-        "n_layer": 1,
-        "n_head": 2,
-        "n_positions": 4,
-        "vocab_size": 10,
-    }
+    base = GPT2
     with pytest.raises(ValueError, match="n_positions"):
         ModelSpec.from_hf_config({k: v for k, v in base.items() if k != "n_positions"})
     with pytest.raises(ValueError, match="n_embd=8 must be divisible by n_head=3"):
