@@ -16,19 +16,11 @@ from hypothesis import strategies as st
 
 import calc
 from calc.data.gpus import GPU
-from calc.plan import grid as plan_grid
 from calc.plan import planner as P
 from calc.plan.throughput import recompute_factor, throughput_proxy
 from tests.specs import tiny_llama
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plan_cache")))
-        plan_grid.clear_memory_cache()
-        yield
-        plan_grid.clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("fresh_plan_cache")
 
 
 TINY = tiny_llama()
