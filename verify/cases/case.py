@@ -196,6 +196,7 @@ class DistCase:
 
     @property
     def impl(self) -> str:
+        """``reference`` or ``hf``: the job's implementation."""
         return self.job.implementation
 
     @property
@@ -205,6 +206,7 @@ class DistCase:
 
     @property
     def kind(self) -> str:
+        """``distributed`` (`Case.kind` is ``training`` or ``inference``)."""
         return "distributed"
 
     def spec(self) -> ModelSpec:
