@@ -4,11 +4,24 @@ derived by hand in the test that uses it.
 ``tiny_llama()`` is a llama-family model with hidden 16, 2 layers, 2 heads of 8 (no GQA), feed-
 forward 24 (SwiGLU), vocabulary 50, RMSNorm, RoPE, no biases, untied head, no dropout;
 ``tiny_llama(**changes)`` changes any field (``n_layers=5``, ``model_type="qwen2"``, ...).
+``tiny_llama64()`` is the same at hidden 64 (4 heads of 16, feed-forward 128, vocabulary 64), the
+size the parallelism tests split (tp 2 and 4 divide the heads). ``tiny_training()`` is the job
+those tests run: one sequence of 8 tokens, fp32, AdamW as a per-tensor loop, reference model.
+``recorded(name)`` is a verify case as the committed report recorded it, with the peak the CPU
+tracker measured: an expected value calc did not make.
 """
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from pathlib import Path
+
 import calc
+from calc.config.jobs import Inference, Training
+
+REPORT = Path(__file__).resolve().parents[1] / "verify" / "reports" / "latest" / "report.json"
+"""The committed report of the full verification battery (peaks measured by the CPU tracker)."""
 
 TINY_LLAMA_FIELDS: dict[str, object] = {
     "name": "tiny-llama", "model_type": "llama", "hidden": 16, "n_layers": 2, "n_heads": 2,
@@ -23,3 +36,33 @@ TINY_LLAMA_FIELDS: dict[str, object] = {
 def tiny_llama(**changes: object) -> calc.ModelSpec:
     """The tiny llama above, with ``changes`` applied."""
     return calc.ModelSpec(**{**TINY_LLAMA_FIELDS, **changes})  # type: ignore[arg-type]
+
+
+TINY_LLAMA64_CHANGES: dict[str, object] = {
+    "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "ffn": 128, "vocab": 64,
+}  # fmt: skip
+
+
+def tiny_llama64(**changes: object) -> calc.ModelSpec:
+    """`tiny_llama` at hidden 64 (4 heads of 16, ffn 128, vocab 64), with ``changes`` applied."""
+    return tiny_llama(**{**TINY_LLAMA64_CHANGES, **changes})
+
+
+def tiny_training(**changes: object) -> Training:
+    """micro_batch 1, seq_len 8, fp32, AdamW for-loop, reference; ``changes`` applied."""
+    job: dict[str, object] = dict(micro_batch=1, seq_len=8, precision="fp32", optimizer="adamw",
+                                  optimizer_impl="for-loop", implementation="reference")  # fmt: skip
+    return Training(**{**job, **changes})  # type: ignore[arg-type]
+
+
+@cache
+def _recorded_cases() -> dict[str, dict]:
+    return {c["name"]: c for c in json.loads(REPORT.read_text())["cases"]}
+
+
+def recorded(name: str) -> tuple[calc.ModelSpec, Training | Inference, int]:
+    """The scaled model, the job and the measured peak (bytes, CPU tracker) of the verify case
+    ``name`` in `REPORT`."""
+    case = _recorded_cases()[name]
+    job_class = Training if case["kind"] == "training" else Inference
+    return calc.ModelSpec(**case["spec"]), job_class(**case["job"]), case["measured_peak"]

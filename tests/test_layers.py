@@ -49,44 +49,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
 """Each top package's layers, lowest first. A module belongs to the longest prefix it matches;
 ``calc`` itself (its ``__init__`` and ``__main__``) is the top of ``calc``."""
 
-ALLOWED: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("verify.__main__", "verify.cases.single"),
-        ("verify.__main__", "verify.dist.launch"),
-        ("verify.__main__", "verify.run.report"),
-        ("verify.__main__", "verify.run.runner"),
-        ("verify.cases.distributed", "verify.dist.launch"),
-        ("verify.cases.model_parallel", "verify.dist.launch"),
-        ("verify.cases.single", "calc.config.compression"),
-        ("verify.cases.single", "calc.config.distill"),
-        ("verify.cases.single", "calc.config.pruning"),
-        ("verify.cases.single", "verify.cases.compression"),
-        ("verify.dist.compare", "calc"),
-        ("verify.dist.launch", "verify.dist.compare"),
-        ("verify.dist.launch", "verify.measure.tracker"),
-        ("verify.dist.launch", "verify.run.step"),
-        ("verify.dist.pp_plans", "calc.config.parallelism"),
-        ("verify.dist.pp_plans", "verify.cases.scale"),
-        ("verify.dist.pp_plans", "verify.dist.launch"),
-        ("verify.dist.pp_plans", "verify.dist.tp_plans"),
-        ("verify.dist.pp_plans", "verify.models.build"),
-        ("verify.dist.tp_plans", "verify.cases.scale"),
-        ("verify.dist.tp_plans", "verify.dist.launch"),
-        ("verify.dist.tp_plans", "verify.dist.pp_plans"),
-        ("verify.dist.tp_plans", "verify.models.build"),
-        ("verify.models.build", "verify.models.compress"),
-        ("verify.models.build", "verify.models.distill"),
-        ("verify.models.build", "verify.models.hf"),
-        ("verify.models.build", "verify.models.pruning"),
-        ("verify.models.distill", "verify.models.compress"),
-        ("verify.run.report", "verify.cases.single"),
-        ("verify.run.report", "verify.dist.compare"),
-        ("verify.run.runner", "calc.estimate"),
-        ("verify.run.runner", "verify.models.hf"),
-        ("verify.run.step", "calc"),
-        ("verify.run.step", "verify.models.reference_inference"),
-    }
-)
+ALLOWED: frozenset[tuple[str, str]] = frozenset({})
 """(importer, imported) pairs that break a rule today and are being removed; empty when done."""
 
 

@@ -10,9 +10,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+
+import torch
+
+from verify.cases.case import Case, DistCase
+from verify.cases.single import select
+from verify.dist.launch import all_cases, run_distributed
+from verify.dist.launch import select as select_dist
+from verify.run import report
+from verify.run.runner import FAILING, Record, run_case
 
 ALLOC_CONFS = {"expandable": "expandable_segments:True", "default": ""}
 
@@ -39,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--cuda-alloc",
         choices=tuple(ALLOC_CONFS),
         default=None,
-        help="cuda: set PYTORCH_CUDA_ALLOC_CONF before CUDA starts "
-        "(expandable_segments:True, or the default allocator)",
+        help="cuda: run with PYTORCH_CUDA_ALLOC_CONF set (expandable_segments:True) or unset "
+        "(the default allocator), in a child process when it differs from this one's",
     )
     p.add_argument(
         "--nproc",
@@ -64,22 +74,11 @@ def _shown(path: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.cuda_alloc is not None:
-        conf = ALLOC_CONFS[args.cuda_alloc]
-        if conf:
-            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
-        else:
-            os.environ.pop("PYTORCH_CUDA_ALLOC_CONF", None)
-    from verify.cases.single import select
-    from verify.run import report
-    from verify.run.runner import FAILING, run_case
-
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            print("--device cuda: no CUDA device is available", file=sys.stderr)
-            return 2
+    if args.cuda_alloc is not None and _alloc_env(args.cuda_alloc) != dict(os.environ):
+        return _rerun_with(_alloc_env(args.cuda_alloc), argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda: no CUDA device is available", file=sys.stderr)
+        return 2
     cases = (
         []
         if args.nproc is not None
@@ -94,9 +93,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     filtered = args.cases is not None or args.impl != "all" or args.quick or bool(args.nproc)
     out = args.out or (report.SUBSET_OUT if filtered else report.DEFAULT_OUT)
+    records = _run_single(cases, args.device, progress=not args.no_progress)
+    for rec in run_distributed(dist_cases, progress=lambda _line: None) if dist_cases else []:
+        records.append(rec)
+        print(report.format_row(report.row(rec)))
+    _print_outcome(records)
+    paths = report.write_report(records, out, report.run_meta(args.device))
+    print(f"\nreports: {', '.join(_shown(p) for p in paths)}")
+    print(report.summary_line(records))
+    return 1 if any(r.status in FAILING for r in records) else 0
+
+
+def _alloc_env(choice: str) -> dict[str, str]:
+    """This process's environment with ``PYTORCH_CUDA_ALLOC_CONF`` as ``--cuda-alloc`` says."""
+    env = dict(os.environ)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if ALLOC_CONFS[choice]:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ALLOC_CONFS[choice]
+    return env
+
+
+def _rerun_with(env: dict[str, str], argv: Sequence[str] | None) -> int:
+    """Run ``python -m verify`` again in a child process with ``env``: the allocator reads its
+    configuration when torch loads, which this process has already done."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    return subprocess.run([sys.executable, "-m", "verify", *args], env=env, check=False).returncode
+
+
+def _run_single(cases: Sequence[Case], device: str, *, progress: bool) -> list[Record]:
+    """Run the single-process ``cases`` one by one, printing a table row for each."""
     records = []
     bar = None
-    if not args.no_progress:
+    if progress:
         from tqdm import tqdm
 
         bar = tqdm(total=len(cases), unit="case", file=sys.stderr, leave=False, disable=None)
@@ -105,41 +133,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     for case in cases:
         if bar is not None:
             bar.set_description(case.name[:28])
-        rec = run_case(case, device=args.device)
+        rec = run_case(case, device=device)
         records.append(rec)
         write(report.format_row(report.row(rec)))
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    if dist_cases:
-        from verify.dist.launch import run_distributed
+    return records
 
-        for rec in run_distributed(dist_cases, progress=lambda _line: None):
-            records.append(rec)
-            print(report.format_row(report.row(rec)))
+
+def _print_outcome(records: Sequence[Record]) -> None:
+    """List the not-modelled / not-runnable cases and the errors' messages."""
     rest = [r for r in records if r.status in ("not-modelled", "not-runnable")]
     if rest:
         print(f"\nnot modelled / not runnable ({len(rest)}):")
         for r in rest:
             print(f"  {r.name}: {r.message.splitlines()[0]}")
-    bad = [r for r in records if r.status in FAILING]
-    for r in bad:
+    for r in records:
         if r.status == "error":
             print(f"\n{r.name}: {r.message.strip()}", file=sys.stderr)
-    paths = report.write_report(records, out, report.run_meta(args.device))
-    print(f"\nreports: {', '.join(_shown(p) for p in paths)}")
-    print(report.summary_line(records))
-    return 1 if bad else 0
 
 
-def _distributed_cases(args: argparse.Namespace) -> list:
-    """The distributed cases the filters select (`verify.dist.launch`)."""
+def _distributed_cases(args: argparse.Namespace) -> list[DistCase]:
+    """The distributed cases the filters select (`verify.dist.launch.all_cases`)."""
     if args.nproc is not None and args.nproc < 1:
         raise SystemExit(f"--nproc={args.nproc} must be >= 1")
-    from verify.dist.launch import all_cases, select
-
-    picked = select(all_cases(), substring=args.cases, quick=args.quick, nproc=args.nproc)
+    picked = select_dist(all_cases(), substring=args.cases, quick=args.quick, nproc=args.nproc)
     return [c for c in picked if args.impl in ("all", c.impl)]
 
 

@@ -516,22 +516,19 @@ def from_query(
         warnings.append(f"task={task!r} is not one of {TASKS}: using 'train'")
         task = "train"
     state["task"] = task
-    if "card" in get:
-        card = get["card"].strip().lower()
-        if card in cards:
-            state["card"] = card
+    catalog = (
+        ("card", cards, "is not a known model card"),
+        ("gpu", gpus, "is not in the GPU catalog"),
+        ("device", jobs.DEVICES, f"is not one of {jobs.DEVICES}"),
+    )
+    for name, known, why in catalog:
+        if name not in get:
+            continue
+        value = get[name].strip().lower() if name == "card" else get[name]
+        if value in known:
+            state[name] = value
         else:
-            warnings.append(f"card={get['card']!r} is not a known model card")
-    if "gpu" in get:
-        if get["gpu"] in gpus:
-            state["gpu"] = get["gpu"]
-        else:
-            warnings.append(f"gpu={get['gpu']!r} is not in the GPU catalog")
-    if "device" in get:
-        if get["device"] in jobs.DEVICES:
-            state["device"] = get["device"]
-        else:
-            warnings.append(f"device={get['device']!r} is not one of {jobs.DEVICES}")
+            warnings.append(f"{name}={get[name]!r} {why}")
     if "config" in get:
         state["source"] = "paste"
         state["config"] = get["config"]

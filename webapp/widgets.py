@@ -8,6 +8,7 @@ dict keyed by widget key): each widget is seeded from it and writes back to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import streamlit as st
@@ -134,17 +135,18 @@ def _field_widget(field: form.FormField, state: dict) -> None:
     state[key] = st.session_state[key]
 
 
+def _radio(
+    label: str, options: tuple[str, ...], key: str, labels: Mapping[str, str], state: dict
+) -> None:
+    """A horizontal radio of ``options`` shown by their ``labels``, mirrored into ``state``."""
+    st.radio(label, options, key=key, format_func=labels.__getitem__, horizontal=True)
+    state[key] = st.session_state[key]
+
+
 def _model_inputs(state: dict) -> tuple[Model | None, list[str]]:
     for key in ("source", "card", "config"):
         bind(key, state)
-    st.radio(
-        "model from",
-        form.SOURCES,
-        key="source",
-        format_func=form.SOURCE_LABELS.__getitem__,
-        horizontal=True,
-    )
-    state["source"] = st.session_state["source"]
+    _radio("model from", form.SOURCES, "source", form.SOURCE_LABELS, state)
     errors: list[str] = []
     if state["source"] == "card":
         st.selectbox("model card", card_ids(), key="card")
@@ -186,14 +188,7 @@ def sidebar() -> Inputs:
         model, errors = _model_inputs(state)
         for key in ("task", "gpu"):
             bind(key, state)
-        st.radio(
-            "task",
-            form.TASKS,
-            key="task",
-            format_func=form.TASK_LABELS.__getitem__,
-            horizontal=True,
-        )
-        state["task"] = st.session_state["task"]
+        _radio("task", form.TASKS, "task", form.TASK_LABELS, state)
         st.selectbox(
             "GPU",
             tuple(catalog),

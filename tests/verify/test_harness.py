@@ -18,8 +18,9 @@ from calc.data.cards import list_cards, load_card
 
 torch = pytest.importorskip("torch")
 
+from verify.cases.case import TOLERANCE_PCT, Case  # noqa: E402
 from verify.cases.scale import gqa_ratio, head_ratio, scaled_spec, with_dropout  # noqa: E402
-from verify.cases.single import CASES, TOLERANCE_PCT, Case, select  # noqa: E402
+from verify.cases.single import CASES, select  # noqa: E402
 from verify.measure.tracker import round_block  # noqa: E402
 from verify.models.build import build_model, build_reference_on_meta  # noqa: E402
 from verify.run import runner  # noqa: E402

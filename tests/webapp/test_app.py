@@ -12,6 +12,7 @@ import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -440,6 +441,19 @@ def plan_cache(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path / "plan-cache"))
 
 
+SIDEBAR_JOB = {"optimizer": "adamw", "optimizer_impl": "foreach", "attention": "sdpa",
+               "implementation": "hf", "precision": "amp-bf16"}  # fmt: skip
+"""The sidebar's default job values, which the planner keeps on the axes it does not explore."""
+
+
+def _row_job(row: Any, seq_len: int, **extra: Any) -> calc.Training:
+    """The job of a planner table row: its micro_batch, grad_accum and recompute, the rest the
+    sidebar's."""
+    return calc.Training(micro_batch=int(row["micro_batch"]), seq_len=seq_len,
+                         grad_accum=int(row["grad_accum"]), recompute=row["recompute"],
+                         **SIDEBAR_JOB, **extra)  # fmt: skip
+
+
 def test_planner_page_rows_are_calc_estimates(plan_cache) -> None:
     at = _app({"card": CARD, "seq_len": "1024", "explore": "recompute"})
     at.switch_page("webapp/pages/planner.py").run()
@@ -453,14 +467,9 @@ def test_planner_page_rows_are_calc_estimates(plan_cache) -> None:
     table = at.dataframe[0].value
     assert len(table) > 0
     # axes not explored hold the sidebar's (default) job values and are not columns
-    pinned = {"optimizer": "adamw", "optimizer_impl": "foreach", "attention": "sdpa",
-              "implementation": "hf", "precision": "amp-bf16"}  # fmt: skip
-    assert not set(pinned) & set(table.columns)
+    assert not set(SIDEBAR_JOB) & set(table.columns)
     for _, row in table.iterrows():
-        job = calc.Training(
-            micro_batch=int(row["micro_batch"]), seq_len=1024, grad_accum=int(row["grad_accum"]),
-            recompute=row["recompute"], **pinned,
-        )  # fmt: skip
+        job = _row_job(row, seq_len=1024)
         # every (micro_batch x grad_accum) covers the global batch of 4 on one GPU
         assert job.micro_batch * job.grad_accum == 4
         assert row["peak_gib"] * 2**30 == pytest.approx(calc.estimate(model, job).peak_bytes, abs=1)
@@ -484,13 +493,8 @@ def test_planner_page_on_lora_rows_are_calc_estimates_of_the_adapter_job(plan_ca
     model = calc.load_card(CARD)
     table = at.dataframe[0].value
     assert len(table) > 0
-    pinned = {"optimizer": "adamw", "optimizer_impl": "foreach", "attention": "sdpa",
-              "implementation": "hf", "precision": "amp-bf16"}  # fmt: skip
     for _, row in table.iterrows():
-        job = calc.Training(
-            micro_batch=int(row["micro_batch"]), seq_len=2048, grad_accum=int(row["grad_accum"]),
-            recompute=row["recompute"], lora=calc.LoRA(rank=16), **pinned,
-        )  # fmt: skip
+        job = _row_job(row, seq_len=2048, lora=calc.LoRA(rank=16))
         assert row["peak_gib"] * 2**30 == pytest.approx(calc.estimate(model, job).peak_bytes, abs=1)
 
 

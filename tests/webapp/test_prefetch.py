@@ -12,18 +12,13 @@ from streamlit.testing.v1 import AppTest
 
 import calc
 from calc.estimate import core as _estimate
+from tests.specs import tiny_llama
 from webapp import prefetch
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
 
-SMALL = {
-    "name": "prefetch-check", "model_type": "llama", "hidden": 48, "n_heads": 4,
-    "n_kv_heads": 2, "head_dim": 12, "ffn": 80, "vocab": 200, "max_positions": 256,
-    "mlp": "swiglu", "norm": "rmsnorm", "qkv_bias": False, "o_bias": False, "mlp_bias": False,
-    "norm_bias": False, "qk_norm": False, "tied_embeddings": True, "learned_positions": False,
-    "attention_dropout": 0.0, "hidden_dropout": 0.0, "embedding_dropout": 0.0,
-    "norm_eps": 1e-6, "rope_theta": 10000.0, "n_layers": 3,
-}  # fmt: skip
+SMALL = tiny_llama(name="prefetch-check", hidden=48, n_layers=3, n_heads=4, head_dim=12,
+                   ffn=80, vocab=200, max_positions=256, tied_embeddings=True)  # fmt: skip
 """A model no other test compiles (tied embeddings, odd sizes), so cache hits here are ours."""
 
 
@@ -51,7 +46,7 @@ def test_inference_neighbours_use_the_inference_precisions() -> None:
 
 def test_off_switch_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VRAMPLAN_PREFETCH", "0")
-    spec = calc.ModelSpec(**SMALL)
+    spec = SMALL
     assert (
         prefetch.warm(spec, "off-switch", calc.Training(micro_batch=1, seq_len=32), None, "cpu")
         == 0
@@ -62,7 +57,7 @@ def test_a_warmed_neighbour_is_compiled_before_it_is_asked_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
-    spec = calc.ModelSpec(**SMALL)
+    spec = SMALL
     job = calc.Training(micro_batch=1, seq_len=32, implementation="reference")
     neighbour = dataclasses.replace(job, recompute="full")
     queued = prefetch.warm(spec, "warm-check", job, None, "cpu")

@@ -1,6 +1,6 @@
 """Verification cases for weight quantization, KV-cache quantization, LoRA and QLoRA.
 
-Plain data like `verify.cases.single` (whose ``_train``/``_infer`` build them); every case runs the
+Plain data like `verify.cases.single` (`verify.cases.case.train`/``infer`` build them); every case runs the
 ``reference`` model with verify's own quantized linears and adapters (`verify.models.compress`), at
 the reference tolerance (1 %). Group sizes are chosen to divide the scaled widths (hidden 64;
 ffn 176 for llama-2, 224 for llama-3/mistral, 344 for qwen2, 320 for qwen3).
@@ -8,31 +8,10 @@ ffn 176 for llama-2, 224 for llama-3/mistral, 344 for qwen2, 320 for qwen3).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from calc.config.compression import LoRA, Quant
-
-if TYPE_CHECKING:
-    from verify.cases.single import Case
-
-Q = ("quick",)
-LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3 = (
-    "llama-2-7b", "llama-3.1-8b", "mistral-7b-v0.1", "qwen2.5-0.5b", "qwen3-32b",
-)  # fmt: skip
-"""The cards of `verify.cases.single` (LLAMA, LLAMA3, ...), repeated: verify.cases.single imports this module
-while it is being built, so this module imports its helpers only when called."""
-
-
-def _train(name: str, card: str, **kw) -> Case:
-    from verify.cases.single import _train as train
-
-    return train(name, card, **kw)
-
-
-def _infer(name: str, card: str, **kw) -> Case:
-    from verify.cases.single import _infer as infer
-
-    return infer(name, card, **kw)
+from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q
+from verify.cases.case import infer as _infer
+from verify.cases.case import train as _train
 
 
 def _quant_inference() -> list[Case]:

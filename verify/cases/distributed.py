@@ -9,11 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from calc.config.compression import LoRA, Quant
-from calc.config.jobs import Training
 from calc.config.parallelism import Parallelism
-from verify.dist.launch import DistCase
+from verify.cases.case import LLAMA, DistCase, Q, pairs, training_job
 
-LLAMA = "llama-2-7b"
 SMALL = {"layers": 2}
 
 
@@ -29,17 +27,11 @@ def _case(
     tolerance_pct: float = 1.0,
     **job: Any,
 ) -> DistCase:
-    job.setdefault("micro_batch", 2)
-    job.setdefault("seq_len", 32)
-    job.setdefault("precision", "fp32")
-    job.setdefault("optimizer", "adamw")
-    job.setdefault("optimizer_impl", "foreach")
-    job.setdefault("implementation", "reference")
     return DistCase(
         name=name,
         card=card,
-        scale=tuple(sorted((scale or SMALL).items())),
-        job=Training(**job),
+        scale=pairs(scale or SMALL),
+        job=training_job(**job),
         parallel=parallel,
         engine=engine,
         tags=tags,
@@ -48,7 +40,6 @@ def _case(
     )
 
 
-Q = ("quick",)
 BY_PARAM = "by-parameter"
 """``ZeroRedundancyOptimizer``'s partition: whole parameters per rank."""
 GLOO_ASYNC_PCT = 3.0

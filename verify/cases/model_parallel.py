@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from calc.config.jobs import Training
 from calc.config.parallelism import Parallelism
-from verify.dist.launch import DistCase
+from verify.cases.case import LLAMA3 as LLAMA
+from verify.cases.case import DistCase, Q, pairs, training_job
 
-LLAMA = "llama-3.1-8b"
 QWEN = "qwen2.5-7b"
-Q = ("quick",)
+MODEL_PARALLEL_JOB = {"seq_len": 64, "optimizer_impl": "for-loop"}
+"""How the model-parallel cases' jobs differ from `verify.cases.case.JOB_DEFAULTS`."""
 LATE = (
     "3 %: gloo's late release (module docstring) may keep one [b, s, h] all-reduce output "
     "alive across the peak on some ranks/steps"
@@ -50,19 +50,13 @@ def _tp(
     tolerance_pct: float = 3.0,
     **job: Any,
 ) -> DistCase:
-    job.setdefault("micro_batch", 2)
-    job.setdefault("seq_len", 64)
-    job.setdefault("precision", "fp32")
-    job.setdefault("optimizer", "adamw")
-    job.setdefault("optimizer_impl", "for-loop")
-    job.setdefault("implementation", "reference")
     sc = {"layers": 2, "kv_heads": parallel.tp, "tied_embeddings": False}
     sc.update(scale or {})
     return DistCase(
         name=name,
         card=card,
-        scale=tuple(sorted(sc.items())),
-        job=Training(**job),
+        scale=pairs(sc),
+        job=training_job(**{**MODEL_PARALLEL_JOB, **job}),
         parallel=parallel,
         engine="tp",
         tags=("tp", *tags),
@@ -114,18 +108,12 @@ CASES: tuple[DistCase, ...] = (
 def _pp(name: str, parallel: Parallelism, *, layers: int = 4, tags: tuple[str, ...] = (),
         note: str = "", tolerance_pct: float = 1.0, scale_kv: int | None = None,
         **job: Any) -> DistCase:  # fmt: skip
-    job.setdefault("micro_batch", 4)
-    job.setdefault("seq_len", 64)
-    job.setdefault("precision", "fp32")
-    job.setdefault("optimizer", "adamw")
-    job.setdefault("optimizer_impl", "for-loop")
-    job.setdefault("implementation", "reference")
     return DistCase(
         name=name, card=LLAMA,
         scale=(("layers", layers), ("tied_embeddings", False),
                *((("kv_heads", scale_kv),) if scale_kv else ())),
-        job=Training(**job), parallel=parallel, engine="pp", tags=("pp", *tags), note=note,
-        tolerance_pct=tolerance_pct,
+        job=training_job(**{**MODEL_PARALLEL_JOB, "micro_batch": 4, **job}), parallel=parallel,
+        engine="pp", tags=("pp", *tags), note=note, tolerance_pct=tolerance_pct,
     )  # fmt: skip
 
 

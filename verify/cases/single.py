@@ -1,141 +1,22 @@
-"""The verification cases, as plain data: a card, how to scale it, a job, and a tolerance.
+"""The single-process verification cases (`verify.cases.case.Case`), in report order.
 
-Tolerances are per implementation (reference 1 %, hf 3 %), fixed here and never widened to make
-a case pass: a case that misses is a bug in calc or in the harness, and its note says which.
+A case that misses its tolerance is a bug in calc or in the harness, and its note says which.
 The ``quick`` tag marks the subset CI runs (under 3 minutes on 2 CPU cores).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
-from calc.compress.structured import pruned_spec
-from calc.config.jobs import Inference, Training
-from calc.config.model_spec import ModelSpec
-from verify.cases.scale import DEFAULT_MAX_POSITIONS, scaled_spec
-
-TOLERANCE_PCT: dict[str, float] = {"reference": 1.0, "hf": 3.0}
-"""|error| allowed per implementation, in percent of the measured peak."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Case:
-    """One verification case."""
-
-    name: str
-    """Unique name, used by ``--cases`` filters and in reports."""
-    card: str
-    """Model card id whose structure the scaled model keeps."""
-    scale: tuple[tuple[str, Any], ...] = ()
-    """Keyword arguments of `verify.cases.scale.scaled_spec` (as pairs, so the case stays hashable)."""
-    job: Training | Inference
-    """What runs; ``job.implementation`` equals ``impl``."""
-    impl: str
-    """``reference`` or ``hf``."""
-    tolerance_pct: float
-    """Largest |predicted - measured| / measured allowed, in percent."""
-    tags: tuple[str, ...] = ()
-    """Labels: ``quick``, the option a case is about (``precision``, ``optimizer``, ...)."""
-    note: str = ""
-    """Why the case exists, or which side is wrong when it misses."""
-    seed: int = 0
-    """Seed for weights and token ids."""
-    structured: tuple[tuple[str, int], ...] = ()
-    """Keyword arguments of `calc.pruned_spec` applied to the scaled model (structured
-    pruning: kept heads, KV heads, FFN channels, layers), as pairs."""
-
-    def __post_init__(self) -> None:
-        if self.impl != self.job.implementation:
-            raise ValueError(
-                f"case {self.name}: impl={self.impl!r} differs from "
-                f"job.implementation={self.job.implementation!r}"
-            )
-        if self.tolerance_pct <= 0:
-            raise ValueError(f"case {self.name}: tolerance_pct={self.tolerance_pct} must be > 0")
-
-    @property
-    def kind(self) -> str:
-        return "training" if isinstance(self.job, Training) else "inference"
-
-    @property
-    def seq(self) -> int:
-        """Longest sequence the case runs (training seq_len or inference context)."""
-        return self.job.seq_len if isinstance(self.job, Training) else self.job.context
-
-    def spec(self) -> ModelSpec:
-        """The scaled model (before the job's dropout is applied)."""
-        kw = dict(self.scale)
-        kw.setdefault("max_positions", max(DEFAULT_MAX_POSITIONS, self.seq))
-        spec = scaled_spec(self.card, **kw)
-        if self.structured:
-            spec = pruned_spec(spec, **dict(self.structured))
-        return spec
-
-    def label(self) -> str:
-        """The option that colours this case in the plot: its precision."""
-        return self.job.precision
-
-
-def _train(
-    name: str,
-    card: str,
-    *,
-    impl: str = "reference",
-    tags: tuple[str, ...] = (),
-    scale: Mapping[str, Any] | None = None,
-    note: str = "",
-    **job: Any,
-) -> Case:
-    job.setdefault("micro_batch", 2)
-    job.setdefault("seq_len", 32)
-    job.setdefault("precision", "fp32")
-    job.setdefault("optimizer", "adamw")
-    job.setdefault("optimizer_impl", "foreach")
-    return Case(
-        name=name,
-        card=card,
-        scale=tuple(sorted((scale or {}).items())),
-        job=Training(implementation=impl, **job),
-        impl=impl,
-        tolerance_pct=TOLERANCE_PCT[impl],
-        tags=("training", *tags),
-        note=note,
-    )
-
-
-def _infer(
-    name: str,
-    card: str,
-    *,
-    impl: str = "reference",
-    tags: tuple[str, ...] = (),
-    scale: Mapping[str, Any] | None = None,
-    note: str = "",
-    **job: Any,
-) -> Case:
-    return Case(
-        name=name,
-        card=card,
-        scale=tuple(sorted((scale or {}).items())),
-        job=Inference(implementation=impl, **job),
-        impl=impl,
-        tolerance_pct=TOLERANCE_PCT[impl],
-        tags=("inference", *tags),
-        note=note,
-    )
-
-
-LLAMA = "llama-2-7b"
-LLAMA3 = "llama-3.1-8b"
-MISTRAL = "mistral-7b-v0.1"
-QWEN2 = "qwen2.5-0.5b"
-QWEN3 = "qwen3-32b"
-GPT2 = "gpt2"
-ARCHS = (GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3)
-
-Q = ("quick",)
+from calc.config.compression import Quant
+from calc.config.distill import Distill
+from calc.config.pruning import Pruning
+from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q
+from verify.cases.case import infer as _infer
+from verify.cases.case import train as _train
+from verify.cases.compression import compression_cases
+from verify.cases.scale import scaled_spec
 
 
 def _precision_cases() -> list[Case]:
@@ -322,8 +203,6 @@ def _inference_cases() -> list[Case]:
 
 
 def _pruning_cases() -> list[Case]:
-    from calc.config.pruning import Pruning
-
     l1, p = Pruning(), ("pruning",)
     structured = [
         (
@@ -384,17 +263,7 @@ def _pruning_cases() -> list[Case]:
     return out
 
 
-def _compression_cases() -> list[Case]:
-    from verify.cases.compression import compression_cases  # quantization, LoRA, QLoRA
-
-    return compression_cases()
-
-
 def _distill_cases() -> list[Case]:
-    from calc.config.compression import Quant
-    from calc.config.distill import Distill
-    from calc.config.pruning import Pruning
-
     def teacher(card: str, **kw: Any) -> Any:
         kw.setdefault("layers", 3)
         return scaled_spec(card, **kw)
@@ -474,7 +343,7 @@ def _all() -> tuple[Case, ...]:
         *_size_cases(),
         *_hf_cases(),
         *_inference_cases(),
-        *_compression_cases(),
+        *compression_cases(),  # quantization, LoRA, QLoRA
         *_pruning_cases(),
         *_distill_cases(),
     ]

@@ -3,7 +3,8 @@
 The case's measured peak is the maximum over its steps and ranks; its predicted peak is
 ``calc.estimate(spec, job, device="cpu", parallel=case.parallel)``, the most-loaded rank. Per rank,
 ``extra["ranks"]`` holds the measured peak (max over steps), the step it came from, every step's
-peak, and the predicted peak of that rank (``Estimate.rank_peaks`` when calc gives them).
+peak, and the predicted peak of that rank (``Estimate.rank_peaks`` when calc gives them); the
+report's per-rank table (`verify.run.report.per_rank_markdown`) is made from it.
 """
 
 from __future__ import annotations
@@ -11,14 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from verify.dist.launch import DistCase
+import calc
+from verify.cases.case import DistCase
 from verify.run.runner import Record
 
 
 def predict(case: DistCase) -> tuple[Any | None, str]:
     """``(estimate, "")`` or ``(None, why)`` when calc does not model the layout."""
-    import calc
-
     try:
         return calc.estimate(case.spec(), case.job, device="cpu", parallel=case.parallel), ""
     except NotImplementedError as exc:
@@ -50,12 +50,7 @@ def record_for(
         est, why = None, ""
         rec.message = f"calc.estimate raised {type(exc).__name__}: {exc}"
     if est is not None:
-        rec.predicted_peak = int(est.peak_bytes)
-        rec.predicted_phases = {k: int(v) for k, v in est.phases.items()}
-        rec.predicted_peak_phase = est.peak_phase
-        rec.predicted_peak_event = est.peak_event
-        rec.predicted_breakdown = {k: int(v) for k, v in est.breakdown.items()}
-        rec.predicted_notes = list(est.notes)
+        rec.set_prediction(est)
     missing = [r for r in range(case.nproc) if r not in ranks]
     errors = [v for v in ranks.values() if v.get("status") != "ok"]
     if errors or missing:
@@ -102,41 +97,3 @@ def record_for(
     rec.status = "ok" if abs(rec.error_pct) <= case.tolerance_pct else "fail"
     return rec
 
-
-def _mib(nbytes: int | None) -> str:
-    return "-" if nbytes is None else f"{nbytes / (1 << 20):.3f}"
-
-
-def per_rank_markdown(records: list[Any]) -> list[str]:
-    """Report lines: per-rank predicted vs measured for the distributed records (none when
-    there are none). Measured is the maximum over the rank's steps; the spread is the largest
-    minus the smallest step peak over all ranks."""
-    dist = [r for r in records if getattr(r, "kind", "") == "distributed" and r.extra.get("ranks")]
-    if not dist:
-        return []
-    lines = [
-        "",
-        "## Distributed cases, per rank",
-        "",
-        "Each rank measures its own peak under the CPU tracker, entered before the model and its "
-        "wrapper are built, reset at the start of each step; measured = the maximum over the "
-        "steps. The case's measured peak is the maximum over ranks; calc predicts every rank.",
-        "",
-        "| case | layout | rank | predicted MiB | measured MiB | error % | step peaks MiB |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    import calc
-
-    defaults = asdict(calc.Parallelism())
-    for r in dist:
-        par = r.pins.get("parallel", {})
-        layout = ", ".join(f"{k}={v}" for k, v in par.items() if v != defaults.get(k))
-        layout = f"{r.pins.get('engine', '')}: {layout}"
-        for rank, v in r.extra["ranks"].items():
-            pred, meas = v.get("predicted"), v["measured"]
-            err = "-" if pred is None else f"{(pred - meas) / meas * 100:+.3f}"
-            steps = " / ".join(_mib(p) for p in v["step_peaks"])
-            lines.append(
-                f"| {r.name} | {layout} | {rank} | {_mib(pred)} | {_mib(meas)} | {err} | {steps} |"
-            )
-    return lines

@@ -18,34 +18,15 @@ from typing import Any
 
 import torch
 
-from verify.models.build import LEARNING_RATE, SGD_MOMENTUM, build_model, build_optimizer, impl_kwargs
-from verify.dist.launch import Built, DistCase, RankContext, register_engine
-from verify.cases.scale import with_dropout
-
-
-def _model(case: DistCase, spec: Any, ctx: RankContext) -> tuple[torch.nn.Module, Any]:
-    spec = with_dropout(spec, case.job.dropout)
-    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
-    if hasattr(model, "set_rope") and not spec.learned_positions:
-        model.set_rope(case.job.seq_len)
-    return model, loss_fn
-
-
-def _bundle_built(wrapped: Any, loss_fn: Any, bundle: Any) -> Built:
-    return Built(
-        model=wrapped,
-        loss_fn=loss_fn,
-        optimizer=bundle.optimizer,
-        step=bundle.step,
-        zero_grad=bundle.zero_grad,
-        scale=bundle.scale,
-    )
+from verify.cases.case import DistCase
+from verify.dist.engine import Built, RankContext, built_from, case_model
+from verify.models.build import LEARNING_RATE, SGD_MOMENTUM, build_optimizer, impl_kwargs
 
 
 def replicas(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     """The unwrapped model on every rank."""
-    model, loss_fn = _model(case, spec, ctx)
-    return _bundle_built(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
+    model, loss_fn = case_model(case, spec, ctx)
+    return built_from(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
 
 
 def _ddp(case: DistCase, model: torch.nn.Module) -> torch.nn.Module:
@@ -67,10 +48,10 @@ def _call(wrapped: torch.nn.Module, case: DistCase) -> Any:
 
 def ddp(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     """``DistributedDataParallel`` around the model; the optimizer over its parameters."""
-    model, _ = _model(case, spec, ctx)
+    model, _ = case_model(case, spec, ctx)
     wrapped = _ddp(case, model)
     bundle = build_optimizer(model, case.job, device=ctx.device)
-    return _bundle_built(wrapped, _call(wrapped, case), bundle)
+    return built_from(wrapped, _call(wrapped, case), bundle)
 
 
 _OPTIM_CLASSES = {
@@ -88,7 +69,7 @@ def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     job = case.job
     if job.optimizer not in _OPTIM_CLASSES or job.precision in ("amp-fp16", "bf16-master"):
         raise ValueError(f"zero1 engine: optimizer={job.optimizer}, precision={job.precision}")
-    model, _ = _model(case, spec, ctx)
+    model, _ = case_model(case, spec, ctx)
     wrapped = _ddp(case, model)
     cls, extra = _OPTIM_CLASSES[job.optimizer]
     opt = ZeroRedundancyOptimizer(
@@ -112,17 +93,11 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     """``fully_shard`` on each layer and on the root; the optimizer over the DTensor shards."""
     from torch.distributed.fsdp import fully_shard
 
-    model, _ = _model(case, spec, ctx)
+    model, _ = case_model(case, spec, ctx)
     reshard = case.parallel.reshard_after_forward
     layers = model.blocks if hasattr(model, "blocks") else model.model.layers
     for layer in layers:
         fully_shard(layer, reshard_after_forward=reshard)
     fully_shard(model, reshard_after_forward=reshard)
     bundle = build_optimizer(model, case.job, device=ctx.device)
-    return _bundle_built(model, _call(model, case), bundle)
-
-
-register_engine("replicas", replicas)
-register_engine("ddp", ddp)
-register_engine("zero1", zero1)
-register_engine("fsdp2", fsdp2)
+    return built_from(model, _call(model, case), bundle)

@@ -20,8 +20,10 @@ The parent reads the per-rank files back. The measured peak of a case is the max
 steps and its ranks: the second DDP step rebuilds the buckets, and gloo's timing moves frees
 (/work/shared/reference/memory-facts.md §8). The report shows per-rank predicted vs measured.
 
-Engines (what wraps the model) are registered by name in `ENGINES`; `register_engine` lets
-other modules (tensor and pipeline parallel plans) add theirs.
+Engines (what wraps the model: `verify.dist.engines`, `verify.dist.tp_plans`,
+`verify.dist.pp_plans`) are listed by name in `ENGINES`; the cases are plain data
+(`verify.cases.case.DistCase`, listed in `verify.cases.distributed` and
+`verify.cases.model_parallel`).
 """
 
 from __future__ import annotations
@@ -37,156 +39,40 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calc.config.jobs import Training
-from calc.config.model_spec import ModelSpec
-from calc.config.parallelism import Parallelism
-from verify.cases.scale import DEFAULT_MAX_POSITIONS, scaled_spec
+import torch
+import torch.distributed as dist
 
-DEFAULT_STEPS = 3
-"""Optimizer steps measured per case: step 1 creates optimizer states, step 2 rebuilds DDP's
-buckets, step 3 is steady."""
+from verify.cases import distributed, model_parallel
+from verify.cases.case import DistCase
+from verify.dist import engines, pp_plans, tp_plans
+from verify.dist.compare import record_for
+from verify.dist.engine import Engine, RankContext
+from verify.measure.tracker import StorageTracker
+from verify.run.step import forced_sdpa, make_batch, micro_batches, pins_for
+
 LAUNCH_TIMEOUT_S = 1800
 """Upper bound on one torchrun launch (all cases of one process count)."""
 
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DistCase:
-    """One distributed verification case: a scaled card, a per-rank job, a parallel layout and
-    the engine that realises it on torch.distributed."""
-
-    name: str
-    """Unique name (``--cases`` filters match substrings of it)."""
-    card: str
-    """Model card id whose structure the scaled model keeps."""
-    scale: tuple[tuple[str, Any], ...] = ()
-    """Keyword arguments of `verify.cases.scale.scaled_spec`, as pairs."""
-    job: Training
-    """What each rank runs (micro_batch is per rank)."""
-    parallel: Parallelism
-    """The layout calc predicts; ``parallel.world_size`` equals ``nproc``."""
-    engine: str
-    """Key of `ENGINES`: how the model is wrapped (``ddp``, ``zero1``, ``fsdp2``, ...)."""
-    tolerance_pct: float = 1.0
-    """Largest |predicted - measured| / measured allowed, in percent."""
-    tags: tuple[str, ...] = ()
-    """Labels: ``quick`` marks the CI subset."""
-    note: str = ""
-    """Why the case exists; for a 3 % tolerance, which communication buffers are not visible."""
-    seed: int = 0
-    """Seed of the weights (every rank builds the same) and, plus the rank, of the batch."""
-    steps: int = DEFAULT_STEPS
-    """Optimizer steps measured."""
-    options: tuple[tuple[str, Any], ...] = ()
-    """Engine-specific options (as pairs)."""
-
-    def __post_init__(self) -> None:
-        if self.impl != self.job.implementation:
-            raise ValueError(f"case {self.name}: impl differs from job.implementation")
-        if self.tolerance_pct <= 0:
-            raise ValueError(f"case {self.name}: tolerance_pct={self.tolerance_pct} must be > 0")
-        if self.steps < 1:
-            raise ValueError(f"case {self.name}: steps={self.steps} must be >= 1")
-
-    @property
-    def impl(self) -> str:
-        return self.job.implementation
-
-    @property
-    def nproc(self) -> int:
-        """Processes the case runs on."""
-        return self.parallel.world_size
-
-    @property
-    def kind(self) -> str:
-        return "distributed"
-
-    def spec(self) -> ModelSpec:
-        """The scaled model."""
-        kw = dict(self.scale)
-        kw.setdefault("max_positions", max(DEFAULT_MAX_POSITIONS, self.job.seq_len))
-        return scaled_spec(self.card, **kw)
-
-    def label(self) -> str:
-        return self.engine
-
-    def option(self, key: str, default: Any = None) -> Any:
-        return dict(self.options).get(key, default)
-
-
-# ---------------------------------------------------------------------- engines
-
-
-@dataclass(slots=True)
-class Built:
-    """What a rank trains: the wrapped model, its loss and the optimizer step."""
-
-    model: Any
-    """The module whose parameters are the rank's (wrapped or not), for attribution."""
-    loss_fn: Callable[[Any, Any], Any]
-    """``(ids, targets) -> loss`` through the wrapper."""
-    optimizer: Any
-    """The torch optimizer holding the rank's states (for attribution)."""
-    step: Callable[[], None]
-    zero_grad: Callable[[], None]
-    scale: Callable[[Any], Any] = field(default=lambda loss: loss)
-    backward: Callable[[Any], None] | None = None
-    """``loss -> None`` replacing ``loss.backward()`` (e.g. under ``loss_parallel``)."""
-    train_step: Callable[[Any, Any], None] | None = None
-    """``(ids, targets) -> None`` replacing forward and backward of a micro-batch (a pipeline
-    schedule's ``step``); marks ``forward`` only."""
-
-
-@dataclass(frozen=True, slots=True)
-class RankContext:
-    """Where this process sits."""
-
-    rank: int
-    world: int
-    device: str
-
-
-Engine = Callable[[DistCase, ModelSpec, RankContext], Built]
-ENGINES: dict[str, Engine] = {}
-"""Engine name -> builder, called inside the tracker on every rank."""
-
-
-def register_engine(name: str, builder: Engine) -> None:
-    """Add an engine; a second registration of one name is an error."""
-    if name in ENGINES and ENGINES[name] is not builder:
-        raise ValueError(f"engine {name!r} is already registered")
-    ENGINES[name] = builder
-
-
-def _load_engines() -> None:
-    """Import the modules that register engines (optional ones may be missing)."""
-    import importlib
-
-    for module in ("verify.dist.engines", "verify.dist.tp_plans"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+ENGINES: dict[str, Engine] = {
+    "replicas": engines.replicas,
+    "ddp": engines.ddp,
+    "zero1": engines.zero1,
+    "fsdp2": engines.fsdp2,
+    "tp": tp_plans.tp_engine,
+    "fsdp-tp": tp_plans.fsdp_tp_engine,
+    "pp": pp_plans.pp_engine,
+}
+"""Engine name (`verify.cases.case.DistCase.engine`) -> builder, called inside the tracker on
+every rank."""
 
 
 def all_cases() -> tuple[DistCase, ...]:
-    """Every distributed case (``verify.cases.distributed`` and, when present,
-    ``verify.cases.model_parallel``), in report order."""
-    import importlib
-
-    cases: list[DistCase] = []
-    for module in ("verify.cases.distributed", "verify.cases.model_parallel"):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        cases.extend(mod.CASES)
+    """Every distributed case (`verify.cases.distributed`, then
+    `verify.cases.model_parallel`), in report order."""
+    cases = [*distributed.CASES, *model_parallel.CASES]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
@@ -214,12 +100,6 @@ def select(
 
 def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     """Build and train ``case`` on this rank under the tracker; the rank's numbers."""
-    import torch
-    import torch.distributed as dist
-
-    from verify.run.step import AUTOCAST_DTYPE, forced_sdpa, make_batch, pins_for
-    from verify.measure.tracker import StorageTracker
-
     spec = case.spec()
     job = case.job
     pins = pins_for(spec, job, seed=case.seed, device=ctx.device)
@@ -233,7 +113,6 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     dist.barrier()
     tracker = StorageTracker(scan_baseline=False, count_late=False, phase="setup")
     steps: list[dict[str, Any]] = []
-    amp = AUTOCAST_DTYPE.get(job.precision)
     with tracker as tr:
         tr.track(ids, targets)
         built = engine(case, spec, ctx)
@@ -247,27 +126,14 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
             for step in range(1, case.steps + 1):
                 tr.mark(f"step{step}/forward")
                 tr.reset_peak()
-                for mb in range(job.grad_accum):
-                    tr.mark(f"step{step}/forward")
-                    if built.train_step is not None:
+                if built.train_step is not None:  # a pipeline schedule: forward and backward
+                    for _ in range(job.grad_accum):
+                        tr.mark(f"step{step}/forward")
                         built.train_step(ids, targets)
-                        continue
-                    ctx_amp = (
-                        torch.autocast(ctx.device, dtype=amp)
-                        if amp is not None
-                        else contextlib.nullcontext()
-                    )
-                    with ctx_amp:
-                        loss = built.loss_fn(ids, targets)
-                    loss = built.scale(loss)
-                    if job.zero_grad == "before_backward" and mb == 0:
-                        built.zero_grad()
-                    tr.mark(f"step{step}/backward")
-                    if built.backward is not None:
-                        built.backward(loss)
-                    else:
-                        loss.backward()
-                    del loss
+                else:
+                    micro_batches(step, built.loss_fn, ids, targets, job, tr, scale=built.scale,
+                                  zero_grad=built.zero_grad, backward=built.backward,
+                                  device_type=ctx.device)  # fmt: skip
                 tr.mark(f"step{step}/optimizer")
                 built.step()
                 if job.zero_grad == "after_step":
@@ -306,16 +172,11 @@ def worker_main(argv: Sequence[str]) -> int:
     p.add_argument("--cases", required=True, help="comma-separated case names")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
-
-    import torch
-    import torch.distributed as dist
-
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")
     ctx = RankContext(rank=rank, world=world, device="cpu")
-    _load_engines()
     by_name = {c.name: c for c in all_cases()}
     try:
         for name in args.cases.split(","):
@@ -377,8 +238,6 @@ def run_distributed(
     Returns `verify.run.runner.Record` objects; ``extra["ranks"]`` holds per-rank measured and
     predicted peaks and the per-step peaks.
     """
-    from verify.dist.compare import record_for
-
     records = []
     with tempfile.TemporaryDirectory(prefix="vramplan-dist-") as tmp:
         root = Path(out) if out is not None else Path(tmp)
@@ -399,21 +258,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    # Run from the imported module, not this ``__main__`` copy: engine modules register into
-    # ``verify.dist.launch.ENGINES``.
-    from verify.dist.launch import main as _main
-
-    sys.exit(_main())
-
-
-__all__ = [
-    "DEFAULT_STEPS",
-    "ENGINES",
-    "Built",
-    "DistCase",
-    "RankContext",
-    "all_cases",
-    "register_engine",
-    "run_distributed",
-    "select",
-]
+    sys.exit(main())

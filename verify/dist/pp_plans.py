@@ -14,12 +14,16 @@ the first ones taking the extra) driven by ``ScheduleInterleaved1F1B``.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import layers_per_stage
+from verify.cases.case import DistCase
+from verify.dist.engine import Built, RankContext, built_from, case_model, device_mesh
+from verify.dist.tp_plans import parallelize_blocks
+from verify.models.build import build_optimizer
 from verify.models.reference import ReferenceLM
 
 
@@ -55,25 +59,28 @@ def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
+def _no_loss(ids: torch.Tensor, targets: torch.Tensor) -> None:
+    """A pipeline rank has no loss call of its own: its schedule's ``step`` runs the micro-batch."""
+
+
+def _untied_model(case: DistCase, spec: ModelSpec, ctx: RankContext) -> ReferenceLM:
+    """The case's whole model (every stage is cut from it), which must have an untied head."""
+    if spec.tied_embeddings:
+        raise ValueError("pp engine: a tied head is not planned (untied models only)")
+    model, _ = case_model(case, spec, ctx)
+    return model
+
+
+def pp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     """``pp``: one stage per rank, ``ScheduleGPipe`` / ``Schedule1F1B``."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-    from calc.config.parallelism import layers_per_stage
-    from verify.models.build import build_model, build_optimizer
-    from verify.dist.launch import Built
-    from verify.cases.scale import with_dropout
 
     par = case.parallel
     if par.pp_schedule == "interleaved-1f1b":
         return _interleaved_engine(case, spec, ctx)
     if par.pp * par.tp != ctx.world or par.pp_virtual_stages != 1 or par.dp * par.cp != 1:
         raise ValueError(f"pp engine: one stage per pp rank (pp={par.pp}, tp={par.tp})")
-    spec = with_dropout(spec, case.job.dropout)
-    model, _ = build_model(spec, case.job, seed=case.seed, device=ctx.device)
-    if spec.tied_embeddings:
-        raise ValueError("pp engine: a tied head is not planned (untied models only)")
-    model.set_rope(case.job.seq_len)
+    model = _untied_model(case, spec, ctx)
     counts = layers_per_stage(spec.n_layers, par)
     r, last = ctx.rank // par.tp, par.pp - 1  # mesh [pp, tp], tp innermost
     start = sum(counts[:r])
@@ -81,9 +88,7 @@ def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
     del model
     group = None
     if par.tp > 1:  # a 2-D mesh: Megatron splits inside each stage, stages over pp
-        from verify.dist.tp_plans import _mesh, parallelize_blocks
-
-        mesh = _mesh(ctx.world, (par.pp, par.tp), ("pp", "tp"))
+        mesh = device_mesh((par.pp, par.tp), ("pp", "tp"))
         parallelize_blocks(stage_mod.layers, mesh["tp"])
         group = mesh["pp"].get_group()
     stage = PipelineStage(stage_mod, r, par.pp, torch.device(ctx.device), group=group)
@@ -101,33 +106,18 @@ def pp_engine(case: Any, spec: Any, ctx: Any) -> Any:
         else:
             schedule.step()
 
-    return Built(
-        model=stage_mod,
-        loss_fn=lambda ids, targets: None,
-        optimizer=bundle.optimizer,
-        step=bundle.step,
-        zero_grad=bundle.zero_grad,
-        train_step=train_step,
-    )
+    return built_from(stage_mod, _no_loss, bundle, train_step=train_step)
 
 
-def _interleaved_engine(case: Any, spec: Any, ctx: Any) -> Any:
+def _interleaved_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     """``pp`` with ``interleaved-1f1b``: ``pp_virtual_stages`` `StageModule` chunks per rank
     (loop placement), one ``PipelineStage`` each, ``ScheduleInterleaved1F1B``."""
     from torch.distributed.pipelining import PipelineStage, ScheduleInterleaved1F1B
 
-    from verify.models.build import build_model, build_optimizer
-    from verify.dist.launch import Built
-    from verify.cases.scale import with_dropout
-
     par = case.parallel
     if par.pp != ctx.world or par.tp * par.dp * par.cp != 1:
         raise ValueError(f"pp engine (interleaved): pp only, one rank per pp rank (pp={par.pp})")
-    spec = with_dropout(spec, case.job.dropout)
-    model, _ = build_model(spec, case.job, seed=case.seed, device=ctx.device)
-    if spec.tied_embeddings:
-        raise ValueError("pp engine: a tied head is not planned (untied models only)")
-    model.set_rope(case.job.seq_len)
+    model = _untied_model(case, spec, ctx)
     n_stages = par.pp * par.pp_virtual_stages
     base, extra = divmod(spec.n_layers, n_stages)
     counts = [base + (1 if i < extra else 0) for i in range(n_stages)]
@@ -155,20 +145,5 @@ def _interleaved_engine(case: Any, spec: Any, ctx: Any) -> Any:
         kwargs = {"target": targets} if last else {}
         schedule.step(*args, **kwargs)
 
-    return Built(
-        model=holder,
-        loss_fn=lambda ids, targets: None,
-        optimizer=bundle.optimizer,
-        step=bundle.step,
-        zero_grad=bundle.zero_grad,
-        train_step=train_step,
-    )
+    return built_from(holder, _no_loss, bundle, train_step=train_step)
 
-
-def _register() -> None:
-    from verify.dist.launch import register_engine
-
-    register_engine("pp", pp_engine)
-
-
-_register()

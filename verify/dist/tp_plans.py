@@ -40,10 +40,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from verify.cases.case import DistCase
+from verify.dist.engine import Built, RankContext, built_from, case_model, device_mesh
+from verify.models.build import build_optimizer
+from verify.models.reference import ReferenceLM
+
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
-    from verify.models.reference import ReferenceLM
+    from calc.config.model_spec import ModelSpec
 
 
 def check_supported(model: ReferenceLM, tp: int) -> None:
@@ -153,88 +158,39 @@ class TensorParallelLM:
 # ---------------------------------------------------------------------- engines
 
 
-def _mesh(ctx_world: int, shape: tuple[int, ...], names: tuple[str, ...]) -> DeviceMesh:
-    """A CPU ``DeviceMesh``, built outside the tracker: its rank tensor lives on the host on
-    every backend (on a GPU run it never counts in ``memory_allocated``)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    with _disable_current_modes():
-        return init_device_mesh("cpu", shape, mesh_dim_names=names)
-
-
-def tp_engine(case, spec, ctx):
+def tp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     """``tp``: the reference model parallelized over all ranks (`tensor_parallel`); options
     ``sequence_parallel`` and ``vocab_parallel`` come from the case's `calc.Parallelism`."""
-    from verify.models.build import build_model, build_optimizer
-    from verify.dist.launch import Built
-    from verify.cases.scale import with_dropout
-
     par = case.parallel
     vocab = bool(getattr(par, "vocab_parallel", False))
-    spec = with_dropout(spec, case.job.dropout)
-    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
-    model.set_rope(case.job.seq_len)
-    mesh = _mesh(ctx.world, (par.tp,), ("tp",))
+    model, loss_fn = case_model(case, spec, ctx)
+    mesh = device_mesh((par.tp,), ("tp",))
     tensor_parallel(model, mesh, sequence_parallel=par.sp, vocab_parallel=vocab)
     if par.sp or vocab:
         fn = TensorParallelLM(model, vocab_parallel=vocab)
         loss_fn = fn
-    bundle = build_optimizer(model, case.job, device=ctx.device)
-    built = Built(
-        model=model,
-        loss_fn=loss_fn,
-        optimizer=bundle.optimizer,
-        step=bundle.step,
-        zero_grad=bundle.zero_grad,
-        scale=bundle.scale,
-    )
-    if vocab and hasattr(built, "backward"):
+    built = built_from(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
+    if vocab:
         built.backward = lambda loss: _backward_in(fn, loss)
     return built
 
 
-def fsdp_tp_engine(case, spec, ctx):
+def fsdp_tp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     """``fsdp-tp``: a 2-D ``[dp, tp]`` mesh (tp innermost, as `calc.config.parallelism.global_rank`):
     the tensor-parallel plan over ``tp``, then FSDP2 ``fully_shard`` of every layer and the
     root over ``dp`` (torchtitan's 2-D order: TP first, then FSDP on the DTensor weights)."""
     from torch.distributed.fsdp import fully_shard
 
-    from verify.models.build import build_model, build_optimizer
-    from verify.dist.launch import Built
-    from verify.cases.scale import with_dropout
-
     par = case.parallel
-    spec = with_dropout(spec, case.job.dropout)
-    model, loss_fn = build_model(spec, case.job, seed=case.seed, device=ctx.device)
-    model.set_rope(case.job.seq_len)
-    mesh = _mesh(ctx.world, (par.dp, par.tp), ("dp", "tp"))
+    model, loss_fn = case_model(case, spec, ctx)
+    mesh = device_mesh((par.dp, par.tp), ("dp", "tp"))
     tensor_parallel(model, mesh["tp"])
     for layer in model.layers:
         fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
     fully_shard(model, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
-    bundle = build_optimizer(model, case.job, device=ctx.device)
-    return Built(
-        model=model,
-        loss_fn=loss_fn,
-        optimizer=bundle.optimizer,
-        step=bundle.step,
-        zero_grad=bundle.zero_grad,
-        scale=bundle.scale,
-    )
+    return built_from(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
 
 
 def _backward_in(fn: TensorParallelLM, loss: torch.Tensor) -> None:
     with fn.backward_context():
         loss.backward()
-
-
-def _register() -> None:
-    from verify.dist.launch import register_engine
-
-    register_engine("tp", tp_engine)
-    register_engine("fsdp-tp", fsdp_tp_engine)
-    import verify.dist.pp_plans  # noqa: F401  (registers "pp"; verify.dist.launch loads this module)
-
-
-_register()

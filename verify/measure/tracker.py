@@ -122,23 +122,25 @@ def _storages_of(t: torch.Tensor, out: list[torch.UntypedStorage]) -> None:
         pass  # sparse, nested or functional tensors: no plain storage to count
 
 
+def _params_and_grads(params: Iterable[torch.Tensor], out: list[torch.Tensor]) -> None:
+    """Append each parameter, then its ``.grad`` when it has one."""
+    for p in params:
+        out.append(p)
+        if p.grad is not None:
+            out.append(p.grad)
+
+
 def _tensors_of_objects(objs: Iterable[Any]) -> list[torch.Tensor]:
     """Tensors held by modules (params, buffers, grads), optimizers (params, grads, state) or given
     directly (plus their ``.grad`` when they are leaves)."""
     found: list[torch.Tensor] = []
     for obj in objs:
         if isinstance(obj, torch.nn.Module):
-            for p in obj.parameters():
-                found.append(p)
-                if p.grad is not None:
-                    found.append(p.grad)
+            _params_and_grads(obj.parameters(), found)
             found.extend(obj.buffers())
         elif isinstance(obj, torch.optim.Optimizer):
             for group in obj.param_groups:
-                for p in group["params"]:
-                    found.append(p)
-                    if p.grad is not None:
-                        found.append(p.grad)
+                _params_and_grads(group["params"], found)
             _tensors_in(list(obj.state.values()), found)
         elif isinstance(obj, torch.Tensor):
             found.append(obj)

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from verify.models import compress, distill, pruning
+from verify.models import hf as hf_model
 from verify.models.reference import ReferenceLM
 
 if TYPE_CHECKING:
@@ -66,8 +68,6 @@ def build_model(
     torch.manual_seed(seed)
     attention = "eager" if job.attention == "eager" else "sdpa"
     if job.implementation == "hf":
-        from verify.models import hf as hf_model
-
         if not hf_model.available():
             raise NotRunnable("transformers is not installed (the hf extra)")
         model = hf_model.build_hf(spec, attention, device=device)
@@ -90,16 +90,10 @@ def build_model(
     if dtype != torch.float32:
         model.to(dtype)
     if getattr(job, "quant", None) is not None or getattr(job, "lora", None) is not None:
-        from verify.models import compress
-
         compress.apply(model, job.quant, getattr(job, "lora", None), dtype)
     if getattr(job, "pruning", None) is not None:  # torch.nn.utils.prune, final dtype
-        from verify.models import pruning
-
         pruning.apply(model, job.pruning, spec)
     if getattr(job, "distill", None) is not None:  # a frozen teacher beside the student
-        from verify.models import distill
-
         if job.implementation != "reference":
             raise NotRunnable("distillation runs with implementation='reference' only")
         loss_fn = distill.wrap(model, job, seed=seed, device=device)

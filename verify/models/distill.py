@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from verify.models import compress
 from verify.models.reference import ReferenceLM
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ def wrap(
     if dtype != torch.float32:
         teacher.to(dtype)
     if d.teacher_quant is not None:  # packed weight-only linears, as for QLoRA's base
-        from verify.models import compress
-
         compress.apply(teacher, d.teacher_quant, None, dtype)
     if not d.teacher.learned_positions:
         teacher.set_rope(job.seq_len)

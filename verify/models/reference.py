@@ -79,9 +79,9 @@ class Attention(nn.Module):
             q, k, v, dropout_p=p_drop, is_causal=True, enable_gqa=gqa
         )
 
-    def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
-    ) -> torch.Tensor:
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v of ``x`` as ``[b, heads, s, head_dim]`` views: projected (gpt2: one fused
+        ``c_attn``), split into heads, q and k normed per head (``qk_norm``), before RoPE."""
         spec = self.spec
         bsz, seq, _ = x.shape
         a, kv, hd = spec.n_heads, spec.n_kv_heads, spec.head_dim
@@ -93,8 +93,15 @@ class Attention(nn.Module):
         k = k.view(bsz, seq, kv, hd)
         if spec.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = v.view(bsz, seq, kv, hd).transpose(1, 2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.view(bsz, seq, kv, hd).transpose(1, 2)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None
+    ) -> torch.Tensor:
+        spec = self.spec
+        bsz, seq, _ = x.shape
+        a, hd = spec.n_heads, spec.head_dim
+        q, k, v = self.heads(x)
         if rope is not None:
             cos, sin = rope[0].to(q.dtype), rope[1].to(q.dtype)
             q = q * cos + rotate_half(q) * sin

@@ -30,8 +30,12 @@ import torch.nn.functional as F
 
 from verify.models.reference import Attention, Block, ReferenceLM, rotate_half
 
-Cache = list[tuple[torch.Tensor, torch.Tensor]]
-"""Per layer, the K and V tensors ``[batch, kv_heads, context, head_dim]``."""
+LayerCache = tuple[torch.Tensor, torch.Tensor]
+"""One layer's K and V tensors ``[batch, kv_heads, context, head_dim]`` (or `QuantKV`)."""
+Cache = list[LayerCache]
+"""Per layer, its `LayerCache`."""
+Rope = tuple[torch.Tensor, torch.Tensor] | None
+"""The rotary tables (cos, sin) for every position, or None (gpt2's learned positions)."""
 
 
 class QuantKV:
@@ -89,11 +93,7 @@ def new_cache(model: ReferenceLM, batch: int, context: int, kv_quant: str | None
 
 
 def _attention(
-    attn: Attention,
-    x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor] | None,
-    layer_cache: tuple[torch.Tensor, torch.Tensor],
-    start: int,
+    attn: Attention, x: torch.Tensor, rope: Rope, layer_cache: LayerCache, start: int
 ) -> torch.Tensor:
     """``Attention.forward`` for tokens ``start .. start + seq`` with k/v written to the cache.
 
@@ -105,16 +105,7 @@ def _attention(
     end = start + seq
     if seq > 1 and start != 0:
         raise NotImplementedError("chunked prefill (a prompt after cached tokens) is not written")
-    if spec.model_type == "gpt2":
-        q, k, v = attn.c_attn(x).split(spec.hidden, dim=-1)
-    else:
-        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
-    q = q.view(bsz, seq, a, hd)
-    k = k.view(bsz, seq, kv, hd)
-    if spec.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)
-    v = v.view(bsz, seq, kv, hd).transpose(1, 2)
+    q, k, v = attn.heads(x)
     if rope is not None:
         cos, sin = rope[0][start:end].to(q.dtype), rope[1][start:end].to(q.dtype)
         q = q * cos + rotate_half(q) * sin
@@ -139,11 +130,7 @@ def _attention(
 
 
 def _block(
-    block: Block,
-    x: torch.Tensor,
-    rope: tuple[torch.Tensor, torch.Tensor] | None,
-    layer_cache: tuple[torch.Tensor, torch.Tensor],
-    start: int,
+    block: Block, x: torch.Tensor, rope: Rope, layer_cache: LayerCache, start: int
 ) -> torch.Tensor:
     """``Block.forward`` (eval: no dropout) with the attention writing the cache. A function of
     its own, as the block is: the caller's ``x`` stays alive until the block returns."""

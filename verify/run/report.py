@@ -11,10 +11,13 @@ import re
 import statistics
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from calc.config.parallelism import Parallelism
+from verify.cases.single import CASES
 from verify.measure.tracker import CATEGORIES
 from verify.run.runner import FAILING, Record
 
@@ -77,8 +80,6 @@ def _group(name: str) -> str:
 def ordered(records: Sequence[Any]) -> list[Any]:
     """Records (or their dicts) grouped as `verify.cases.single.CASES` lists the groups, by name within
     a group; groups unknown to ``CASES`` come last, alphabetically. Independent of run order."""
-    from verify.cases.single import CASES
-
     rank: dict[str, int] = {}
     for c in CASES:
         rank.setdefault(_group(c.name), len(rank))
@@ -313,6 +314,39 @@ def format_row(cells: Sequence[str]) -> str:
                     for i, (c, w) in enumerate(zip(cells, widths, strict=True)))  # fmt: skip
 
 
+def per_rank_markdown(records: list[Any]) -> list[str]:
+    """Report lines: per-rank predicted vs measured for the distributed records (none when
+    there are none). Measured is the maximum over the rank's steps; the spread is the largest
+    minus the smallest step peak over all ranks."""
+    dist = [r for r in records if getattr(r, "kind", "") == "distributed" and r.extra.get("ranks")]
+    if not dist:
+        return []
+    lines = [
+        "",
+        "## Distributed cases, per rank",
+        "",
+        "Each rank measures its own peak under the CPU tracker, entered before the model and its "
+        "wrapper are built, reset at the start of each step; measured = the maximum over the "
+        "steps. The case's measured peak is the maximum over ranks; calc predicts every rank.",
+        "",
+        "| case | layout | rank | predicted MiB | measured MiB | error % | step peaks MiB |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    defaults = asdict(Parallelism())
+    for r in dist:
+        par = r.pins.get("parallel", {})
+        layout = ", ".join(f"{k}={v}" for k, v in par.items() if v != defaults.get(k))
+        layout = f"{r.pins.get('engine', '')}: {layout}"
+        for rank, v in r.extra["ranks"].items():
+            pred, meas = v.get("predicted"), v["measured"]
+            err = "-" if pred is None else f"{(pred - meas) / meas * 100:+.3f}"
+            steps = " / ".join(_mib(p) for p in v["step_peaks"])
+            lines.append(
+                f"| {r.name} | {layout} | {rank} | {_mib(pred)} | {_mib(meas)} | {err} | {steps} |"
+            )
+    return lines
+
+
 def markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
     """The Markdown report: summary, compared cases, misses, the per-component comparison, the
     rest. Cases are in `ordered` order; messages are `scrub`bed."""
@@ -323,8 +357,6 @@ def markdown(records: Sequence[Record], meta: dict[str, Any]) -> str:
     compared = [r for r in records if r.status not in ("not-modelled", "not-runnable")]
     lines += ["", "## Cases", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row(r)) + " |" for r in compared]
-    from verify.dist.compare import per_rank_markdown
-
     lines += per_rank_markdown(compared)
     misses = [r for r in records if r.status in FAILING]
     if misses:

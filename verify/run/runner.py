@@ -25,10 +25,12 @@ from typing import Any
 
 import torch
 
+import calc
 from calc.config.jobs import Training
+from verify.cases.case import Case
 from verify.cases.scale import with_dropout
-from verify.cases.single import Case
 from verify.measure.tracker import StorageTracker
+from verify.models import hf as hf_model
 from verify.models.build import NotRunnable, build_model, build_optimizer
 from verify.run.step import make_batch, pins_for, prefill, train_two_steps
 
@@ -72,6 +74,15 @@ class Record:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def set_prediction(self, est: Any) -> None:
+        """Copy a ``calc.Estimate``'s peak, phases, breakdown and notes into the record."""
+        self.predicted_peak = int(est.peak_bytes)
+        self.predicted_phases = {k: int(v) for k, v in est.phases.items()}
+        self.predicted_peak_phase = est.peak_phase
+        self.predicted_peak_event = est.peak_event
+        self.predicted_breakdown = {k: int(v) for k, v in est.breakdown.items()}
+        self.predicted_notes = list(est.notes)
+
 
 # ---------------------------------------------------------------------- prediction
 
@@ -85,11 +96,7 @@ def predict(case: Case, device: str) -> tuple[Any | None, str]:
     raised ``NotImplementedError``, or a calc module it imports is not written yet. Any other
     exception raises `PredictionError` (a bug in calc: the case errors)."""
     try:
-        from calc import estimate
-    except ImportError:
-        return None, "calc.estimate does not exist yet"
-    try:
-        return estimate(case.spec(), case.job, device=device), ""
+        return calc.estimate(case.spec(), case.job, device=device), ""
     except NotImplementedError as exc:
         return None, f"not modelled: {exc}"
     except ModuleNotFoundError as exc:
@@ -233,23 +240,9 @@ def cuda_environment() -> dict[str, Any]:
 
 def preload(case: Case) -> None:
     """Import, outside any meter, what building the case imports lazily (transformers' modeling
-    module for its model type, the inference helper), so import-time tensors never count."""
-    if case.impl == "hf":
-        from verify.models import hf as hf_model
-
-        if hf_model.available():
-            hf_model.build_hf_on_meta(case.spec())
-    if case.kind == "inference" and case.impl == "reference":
-        _ = _optional_module("verify.models.reference_inference")
-
-
-def _optional_module(name: str) -> Any | None:
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ImportError:
-        return None
+    module for its model type), so import-time tensors never count."""
+    if case.impl == "hf" and hf_model.available():
+        hf_model.build_hf_on_meta(case.spec())
 
 
 def run_case(case: Case, device: str = "cpu") -> Record:
@@ -274,12 +267,7 @@ def run_case(case: Case, device: str = "cpu") -> Record:
         est, why = None, ""
         rec.message = f"calc.estimate raised {exc}"
     if est is not None:
-        rec.predicted_peak = int(est.peak_bytes)
-        rec.predicted_phases = {k: int(v) for k, v in est.phases.items()}
-        rec.predicted_peak_phase = est.peak_phase
-        rec.predicted_peak_event = est.peak_event
-        rec.predicted_breakdown = {k: int(v) for k, v in est.breakdown.items()}
-        rec.predicted_notes = list(est.notes)
+        rec.set_prediction(est)
     meter = CpuMeter() if device == "cpu" else CudaMeter()
     try:
         preload(case)

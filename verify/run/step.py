@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from calc.models.attention import attention_kernel
+from verify.models import reference_inference
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
@@ -71,12 +74,8 @@ class Pins:
 
 
 def calc_kernel(spec: ModelSpec, job: Training | Inference) -> str:
-    """``calc.models.attention.attention_kernel`` when calc has it, else ``flash`` (the CUDA default)."""
-    try:
-        import calc
-    except ImportError:
-        return "eager" if job.attention == "eager" else "flash"
-    return calc.models.attention.attention_kernel(spec, job)
+    """The attention kernel calc says CUDA runs (`calc.models.attention.attention_kernel`)."""
+    return attention_kernel(spec, job)
 
 
 def sdpa_backend_for(kernel: str, device: str, dropout: float) -> tuple[str, str]:
@@ -145,6 +144,42 @@ def make_batch(
     return ids.to(device), targets.to(device)
 
 
+def micro_batches(
+    step: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ids: torch.Tensor,
+    targets: torch.Tensor,
+    job: Training,
+    meter: Meter,
+    *,
+    scale: Callable[[torch.Tensor], torch.Tensor],
+    zero_grad: Callable[[], None],
+    backward: Callable[[torch.Tensor], None] | None = None,
+    device_type: str = "cpu",
+) -> None:
+    """The ``job.grad_accum`` micro-batches of optimizer step ``step`` (the inner loop of the
+    protocol above): forward under autocast for ``amp-*``, ``scale`` (the GradScaler's), the
+    ``before_backward`` zero_grad at the first one, then ``backward`` (``loss.backward()``
+    unless given) and the loss dropped."""
+    amp = AUTOCAST_DTYPE.get(job.precision)
+    for mb in range(job.grad_accum):
+        meter.mark(f"step{step}/forward")
+        ctx = (
+            torch.autocast(device_type, dtype=amp) if amp is not None else contextlib.nullcontext()
+        )
+        with ctx:
+            loss = loss_fn(ids, targets)
+        loss = scale(loss)
+        if job.zero_grad == "before_backward" and mb == 0:
+            zero_grad()
+        meter.mark(f"step{step}/backward")
+        if backward is not None:
+            backward(loss)
+        else:
+            loss.backward()
+        del loss
+
+
 def train_two_steps(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     bundle: OptBundle,
@@ -157,24 +192,10 @@ def train_two_steps(
     device_type: str = "cpu",
 ) -> None:
     """Run the protocol above: two optimizer steps of ``job.grad_accum`` micro-batches each."""
-    amp = AUTOCAST_DTYPE.get(job.precision)
     with forced_sdpa(pins.sdpa_backend):
         for step in (1, 2):
-            for mb in range(job.grad_accum):
-                meter.mark(f"step{step}/forward")
-                ctx = (
-                    torch.autocast(device_type, dtype=amp)
-                    if amp is not None
-                    else contextlib.nullcontext()
-                )
-                with ctx:
-                    loss = loss_fn(ids, targets)
-                loss = bundle.scale(loss)
-                if job.zero_grad == "before_backward" and mb == 0:
-                    bundle.zero_grad()
-                meter.mark(f"step{step}/backward")
-                loss.backward()
-                del loss
+            micro_batches(step, loss_fn, ids, targets, job, meter, scale=bundle.scale,
+                          zero_grad=bundle.zero_grad, device_type=device_type)  # fmt: skip
             meter.mark(f"step{step}/optimizer")
             bundle.step()
             if job.zero_grad == "after_step":
@@ -187,11 +208,8 @@ def prefill(
     """One prefill of ``ids`` into a KV cache of ``job.context`` tokens under ``no_grad``.
 
     hf: a ``StaticCache`` of ``context`` tokens and ``logits_to_keep=1``. reference: the KV-cache
-    helper of ``verify.models.reference_inference`` (``prefill(model, ids, context)``), which raises
-    `verify.models.build.NotRunnable` while that module is missing.
+    helper of `verify.models.reference_inference` (``prefill(model, ids, context)``).
     """
-    from verify.models.build import NotRunnable
-
     model.eval()
     meter.mark("prefill")
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
@@ -204,12 +222,6 @@ def prefill(
             out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
             del out, cache
         else:
-            try:
-                from verify.models import reference_inference
-            except ImportError as exc:
-                raise NotRunnable(
-                    "reference inference needs verify.models.reference_inference"
-                ) from exc
             logits = reference_inference.prefill(
                 model, ids, job.context, getattr(job, "kv_quant", None)
             )

@@ -7,22 +7,13 @@ import json
 
 import pytest
 
-from calc.cli import main as cli
+from tests.calc.cli.test_main import run_cli
 
 TINY = ["--card", "qwen2.5-0.5b", "--seq-len", "64", "--implementation", "reference"]
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_fsdp_names_the_most_loaded_rank(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run([*TINY, "--dp", "2", "--zero", "3"], capsys)
+    code, out, _ = run_cli([*TINY, "--dp", "2", "--zero", "3"], capsys)
     assert code == 0
     assert "parallel: dp=2, zero=3 (2 GPUs)" in out
     assert "the most-loaded GPU is rank 0 of 2" in out
@@ -30,7 +21,7 @@ def test_fsdp_names_the_most_loaded_rank(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_json_has_the_layout_and_every_rank(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run([*TINY, "--dp", "4", "--gradient-as-bucket-view", "--json"], capsys)
+    code, out, _ = run_cli([*TINY, "--dp", "4", "--gradient-as-bucket-view", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
     assert data["parallel"]["dp"] == 4 and data["parallel"]["gradient_as_bucket_view"]
@@ -52,13 +43,13 @@ def test_json_has_the_layout_and_every_rank(capsys: pytest.CaptureFixture[str]) 
 def test_bad_parallel_options_exit_2(
     extra: list[str], needle: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, err = _run([*TINY, *extra], capsys)
+    code, out, err = run_cli([*TINY, *extra], capsys)
     assert code == 2
     assert out == ""
     assert needle in err and len(err.strip().splitlines()) == 1
 
 
 def test_inference_takes_no_parallel_options(capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(["--card", "qwen2.5-0.5b", "--task", "infer", "--dp", "2"], capsys)
+    code, _, err = run_cli(["--card", "qwen2.5-0.5b", "--task", "infer", "--dp", "2"], capsys)
     assert code == 2
     assert "--dp" in err

@@ -14,20 +14,16 @@ from __future__ import annotations
 import pytest
 
 import calc
+from tests.specs import tiny_llama
+
+LORA_DP_LLAMA = {"name": "lora-dp-llama", "hidden": 520, "n_heads": 8, "n_kv_heads": 8,
+                 "head_dim": 65, "ffn": 1024, "vocab": 512}  # fmt: skip
 
 
 def _llama(**changes: object) -> calc.ModelSpec:
     """hidden 520 = 8 heads x 65: every attention adapter of rank 1 is 520 elements, so bf16
     adapter gradients are 1040 B, not a multiple of 512 (rounding per bucket shows)."""
-    base = dict(
-        name="lora-dp-llama", model_type="llama", hidden=520, n_layers=2, n_heads=8,
-        n_kv_heads=8, head_dim=65, ffn=1024, vocab=512, max_positions=64, mlp="swiglu",
-        norm="rmsnorm", qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False,
-        qk_norm=False, tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+    return tiny_llama(**{**LORA_DP_LLAMA, **changes})
 
 
 ATTN = ("q", "k", "v", "o")

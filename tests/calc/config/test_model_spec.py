@@ -69,6 +69,7 @@ def test_kv_heads_message_names_both_values() -> None:
 
 GPT2 = {"model_type": "gpt2", "n_embd": 8, "n_layer": 1, "n_head": 2, "n_positions": 4,
         "vocab_size": 10}  # fmt: skip
+"""A one-layer GPT-2 config.json: hidden 8 in 2 heads."""
 
 
 def test_gpt2_head_dim_must_split_hidden() -> None:

@@ -14,21 +14,14 @@ from hypothesis import strategies as st
 
 import calc
 from calc.config.jobs import ATTENTIONS, IMPLEMENTATIONS, OPTIMIZERS, PRECISIONS, RECOMPUTES
+from tests.specs import tiny_llama
 
 FEW = settings(max_examples=15, deadline=None)
 SOME = settings(max_examples=25, deadline=None)
 
 
 def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="tiny-llama", model_type="llama", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
-        head_dim=8, ffn=24, vocab=50, max_positions=4096, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+    return tiny_llama(**{"max_positions": 4096, **changes})
 
 
 @st.composite

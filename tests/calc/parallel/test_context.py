@@ -11,16 +11,13 @@ from __future__ import annotations
 import pytest
 
 import calc
-from tests.specs import tiny_llama
+from tests.specs import tiny_llama64
 
 RING_KV = 8192
 
 
 def _llama() -> calc.ModelSpec:
-    """Hidden 64, 4 heads of 16 (no GQA), ffn 128, vocabulary 64, 2 layers (`tests.specs`)."""
-    return tiny_llama(
-        name="tiny-cp", hidden=64, n_heads=4, n_kv_heads=4, head_dim=16, ffn=128, vocab=64
-    )
+    return tiny_llama64(name="tiny-cp")
 
 
 def _job(seq_len: int) -> calc.Training:

@@ -23,20 +23,12 @@ from tests.specs import tiny_llama
 MIB = 1 << 20
 
 
+ZERO_LLAMA = {"name": "zero-llama", "hidden": 512, "n_heads": 8, "n_kv_heads": 8,
+              "head_dim": 64, "ffn": 1024, "vocab": 512}  # fmt: skip
+
+
 def _llama(**changes: object) -> calc.ModelSpec:
-    """Hidden 512, 8 heads of 64 (no GQA), ffn 1024, vocabulary 512, 2 layers (`tests.specs`)."""
-    return tiny_llama(
-        **{
-            "name": "zero-llama",
-            "hidden": 512,
-            "n_heads": 8,
-            "n_kv_heads": 8,
-            "head_dim": 64,
-            "ffn": 1024,
-            "vocab": 512,
-            **changes,
-        }
-    )
+    return tiny_llama(**{**ZERO_LLAMA, **changes})
 
 
 # ---------------------------------------------------------------------- validation

@@ -22,13 +22,20 @@ from hypothesis import strategies as st
 import calc
 from calc.parallel import sequence as spm
 from calc.replay.tape import Tape
-from tests.calc.parallel.tiny import tp_job as _job
-from tests.calc.parallel.tiny import tp_llama as _llama
+from tests.specs import tiny_llama64, tiny_training
 
 
 def _live(tape: Tape) -> list[int]:
     """Live bytes after each event of ``tape``."""
     return [sum(key[3] * count for key, count in e.live) for e in tape.events]
+
+
+def _llama(**changes: object) -> calc.ModelSpec:
+    return tiny_llama64(**{"name": "tiny-sp", "n_kv_heads": 2, **changes})
+
+
+def _job(**changes: object) -> calc.Training:
+    return tiny_training(**changes)
 
 
 def test_gather_holds_two_full_tensors_for_an_instant() -> None:

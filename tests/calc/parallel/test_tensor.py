@@ -22,11 +22,18 @@ from hypothesis import strategies as st
 
 import calc
 from calc.parallel.tensor import rank_model
-from tests.calc.parallel.tiny import tp_job as _job
-from tests.calc.parallel.tiny import tp_llama as _llama
+from tests.specs import tiny_llama64, tiny_training
 
 W_TP1 = 330240
 W_TP2 = 182784
+
+
+def _llama(**changes: object) -> calc.ModelSpec:
+    return tiny_llama64(**{"name": "tiny-tp", "n_kv_heads": 2, **changes})
+
+
+def _job(**changes: object) -> calc.Training:
+    return tiny_training(**changes)
 
 
 def test_rank_model_divides_heads_kv_heads_and_ffn() -> None:

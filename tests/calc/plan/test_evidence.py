@@ -10,6 +10,7 @@ import pytest
 
 import calc
 from calc.plan.evidence import error_bar, nearest_cases, verified_cases
+from tests.specs import tiny_llama
 
 
 def _case(name: str, err: object, kind: str = "training", model_type: str = "llama",
@@ -18,13 +19,7 @@ def _case(name: str, err: object, kind: str = "training", model_type: str = "lla
             "spec": {"model_type": model_type}}  # fmt: skip
 
 
-MODEL = calc.ModelSpec(
-    name="tiny-qwen", model_type="qwen2", hidden=16, n_layers=2, n_heads=2, n_kv_heads=2,
-    head_dim=8, ffn=24, vocab=50, max_positions=64, mlp="swiglu", norm="rmsnorm",
-    qkv_bias=True, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-    tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-    hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-)  # fmt: skip
+MODEL = tiny_llama(name="tiny-qwen", model_type="qwen2", qkv_bias=True)
 JOB = calc.Training(micro_batch=1, seq_len=8, precision="bf16-master", optimizer="adamw",
                     recompute="full")  # fmt: skip
 

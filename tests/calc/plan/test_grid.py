@@ -22,14 +22,7 @@ from calc.plan import grid_eval as E
 from calc.plan import program as PP
 from tests.specs import tiny_llama
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plan_cache")))
-        G.clear_memory_cache()
-        yield
-        G.clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("fresh_plan_cache")
 
 
 _llama = tiny_llama

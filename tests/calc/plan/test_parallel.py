@@ -20,7 +20,7 @@ from calc.plan import grid_eval as E
 from calc.plan import planner as P
 from calc.plan.layouts import layouts
 from calc.plan.program import to_program
-from tests.specs import tiny_llama
+from tests.specs import tiny_llama, tiny_llama64
 
 TINY = tiny_llama()
 BASE = calc.Training(micro_batch=1, seq_len=8, implementation="reference")
@@ -193,11 +193,7 @@ def test_layouts_with_several_rank_classes_take_the_most_loaded(
     assert len(set(est.rank_peaks.values())) == 2
 
 
-QUANTISABLE = calc.ModelSpec(
-    **{**{f: getattr(TINY, f) for f in TINY.__dataclass_fields__},
-       "name": "tiny-llama-64", "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16,
-       "ffn": 128, "vocab": 64},
-)  # fmt: skip
+QUANTISABLE = tiny_llama64(name="tiny-llama-64")
 """TINY with every linear a multiple of nf4's smallest block (64), so QLoRA applies."""
 
 

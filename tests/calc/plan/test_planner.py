@@ -16,19 +16,11 @@ from hypothesis import strategies as st
 
 import calc
 from calc.data.gpus import GPU
-from calc.plan import grid as plan_grid
 from calc.plan import planner as P
 from calc.plan.throughput import recompute_factor, throughput_proxy
 from tests.specs import tiny_llama
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _cache_dir(tmp_path_factory: pytest.TempPathFactory) -> object:
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path_factory.mktemp("plan_cache")))
-        plan_grid.clear_memory_cache()
-        yield
-        plan_grid.clear_memory_cache()
+pytestmark = pytest.mark.usefixtures("fresh_plan_cache")
 
 
 TINY = tiny_llama()
@@ -304,9 +296,7 @@ def test_bad_input_names_the_field(changes: dict, match: str) -> None:
 
 
 # TINY with h=64, d=32, f=128: nf4's blocks of 64 divide every quantized linear's input width
-TINY64 = calc.ModelSpec(**{
-    **{f: getattr(TINY, f) for f in TINY.__slots__}, "hidden": 64, "head_dim": 32, "ffn": 128,
-})  # fmt: skip
+TINY64 = tiny_llama(hidden=64, head_dim=32, ffn=128)
 ONE_RECIPE = {"optimizer": ("adamw",), "recompute": ("none",)}
 
 

@@ -1,5 +1,6 @@
 """calc.present.sweep (the sweep charts' data) and calc.present.display (the rows the web pages draw), on hand
-values: a hand-made breakdown tree, hand-counted powers of two, a hand-written report."""
+values: a hand-made breakdown tree, hand-counted powers of two, a hand-written report, peaks the
+CPU tracker measured."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import calc
 from calc import symbols as S
 from calc.present import display
 from calc.present.sweep import doubling_values, sweep
+from tests.specs import recorded
 
 GIB = 2**30
 
@@ -128,19 +130,20 @@ def test_doubling_values_window_around_the_current_value() -> None:
         doubling_values(1, points=0)
 
 
-def test_sweep_points_are_calc_estimates_and_bad_points_are_reported() -> None:
-    model = calc.load_card("gpt2")
-    job = calc.Training(micro_batch=2, seq_len=128, recompute="full")
-    result = sweep(model, job, "seq_len", [0, 256, 64, 128])
-    assert result.values == (0, 64, 128, 256)
-    assert result.peak_bytes[0] is None
-    assert len(result.errors) == 1 and "seq_len=0" in result.errors[0]
-    for value, peak in zip(result.values[1:], result.peak_bytes[1:], strict=True):
-        expected = calc.estimate(
-            model, calc.Training(micro_batch=2, seq_len=value, recompute="full")
-        )
-        assert peak == expected.peak_bytes
-    assert list(result.peak_bytes[1:]) == sorted(result.peak_bytes[1:])  # longer never smaller
+def test_sweep_points_are_the_measured_peaks_and_bad_points_are_reported() -> None:
+    # expected values measured, not computed: two verify cases on the same scaled llama-2
+    # (reference, fp32, AdamW), whose peaks the CPU tracker recorded in verify/reports/latest
+    model, short, short_peak = recorded("size-b1-s16-llama")  # micro_batch 1, seq_len 16
+    _, long, long_peak = recorded("size-b4-s64-llama")  # micro_batch 4, seq_len 64
+    by_seq = sweep(model, short, "seq_len", [0, 64, 16, 32], device="cpu")
+    assert by_seq.values == (0, 16, 32, 64)
+    assert by_seq.peak_bytes[0] is None
+    assert len(by_seq.errors) == 1 and "seq_len=0" in by_seq.errors[0]
+    assert by_seq.peak_bytes[1] == short_peak
+    by_batch = sweep(model, long, "micro_batch", [1, 2, 4], device="cpu")
+    assert by_batch.peak_bytes[2] == long_peak
+    for result in (by_seq, by_batch):  # longer or wider never smaller
+        assert list(result.peak_bytes[1:]) == sorted(result.peak_bytes[1:])
 
 
 def test_inference_context_sweep_shortens_a_longer_prompt() -> None:

@@ -21,18 +21,14 @@ torch = pytest.importorskip("torch")
 
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
+from tests.specs import TINY_LLAMA_FIELDS  # noqa: E402
 from verify.measure.trace import AllocationTrace  # noqa: E402
 from verify.measure.tracker import StorageTracker  # noqa: E402
 from verify.models.reference import ReferenceLM  # noqa: E402
 from verify.models.reference_inference import decode_step, new_cache, prefill  # noqa: E402
 
-LLAMA = dict(
-    name="tiny-llama", model_type="llama", hidden=64, n_layers=2, n_heads=4, n_kv_heads=2,
-    head_dim=16, ffn=96, vocab=300, max_positions=128, mlp="swiglu", norm="rmsnorm",
-    qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-    tied_embeddings=False, learned_positions=False, attention_dropout=0.0, hidden_dropout=0.0,
-    embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-)  # fmt: skip
+LLAMA = {**TINY_LLAMA_FIELDS, "hidden": 64, "n_heads": 4, "head_dim": 16, "ffn": 96,
+         "vocab": 300, "max_positions": 128}  # fmt: skip
 QWEN2 = {**LLAMA, "name": "tiny-qwen2", "model_type": "qwen2", "qkv_bias": True,
          "tied_embeddings": True}  # fmt: skip
 QWEN3 = {**LLAMA, "name": "tiny-qwen3", "model_type": "qwen3", "qk_norm": True}

@@ -16,25 +16,15 @@ import calc
 from calc.config.parallelism import Parallelism
 from calc.estimate.stages import stage_results
 from calc.step import pipeline
+from tests.specs import tiny_llama64, tiny_training
 
 
 def _llama(**changes: object) -> calc.ModelSpec:
-    base = dict(
-        name="tiny-pp", model_type="llama", hidden=64, n_layers=2, n_heads=4, n_kv_heads=4,
-        head_dim=16, ffn=128, vocab=64, max_positions=64, mlp="swiglu", norm="rmsnorm",
-        qkv_bias=False, o_bias=False, mlp_bias=False, norm_bias=False, qk_norm=False,
-        tied_embeddings=False, learned_positions=False, attention_dropout=0.0,
-        hidden_dropout=0.0, embedding_dropout=0.0, norm_eps=1e-6, rope_theta=10000.0,
-    )  # fmt: skip
-    base.update(changes)
-    return calc.ModelSpec(**base)  # type: ignore[arg-type]
+    return tiny_llama64(**{"name": "tiny-pp", **changes})
 
 
 def _job(**changes: object) -> calc.Training:
-    job = dict(micro_batch=4, seq_len=8, precision="fp32", optimizer="adamw",
-               optimizer_impl="for-loop", implementation="reference")  # fmt: skip
-    job.update(changes)
-    return calc.Training(**job)  # type: ignore[arg-type]
+    return tiny_training(**{"micro_batch": 4, **changes})
 
 
 def _plan(stage: int, stages: int, m: int, schedule: str) -> pipeline.StagePlan:
