@@ -1,4 +1,4 @@
-"""Print the README's multi-GPU table: Qwen2.5-32B full fine-tuning on 8 GPUs, per-GPU GiB.
+"""Print docs/parallelism.md's multi-GPU table: Qwen2.5-32B full fine-tuning on 8 GPUs, per-GPU GiB.
 
 Every number is ``calc.estimate(model, job, parallel)`` (device ``cuda``), the most-loaded
 rank. A layout the cost model does not cover yet is printed as pending, with calc's reason.
