@@ -127,16 +127,7 @@ def teacher_logits(tape: Tape, teacher: Teacher) -> Tensor:
     n = sh.b * sh.s
     segment, grad = tape.segment, tape.grad_enabled
     tape.segment, tape.grad_enabled = TEACHER, False
-    pos = None
-    if sh.model_type == "gpt2":
-        pos = tape.new(sh.s, INDEX_ITEMSIZE, "positions")  # a local of hidden_states
-        tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
-        assert w.wpe is not None  # gpt2 has its learned position table
-        pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out")
-        x = ops.add(tape, tok, pe, "embed_out")
-        tape.drop(tok, pe)
-    else:
-        x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+    x, pos = reference.embed_no_grad(tape, sh, w)  # GPT-2's positions: a local until the end
     for lw in w.layers:
         x_next = reference.block(tape, sh, x, lw, teacher.cos, teacher.sin)
         tape.drop(x)

@@ -166,13 +166,7 @@ def autocast_cast(tape: Tape, t: Tensor, name: str) -> Tensor:
 
 
 def linear(
-    tape: Tape,
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None,
-    rows: Size,
-    out_features: Size,
-    name: str,
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, out_features: Size, name: str
 ) -> Tensor:
     """``nn.Linear`` forward. Under autocast (``tape.autocast_itemsize``) ``F.linear(input,
     weight, bias)`` casts its arguments last to first (measured; the C++ wrapper's argument
@@ -217,13 +211,7 @@ def rope_one(tape: Tape, x: Tensor, cos: Tensor, sin: Tensor, name: str) -> Tens
 
 # -- LlamaAttention / Qwen3Attention --------------------------------------------------------------
 def attention(
-    tape: Tape,
-    sh: Shape,
-    x: Tensor,
-    lw: dict,
-    cos: Tensor,
-    sin: Tensor,
-    use_cache: bool,
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, use_cache: bool
 ) -> tuple[Tensor, list]:
     n = sh.b * sh.s
     # query_states = self.q_proj(hidden_states).view(hidden_shape)[-> q_norm].transpose(1, 2)
@@ -360,13 +348,7 @@ def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
 
 
 def decoder_layer(
-    tape: Tape,
-    sh: Shape,
-    x: Tensor,
-    lw: dict,
-    cos: Tensor,
-    sin: Tensor,
-    use_cache: bool,
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, use_cache: bool
 ) -> tuple[Tensor, list]:
     n = sh.b * sh.s
     n1 = rmsnorm(tape, x, lw["norm1"], n)

@@ -229,12 +229,7 @@ def eager_attention(
 
 
 def attention(
-    tape: Tape,
-    sh: Shape,
-    x: Tensor,
-    lw: dict,
-    mask: Tensor | None,
-    use_cache: bool,
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, mask: Tensor | None, use_cache: bool
 ) -> tuple[Tensor, list, Tensor | None]:
     """``GPT2Attention.forward`` (self-attention): the output (after ``resid_dropout``), the
     cache's key and value copies, and the eager attention weights (None for SDPA): returned as
@@ -298,12 +293,7 @@ def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
 
 
 def block(
-    tape: Tape,
-    sh: Shape,
-    x: Tensor,
-    lw: dict,
-    mask: Tensor | None,
-    use_cache: bool,
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, mask: Tensor | None, use_cache: bool
 ) -> tuple[Tensor, list]:
     """``GPT2Block.forward``; ``x`` stays the caller's."""
     n = sh.b * sh.s

@@ -50,13 +50,12 @@ Before the replay: the weights, the prompt ids, and the rotary embedding's two b
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from calc import symbols as S
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models import attention_core, hf
+from calc.models import attention_core, hf, shape
 from calc.models import reference as R
 from calc.models.shape import shape_for_inference
 from calc.replay import ops
@@ -108,18 +107,9 @@ def replay_hf_prefill(
     return replay(sh, S.c, quant=job.quant, compute=job.precision, compress=compress)
 
 
-def numeric_shape(
-    model: ModelSpec, job: Inference, device: str, n_layers: int | None = None
-) -> tuple[R.Shape, int]:
-    """The shape with every size an int (this model and job), and the context length."""
-    sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
-    check(model, job, sh)
-    dims = model.dims()
-    sized = replace(
-        sh, b=job.batch, s=job.prompt_len, h=dims[S.h], a=dims[S.a], k=dims[S.k], d=dims[S.d],
-        f=dims[S.f], V=dims[S.V], P=dims[S.P],
-    )  # fmt: skip
-    return sized, job.context
+def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[R.Shape, int]:
+    """`calc.models.shape.numeric_shape` with this implementation's refusals."""
+    return shape.numeric_shape(model, job, device, check)
 
 
 # -- StaticLayer ----------------------------------------------------------------------------------

@@ -304,6 +304,23 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor |
     return loss
 
 
+def embed_no_grad(tape: Tape, sh: Shape, w: Weights) -> tuple[Tensor, Tensor | None]:
+    """``ReferenceLM.hidden_states``' embedding with grad off (inference, a distillation
+    teacher): ``(x, positions)``. GPT-2's ``torch.arange`` positions (int64) stay alive as a
+    local of ``hidden_states`` until it returns (the caller drops them); no other model has
+    them (``None``)."""
+    n = sh.b * sh.s
+    if sh.model_type != "gpt2":
+        return ops.embedding(tape, w.embed, n, sh.h, "embed_out"), None
+    pos = tape.new(sh.s, 8, "positions")
+    tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
+    assert w.wpe is not None  # gpt2 has its learned position table
+    pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out")
+    x = ops.add(tape, tok, pe, "embed_out")
+    tape.drop(tok, pe)
+    return x, pos
+
+
 def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
     """``F.linear(ReferenceLM.hidden_states(ids), head_weight())``: the logits ``[b*s, V]``
     (what ``forward`` feeds the loss; distillation's student, `calc.compress.distill`)."""

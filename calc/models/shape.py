@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from calc import symbols as S
 from calc.config.jobs import Inference
@@ -91,3 +92,24 @@ def shape_for_inference(model: ModelSpec, job: Inference, device: str, n_layers:
         norm_bias=model.norm_bias, qk_norm=model.qk_norm, tied=model.tied_embeddings,
         weight_itemsize=w, act_itemsize=w, attention=kernel, device=device,
     )  # fmt: skip
+
+
+def sized_for(sh: Shape, model: ModelSpec, job: Inference) -> Shape:
+    """``sh`` with every symbolic size replaced by this model's and job's int (the batch, the
+    prompt length and the model's dimensions): a shape to replay with concrete sizes."""
+    dims = model.dims()
+    return replace(
+        sh, b=job.batch, s=job.prompt_len, h=dims[S.h], a=dims[S.a], k=dims[S.k], d=dims[S.d],
+        f=dims[S.f], V=dims[S.V], P=dims[S.P],
+    )  # fmt: skip
+
+
+def numeric_shape(
+    model: ModelSpec, job: Inference, device: str,
+    check: Callable[[ModelSpec, Inference, Shape], None], n_layers: int | None = None,
+) -> tuple[Shape, int]:  # fmt: skip
+    """The prefill's shape with every size an int (this model and job), after ``check`` (the
+    implementation's refusals), and the context length."""
+    sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
+    check(model, job, sh)
+    return sized_for(sh, model, job), job.context

@@ -30,7 +30,7 @@ from calc.compress.lora import compress_weights
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models import reference
+from calc.models import reference, shape
 from calc.models.hf_inference import replay_hf_prefill
 from calc.models.shape import shape_for_inference
 from calc.replay import ops
@@ -63,16 +63,7 @@ def forward(
     block (`reference.block`) with grad mode off."""
     n = sh.b * sh.s
     tape.segment = "embed"
-    pos = None
-    if sh.model_type == "gpt2":
-        pos = tape.new(sh.s, INDEX_ITEMSIZE, "positions")  # torch.arange(start, start + s)
-        tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
-        assert w.wpe is not None  # gpt2 has its learned position table
-        pe = ops.embedding(tape, w.wpe, sh.s, sh.h, "wpe_out")
-        x = ops.add(tape, tok, pe, "embed_out")
-        tape.drop(tok, pe)
-    else:
-        x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
+    x, pos = reference.embed_no_grad(tape, sh, w)  # GPT-2's positions: a local until the end
     for j, lw in enumerate(w.layers):
         tape.segment = j
         x_next = reference.block(tape, sh, x, lw, cos, sin)
@@ -114,18 +105,9 @@ def replay_inference(
     )
 
 
-def numeric_shape(
-    model: ModelSpec, job: Inference, device: str, n_layers: int | None = None
-) -> tuple[reference.Shape, int]:
-    """The shape with every size an int (this model and job), and the context length."""
-    sh = shape_for_inference(model, job, device, model.n_layers if n_layers is None else n_layers)
-    _check(model, job, sh)
-    dims = model.dims()
-    sized = replace(
-        sh, b=job.batch, s=job.prompt_len, h=dims[S.h], a=dims[S.a], k=dims[S.k], d=dims[S.d],
-        f=dims[S.f], V=dims[S.V], P=dims[S.P],
-    )  # fmt: skip
-    return sized, job.context
+def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[reference.Shape, int]:
+    """`calc.models.shape.numeric_shape` with this implementation's refusals."""
+    return shape.numeric_shape(model, job, device, _check)
 
 
 def replay(

@@ -283,16 +283,25 @@ def replay_stage(
                 sent.append(tape.grads.pop(id(recv_act[i].storage)))
                 if plan.schedule == "1f1b" and len(sent) > 1:
                     tape.drop(sent.pop(0))  # the previous send's ops are replaced
-        tape.drop(*sent)  # the schedule returns: its send lists die
-        tape.drop(*losses.values())
-        if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
-            tape.segment = "head"
-            merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
-            tape.drop(merged)
+        _end_step(tape, plan, sent, [*losses.values()], m, chunks)  # the schedule returns
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
         tail.step(tape, first_step=step == 1)
     return tape.events
+
+
+def _end_step(
+    tape: Tape, plan: StagePlan, sent: list[Tensor], losses: list[Tensor], m: int,
+    chunks: list[Tensor],
+) -> None:  # fmt: skip
+    """The schedule's step returns: its send lists and losses die; the last stage's
+    ``merge_chunks`` concatenates the ``m`` micro-batches' logits (``torch.cat``), returned and
+    dropped."""
+    tape.drop(*sent, *losses)
+    if plan.last:
+        tape.segment = "head"
+        merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
+        tape.drop(merged)
 
 
 def _recv_buffers(
@@ -400,12 +409,7 @@ def _replay_interleaved(
             tape.drop(out)
             if (k, i) in recv_act:  # the input's gradient: read from .grad, set to None, sent
                 sent.append(tape.grads.pop(id(recv_act[k, i].storage)))
-        tape.drop(*sent)
-        tape.drop(*losses.values())
-        if plan.last:  # merge_chunks: torch.cat of the logits, returned and dropped
-            tape.segment = "head"
-            merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
-            tape.drop(merged)
+        _end_step(tape, plan, sent, [*losses.values()], m, chunks)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
         tail.step(tape, first_step=step == 1)

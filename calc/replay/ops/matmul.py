@@ -8,13 +8,7 @@ from calc.replay.tape import Node, Size, Tape, Tensor
 
 
 def linear(
-    tape: Tape,
-    x: Tensor,
-    w: Tensor,
-    bias: Tensor | None,
-    rows: Size,
-    out_features: Size,
-    name: str,
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, out_features: Size, name: str
 ) -> Tensor:
     """``F.linear(x, w, b)`` on a contiguous input, as ``mm``/``addmm`` on its 2-D view.
 
