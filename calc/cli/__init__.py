@@ -1,5 +1,6 @@
 """``python -m calc``: the command-line calculator (display only).
 
 - ``main``: one estimate; ``plan``: ``python -m calc plan``; ``report``: ``python -m calc report``.
-- ``compression``, ``prune_distill``: their options.
+- ``compression``, ``prune_distill``: their options; ``model_source``: --card/--config;
+  ``exits``: the status and the one-line error a command ends with.
 """

@@ -20,6 +20,7 @@ from calc.cli import compression as cli_compression
 from calc.cli import plan as cli_plan
 from calc.cli import prune_distill as cli_prune_distill
 from calc.cli import report as cli_report
+from calc.cli.exits import run_reporting_errors
 from calc.cli.model_source import DEFAULT_CARD, load_model
 from calc.config import jobs
 from calc.config.jobs import Inference, Training
@@ -378,11 +379,4 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list_cards:
         print("\n".join(list_cards()))
         return 0
-    try:
-        return run(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:  # a valid job the cost model does not cover yet
-        print(f"not supported yet: {exc}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(run, args)

@@ -14,6 +14,14 @@ DEFAULT_CARD = "qwen2.5-32b"
 """The model card of a command line that names none."""
 
 
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A subcommand's parser (``plan``, ``report``) with the model arguments (`add_arguments`)
+    already on it."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    add_arguments(p)
+    return p
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``--card ID`` or ``--config PATH`` (mutually exclusive) on ``p``."""
     src = p.add_mutually_exclusive_group()

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from calc.cli import model_source
+from calc.cli.exits import run_reporting_errors
 from calc.config.jobs import DEVICES
 from calc.config.model_spec import ModelSpec
 from calc.data.gpus import gpu_catalog
@@ -28,12 +29,11 @@ from calc.plan.result import RANK_BYS, TASKS, Change, Evaluated
 
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``python -m calc plan``."""
-    p = argparse.ArgumentParser(
-        prog="python -m calc plan",
-        description="Enumerate every configuration the cost model covers for a job and a GPU "
+    p = model_source.parser(
+        "python -m calc plan",
+        "Enumerate every configuration the cost model covers for a job and a GPU "
         "budget; list those that fit, ranked, and why the others do not.",
     )
-    model_source.add_arguments(p)
     p.add_argument(
         "--task", default="full-finetune", help=f"{', '.join(TASKS)} (default full-finetune)"
     )
@@ -286,11 +286,4 @@ def _print(
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m calc plan``: 0 on success, 2 on bad input (one line)."""
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
-        print(f"not supported yet: {exc}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(run, args)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Sequence
 
 from calc.cli import model_source
+from calc.cli.exits import run_reporting_errors
 from calc.estimate.result import GIB
 from calc.plan import report
 
@@ -34,12 +34,11 @@ capacity is never available to tensors: the CUDA context and allocator caching t
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m calc report",
-        description="Least per-GPU memory to serve, LoRA-, QLoRA- and fully fine-tune a model "
+    p = model_source.parser(
+        "python -m calc report",
+        "Least per-GPU memory to serve, LoRA-, QLoRA- and fully fine-tune a model "
         "on one GPU, for bf16, int8 and int4 weights, with the recipe that reaches it.",
     )
-    model_source.add_arguments(p)
     p.add_argument("--batch", type=int, default=1, help="sequences (default 1)")
     p.add_argument(
         "--seq-len", type=int, default=4096, help="context served / tokens per training sequence"
@@ -159,11 +158,4 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str]) -> int:
     """``python -m calc report ...``: 0 on success, 2 on bad input (one line on stderr)."""
     args = build_parser().parse_args(list(argv))
-    try:
-        return run(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except NotImplementedError as exc:
-        print(f"not supported yet: {exc}", file=sys.stderr)
-        return 2
+    return run_reporting_errors(run, args)

@@ -68,15 +68,9 @@ def _repeat_kv(
 
 # -- the two cores ----------------------------------------------------------------------------
 def math_sdpa(
-    tape: Tape,
-    sh: Shape,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    name: str,
-    gqa: bool | None = None,
-    contiguous: bool = False,
-) -> Tensor:
+    tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str,
+    gqa: bool | None = None, contiguous: bool = False,
+) -> Tensor:  # fmt: skip
     """``F.scaled_dot_product_attention(q, k, v, dropout_p=sh.attn_dropout, is_causal=True,
     enable_gqa=gqa)`` through ``_scaled_dot_product_attention_math``.
 
@@ -135,15 +129,9 @@ def math_sdpa(
 
 
 def eager(
-    tape: Tape,
-    sh: Shape,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    name: str,
-    gqa: bool | None = None,
-    contiguous: bool = False,
-) -> Tensor:
+    tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str,
+    gqa: bool | None = None, contiguous: bool = False,
+) -> Tensor:  # fmt: skip
     """``_eager_attention(q, k, v, sh.attn_dropout)`` of verify/models/reference.py.
 
     Forward, in order: GQA's ``repeat_interleave`` of k then v; ``q @ k.transpose(-2, -1)``

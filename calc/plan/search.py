@@ -12,19 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from calc.config.jobs import DEVICES, Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 from calc.data.gpus import GPU, gpu_catalog
+from calc.plan import engine
 from calc.plan.axes import TRAINING, Axis, Context, axes_for
-from calc.plan.engine import (
-    Evaluator,
-    axis_values,
-    base_fields_of,
-    context,
-    gpu_of,
-    grid_entries,
-    job_context,
-    kind_of,
-    make_job,
-    verified_cases_of,
-)
 from calc.plan.result import Change, Evaluated, LeastHardware, Task, rank
 
 
@@ -57,17 +46,19 @@ def least_hardware(
     two that divide ``global_batch``, up to ``max_count``; training on 2+ GPUs enumerates the
     parallel layouts of ``calc.plan.layouts``), and the smallest single GPU: the least peak
     over the grid on one GPU, and the catalog GPU with the least usable memory above it."""
-    kind = kind_of(task)
+    kind = engine.kind_of(task)
     check_choice("device", device, DEVICES)
     check_size("max_count", max_count, 1, 1 << 16)
-    gpu_obj = gpu_of(gpu)
-    cases = verified_cases_of(report, error_bars)
-    base_fields = base_fields_of(kind, base, task)
+    gpu_obj = engine.gpu_of(gpu)
+    cases = engine.verified_cases_of(report, error_bars)
+    base_fields = engine.base_fields_of(kind, base, task)
 
     def rows_at(count: int, target: GPU) -> list[Evaluated]:
-        ctx = context(kind, seq_len, global_batch, count)
-        entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields), base_fields)
-        return Evaluator(model, ctx, target, device, cases).run(entries)
+        ctx = engine.context(kind, seq_len, global_batch, count)
+        entries = engine.grid_entries(
+            kind, ctx, engine.axis_values(kind, ctx, fixed, base_fields), base_fields
+        )
+        return engine.Evaluator(model, ctx, target, device, cases).run(entries)
 
     one = rows_at(1, gpu_obj)
     modelled = [e for e in one if e.modelled]
@@ -111,7 +102,7 @@ def _changed(
         if not axis.size:
             axis.apply(fields, value, ctx)
     try:
-        return make_job(kind, fields, ctx)
+        return engine.make_job(kind, fields, ctx)
     except ValueError as exc:
         return f"invalid: {exc}"
 
@@ -145,11 +136,11 @@ def changes_to_fit(
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
     check_choice("device", device, DEVICES)
     check_size("max_results", max_results, 1, 1 << 16)
-    gpu_obj = gpu_of(gpu)
+    gpu_obj = engine.gpu_of(gpu)
     kind = TRAINING if isinstance(job, Training) else "inference"
-    ctx = job_context(job, gpu_count, parallel)
-    cases = verified_cases_of(report, error_bars)
-    ev = Evaluator(model, ctx, gpu_obj, device, cases, layout=parallel)
+    ctx = engine.job_context(job, gpu_count, parallel)
+    cases = engine.verified_cases_of(report, error_bars)
+    ev = engine.Evaluator(model, ctx, gpu_obj, device, cases, layout=parallel)
     current = ev.run([(ev.choices(job), job)])[0]
     if current.fits:
         return ()

@@ -229,13 +229,9 @@ def in_flight(plan: StagePlan) -> int:
 
 
 def replay_stage(
-    model: ModelSpec,
-    job: Training,
-    plan: StagePlan,
-    device: str,
-    n_layers: int | None = None,
-    tp_comm: bool = False,
-) -> list[Event]:
+    model: ModelSpec, job: Training, plan: StagePlan, device: str,
+    n_layers: int | None = None, tp_comm: bool = False,
+) -> list[Event]:  # fmt: skip
     """Replay two optimizer steps of one pipeline stage; ``job`` is the micro-batch job
     (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences.
     ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
@@ -251,10 +247,7 @@ def replay_stage(
     chunks: list[Tensor] = []
     tail = OptimizerTail(job, device, keep, shapes, values_for(model, job))
     for step in (1, 2):
-        tape.phase = f"step{step}/forward"
-        tape.segment = "pipeline"
-        tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
-        chunks = []
+        chunks = _begin_step(tape, step, chunks)
         if step == 1:
             recv_act, recv_grad = _recv_buffers(tape, sh, plan)
         cache: dict[int, Tensor] = {}
@@ -288,6 +281,15 @@ def replay_stage(
         tape.segment = "optimizer"
         tail.step(tape, first_step=step == 1)
     return tape.events
+
+
+def _begin_step(tape: Tape, step: int, chunks: list[Tensor]) -> list[Tensor]:
+    """The schedule's ``step`` begins: ``clear_runtime_states`` drops the last step's output
+    chunks; the new step's list starts empty."""
+    tape.phase = f"step{step}/forward"
+    tape.segment = "pipeline"
+    tape.drop(*chunks)
+    return []
 
 
 def _end_step(
@@ -366,10 +368,7 @@ def _replay_interleaved(
     chunks: list[Tensor] = []
     tail = OptimizerTail(job, device, keep, shapes, values_for(model, job))
     for step in (1, 2):
-        tape.phase = f"step{step}/forward"
-        tape.segment = "pipeline"
-        tape.drop(*chunks)  # clear_runtime_states: the last step's output_chunks
-        chunks = []
+        chunks = _begin_step(tape, step, chunks)
         if step == 1:  # each chunk's PipelineStage allocates its buffers
             for k in range(v):
                 for i in range(m if not plan.chunk_first(k) else 0):

@@ -31,14 +31,9 @@ INDEX_ITEMSIZE = 8  # int64 token ids and targets
 
 
 def shape_for(
-    model: ModelSpec,
-    job: Training,
-    device: str,
-    n_layers: int,
-    tp_comm: bool = False,
-    tp_vocab: bool = False,
-    sp: int = 1,
-) -> reference.Shape:
+    model: ModelSpec, job: Training, device: str, n_layers: int,
+    tp_comm: bool = False, tp_vocab: bool = False, sp: int = 1,
+) -> reference.Shape:  # fmt: skip
     """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
     model is one tensor-parallel rank's (`calc.parallel.tensor`), with its all-reduces."""
     p_attn0 = model.attention_dropout if job.dropout is None else job.dropout

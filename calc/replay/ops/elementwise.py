@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sympy as sp
 
-from calc.replay.tape import Node, Size, Tape, Tensor
+from calc.replay.tape import BackwardRule, Node, Size, Tape, Tensor
 
 
 def numel_ge(p: Size, q: Size) -> bool:
@@ -145,32 +145,33 @@ def softmax(tape: Tape, x: Tensor, name: str) -> Tensor:
     return unary(tape, x, name, saves="output")
 
 
+def _two_temporaries_backward(x: Tensor, name: str, first: str, second: str) -> BackwardRule:
+    """A backward formula of two ``x``-sized temporaries (``<name>.<first>``, then
+    ``<name>.<second>``) and the gradient ``d<name>``; the temporaries die after it, the
+    second first (pow2's ``2 * x.pow(1)``, rsqrt's ``result.pow(3)`` product)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        a = tape.new(x.numel, x.itemsize, f"{name}.{first}")
+        b = tape.new(x.numel, x.itemsize, f"{name}.{second}")
+        out = tape.new(x.numel, x.itemsize, f"d{name}")
+        tape.drop(b, a)
+        return [out]
+
+    return rule
+
+
 def pow2(tape: Tape, x: Tensor, name: str) -> Tensor:
     """``x.pow(2)``: saves x; backward ``grad * (2 * x.pow(1))``: three same-size tensors."""
 
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        p1 = tape.new(x.numel, x.itemsize, f"{name}.pow1")
-        two = tape.new(x.numel, x.itemsize, f"{name}.x2")
-        out = tape.new(x.numel, x.itemsize, f"d{name}")
-        tape.drop(two, p1)
-        return [out]
-
-    n = tape.node("Pow", rule, [x], saved=[x])
+    n = tape.node("Pow", _two_temporaries_backward(x, name, "pow1", "x2"), [x], saved=[x])
     return tape.output(tape.new(x.numel, x.itemsize, name), n)
 
 
 def rsqrt(tape: Tape, x: Tensor, name: str) -> Tensor:
     """``rsqrt``: saves its result; backward ``-0.5 * grad * result.pow(3)``."""
 
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        p3 = tape.new(x.numel, x.itemsize, f"{name}.pow3")
-        m = tape.new(x.numel, x.itemsize, f"{name}.mul")
-        out = tape.new(x.numel, x.itemsize, f"d{name}")
-        tape.drop(m, p3)
-        return [out]
-
     out = tape.new(x.numel, x.itemsize, name)
-    n = tape.node("Rsqrt", rule, [x], saved=[out])
+    n = tape.node("Rsqrt", _two_temporaries_backward(x, name, "pow3", "mul"), [x], saved=[out])
     return tape.output(out, n)
 
 

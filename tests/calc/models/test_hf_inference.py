@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import sympy as sp
 
 import calc
 from calc.config.model_spec import ModelSpec
@@ -22,6 +21,11 @@ from calc.step.sizes import values_for
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from tests.traces import (  # noqa: E402
+    assert_symbolic_matches_numeric,
+    measured_allocations,
+    replayed_allocations,
+)
 from verify.measure.trace import AllocationTrace  # noqa: E402
 from verify.measure.tracker import StorageTracker  # noqa: E402
 from verify.models.build import build_model  # noqa: E402
@@ -46,9 +50,6 @@ GPT2 = {**LLAMA, "name": "tiny-gpt2", "model_type": "gpt2", "n_kv_heads": 4, "ml
         "norm": "layernorm", "qkv_bias": True, "o_bias": True, "mlp_bias": True,
         "norm_bias": True, "tied_embeddings": True, "learned_positions": True,
         "ffn": 256}  # fmt: skip
-
-BASE_KINDS = ("weight", "input", "buffer")
-"""Storages alive before the replay starts (the trace ignores them)."""
 
 
 def _job(batch: int, prompt: int | None, context: int, precision: str) -> calc.Inference:
@@ -80,18 +81,7 @@ def _traced(spec: ModelSpec, job: calc.Inference) -> list[tuple]:
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1, cache=cache)
         assert out.logits.shape == (job.batch, 1, spec.vocab)
         del out, cache
-    return [(e.phase, e.delta_bytes, e.live_bytes) for e in tr.events if e.delta_bytes > 0]
-
-
-def _replayed(events: list) -> list[tuple]:
-    out = []
-    prev = 0
-    for e in events:
-        live = sum(int(size) * n for (kind, _, _, size), n in e.live if kind not in BASE_KINDS)
-        if e.label.startswith("+"):
-            out.append((e.phase, live - prev, live))
-        prev = live
-    return out
+    return measured_allocations(tr.events)
 
 
 CASES = [
@@ -115,7 +105,7 @@ def test_prefill_matches_the_trace(
     model = ModelSpec(**spec)
     job = _job(batch, prompt, context, precision)
     sh, ctx = hf_inference.numeric_shape(model, job, "cpu")
-    assert _replayed(hf_inference.replay(sh, ctx)) == _traced(model, job)
+    assert replayed_allocations(hf_inference.replay(sh, ctx)) == _traced(model, job)
 
 
 def test_kv_cache_is_allocated_inside_its_layer() -> None:
@@ -138,12 +128,7 @@ def test_symbolic_replay_evaluates_to_the_numeric_one() -> None:
     vals = values_for(model, job)
     sh, ctx = hf_inference.numeric_shape(model, job, "cpu")
     num = hf_inference.replay(sh, ctx)
-    assert [e.label for e in sym] == [e.label for e in num]
-    for es, en in zip(sym, num, strict=True):
-        live_s = sorted((k, n, int(sp.sympify(size).subs(vals)), c)
-                        for (k, n, _, size), c in es.live)  # fmt: skip
-        live_n = sorted((k, n, size, c) for (k, n, _, size), c in en.live)
-        assert live_s == live_n, es.label
+    assert_symbolic_matches_numeric(sym, num, vals)
 
 
 def test_cuda_moves_the_length_counter_at_the_first_update() -> None:

@@ -22,6 +22,11 @@ torch = pytest.importorskip("torch")
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from tests.specs import TINY_LLAMA_FIELDS  # noqa: E402
+from tests.traces import (  # noqa: E402
+    assert_symbolic_matches_numeric,
+    measured_allocations,
+    replayed_allocations,
+)
 from verify.measure.trace import AllocationTrace  # noqa: E402
 from verify.measure.tracker import StorageTracker  # noqa: E402
 from verify.models.reference import ReferenceLM  # noqa: E402
@@ -36,9 +41,6 @@ GPT2 = {**LLAMA, "name": "tiny-gpt2", "model_type": "gpt2", "n_kv_heads": 4, "ml
         "norm": "layernorm", "qkv_bias": True, "o_bias": True, "mlp_bias": True,
         "norm_bias": True, "tied_embeddings": True, "learned_positions": True,
         "ffn": 256}  # fmt: skip
-
-BASE_KINDS = ("weight", "input", "buffer")
-"""Storages alive before the replay starts (the trace ignores them)."""
 
 
 def _build(spec: ModelSpec, precision: str, context: int) -> ReferenceLM:
@@ -68,18 +70,7 @@ def _traced(spec: ModelSpec, job: calc.Inference, decode: bool) -> list[tuple]:
             logits = decode_step(model, cache, next_id, job.prompt_len)
             del logits
         del cache
-    return [(e.phase, e.delta_bytes, e.live_bytes) for e in tr.events if e.delta_bytes > 0]
-
-
-def _replayed(events: list) -> list[tuple]:
-    out = []
-    prev = 0
-    for e in events:
-        live = sum(int(size) * n for (kind, _, _, size), n in e.live if kind not in BASE_KINDS)
-        if e.label.startswith("+"):
-            out.append((e.phase, live - prev, live))
-        prev = live
-    return out
+    return measured_allocations(tr.events)
 
 
 CASES = [
@@ -101,7 +92,7 @@ def test_prefill_and_decode_match_the_trace(
     job = calc.Inference(batch=batch, context=context, prompt=prompt, precision=precision,
                          implementation="reference")  # fmt: skip
     sh, ctx = inference.numeric_shape(model, job, "cpu")
-    replayed = _replayed(inference.replay(sh, ctx, decode=True))
+    replayed = replayed_allocations(inference.replay(sh, ctx, decode=True))
     assert replayed == _traced(model, job, decode=True)
 
 
@@ -109,7 +100,7 @@ def test_prompt_filling_the_whole_context_matches_the_trace() -> None:
     model = ModelSpec(**LLAMA)
     job = calc.Inference(batch=2, context=40, precision="fp32", implementation="reference")
     sh, ctx = inference.numeric_shape(model, job, "cpu")
-    assert _replayed(inference.replay(sh, ctx)) == _traced(model, job, decode=False)
+    assert replayed_allocations(inference.replay(sh, ctx)) == _traced(model, job, decode=False)
 
 
 def test_symbolic_replay_evaluates_to_the_numeric_one() -> None:
@@ -120,12 +111,7 @@ def test_symbolic_replay_evaluates_to_the_numeric_one() -> None:
     vals = values_for(model, job)
     sh, ctx = inference.numeric_shape(model, job, "cpu")
     num = inference.replay(sh, ctx, decode=True)
-    assert [e.label for e in sym] == [e.label for e in num]
-    for es, en in zip(sym, num, strict=True):
-        live_s = sorted((k, n, int(sp.sympify(size).subs(vals)), c)
-                        for (k, n, _, size), c in es.live)  # fmt: skip
-        live_n = sorted((k, n, size, c) for (k, n, _, size), c in en.live)
-        assert live_s == live_n, es.label
+    assert_symbolic_matches_numeric(sym, num, vals)
 
 
 def test_kv_cache_size_by_hand() -> None:
