@@ -33,8 +33,6 @@ CHROMIUM_ARGS = (
     "--disable-sync",
     "--disable-dev-shm-usage",
 )
-VERDICT_TEXTS = ("fits with", "does not fit:")
-"""The verdict sentence starts with one of these (``calc.plan.planner.Evaluated.verdict``)."""
 VERDICT = "^(fits with|does not fit:) "
 """A regular expression matching the verdict sentence."""
 

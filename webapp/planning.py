@@ -27,11 +27,6 @@ def kind(task: str) -> str:
     return INFERENCE if task == "inference" else TRAINING
 
 
-def axis_names(task: str) -> tuple[str, ...]:
-    """Every axis of the task's kind (``calc.plan.axes``), in table order."""
-    return tuple(a.name for a in axes_for(kind(task)))
-
-
 def explorable(task: str) -> tuple[str, ...]:
     """The axes the user may ask the planner to enumerate (``calc.plan.axes``; the micro-batch
     is always enumerated, in bulk)."""

@@ -182,8 +182,3 @@ share the job, ``calc.plan.layouts``) comes first, the size axis (micro-batch) l
 def axes_for(kind: str) -> tuple[Axis, ...]:
     """The axes that apply to a job kind."""
     return tuple(a for a in AXES if kind in a.kinds)
-
-
-def multi_gpu_training_modelled() -> bool:
-    """True once some axis models how 2+ GPUs share a training job."""
-    return any(a.shards for a in AXES)
