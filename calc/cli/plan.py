@@ -203,7 +203,8 @@ def _changes(
             axis.apply(fields, value, ctx)
     job = make_job(kind, fields, ctx)
     common: dict[str, Any] = dict(gpu=args.gpu, gpu_count=args.gpus, device=args.device,
-                  error_bars=not args.no_error_bars, parallel=want.get("parallel"))  # fmt: skip
+                                  error_bars=not args.no_error_bars,
+                                  parallel=want.get("parallel"))  # fmt: skip
     current = P.evaluate(model, job, **common)
     return P.changes_to_fit(model, job, **common), current
 

@@ -240,7 +240,6 @@ def replay_stage(
     if plan.schedule == "interleaved-1f1b":
         return _replay_interleaved(model, job, plan, device, tp_comm)
     layers = plan.n_layers if n_layers is None else n_layers
-    m = plan.microbatches
     tape, sh, w, keep, shapes, cos, sin = _stage_tape(model, job, plan, device, tp_comm, layers)
     recv_act: list[Tensor] = []
     recv_grad: list[Tensor] = []
@@ -276,10 +275,7 @@ def replay_stage(
                 sent.append(tape.grads.pop(id(recv_act[i].storage)))
                 if plan.schedule == "1f1b" and len(sent) > 1:
                     tape.drop(sent.pop(0))  # the previous send's ops are replaced
-        _end_step(tape, plan, sent, [*losses.values()], m, chunks)  # the schedule returns
-        tape.phase = f"step{step}/optimizer"
-        tape.segment = "optimizer"
-        tail.step(tape, first_step=step == 1)
+        _end_step(tape, plan, step, sent, [*losses.values()], chunks, tail)
     return tape.events
 
 
@@ -293,25 +289,31 @@ def _begin_step(tape: Tape, step: int, chunks: list[Tensor]) -> list[Tensor]:
 
 
 def _end_step(
-    tape: Tape, plan: StagePlan, sent: list[Tensor], losses: list[Tensor], m: int,
-    chunks: list[Tensor],
+    tape: Tape, plan: StagePlan, step: int, sent: list[Tensor], losses: list[Tensor],
+    chunks: list[Tensor], tail: OptimizerTail,
 ) -> None:  # fmt: skip
-    """The schedule's step returns: its send lists and losses die; the last stage's
-    ``merge_chunks`` concatenates the ``m`` micro-batches' logits (``torch.cat``), returned and
-    dropped."""
+    """The schedule's ``step`` returns: its send lists and losses die; the last stage's
+    ``merge_chunks`` concatenates the micro-batches' logits (``torch.cat``), returned and
+    dropped. Then the optimizer step (``tail``)."""
     tape.drop(*sent, *losses)
     if plan.last:
         tape.segment = "head"
-        merged = tape.new(m * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits")
+        merged = tape.new(
+            plan.microbatches * chunks[0].numel, chunks[0].itemsize, "pp.merged_logits"
+        )
         tape.drop(merged)
+    tape.phase = f"step{step}/optimizer"
+    tape.segment = "optimizer"
+    tail.step(tape, first_step=step == 1)
 
 
 def _recv_buffers(
     tape: Tape, sh: reference.Shape, plan: StagePlan
 ) -> tuple[list[Tensor], list[Tensor]]:
     """The stage's receive buffers, made by its first step (``PipelineStage`` allocates them
-    once and keeps them): one activation ``[b, s, h]`` per micro-batch unless it is the first stage (a leaf: its ``.grad`` is what is sent back), one
-    gradient per micro-batch unless it is the last."""
+    once and keeps them): one activation ``[b, s, h]`` per micro-batch unless it is the first
+    stage (a leaf: its ``.grad`` is what is sent back), one gradient per micro-batch unless it
+    is the last."""
     act = sh.b * sh.s * sh.h
     recv_act: list[Tensor] = []
     for _ in range(plan.microbatches if not plan.first else 0):
@@ -408,10 +410,7 @@ def _replay_interleaved(
             tape.drop(out)
             if (k, i) in recv_act:  # the input's gradient: read from .grad, set to None, sent
                 sent.append(tape.grads.pop(id(recv_act[k, i].storage)))
-        _end_step(tape, plan, sent, [*losses.values()], m, chunks)
-        tape.phase = f"step{step}/optimizer"
-        tape.segment = "optimizer"
-        tail.step(tape, first_step=step == 1)
+        _end_step(tape, plan, step, sent, [*losses.values()], chunks, tail)
     return tape.events
 
 

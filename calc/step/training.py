@@ -36,9 +36,8 @@ def shape_for(
 ) -> reference.Shape:  # fmt: skip
     """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
     model is one tensor-parallel rank's (`calc.parallel.tensor`), with its all-reduces."""
-    p_attn0 = model.attention_dropout if job.dropout is None else job.dropout
-    kernel = cpu_backend(attention_kernel(model, job), p_attn0)
     p_attn = model.attention_dropout if job.dropout is None else job.dropout
+    kernel = cpu_backend(attention_kernel(model, job), p_attn)
     p_hidden = model.hidden_dropout if job.dropout is None else job.dropout
     p_embed = model.embedding_dropout if job.dropout is None else job.dropout
     w = WEIGHT_ITEMSIZE[job.precision]
