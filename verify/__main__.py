@@ -74,8 +74,10 @@ def _shown(path: Path) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.cuda_alloc is not None and _alloc_env(args.cuda_alloc) != dict(os.environ):
-        return _rerun_with(_alloc_env(args.cuda_alloc), argv)
+    if args.cuda_alloc is not None:
+        env = _alloc_env(args.cuda_alloc)
+        if env != dict(os.environ):
+            return _rerun_with(env, argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("--device cuda: no CUDA device is available", file=sys.stderr)
         return 2
