@@ -31,7 +31,7 @@ from calc.replay import timeline
 from calc.step.inference import replay_inference
 from calc.step.pipeline import StagePlan, replay_stage
 from calc.step.sizes import values_for
-from calc.step.training import replay_training
+from calc.step.training import replay_training, replayed_micro_batches
 
 CUBLAS_WORKSPACE_BYTES = 32 * 1024 * 1024
 """cuBLAS workspace per (handle, stream) on sm90 (H100/H200): ``getChosenWorkspaceSize`` in
@@ -60,9 +60,11 @@ class Compiled:
 
 
 def _job_structure(job: Training | Inference) -> Training | Inference:
-    """The job with its sizes (which are symbols in the replay) set to 1."""
+    """The job with its sizes (which are symbols in the replay) set to 1, and its accumulation
+    count cut to the micro-batches the replay plays out (`calc.step.training.replayed_micro_batches`):
+    every ``grad_accum >= 2`` shares one structure."""
     if isinstance(job, Training):
-        return replace(job, micro_batch=1, seq_len=1)
+        return replace(job, micro_batch=1, seq_len=1, grad_accum=replayed_micro_batches(job))
     return replace(job, batch=1, context=1, prompt=None)
 
 

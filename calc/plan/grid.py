@@ -29,6 +29,7 @@ from calc.data.cards import calc_source_digest, read_plan_cache, write_plan_cach
 from calc.estimate import core as _estimate
 from calc.estimate.core import SINGLE, ReplayOptions, StructureKey
 from calc.plan.program import program_from_json, program_to_json, to_program
+from calc.step.training import replayed_micro_batches
 
 CACHE_FORMAT = 3
 """Version of the cache entries' layout (part of the cache key)."""
@@ -108,11 +109,10 @@ def _grad_entry(entry: list) -> tuple:
 
 
 def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
-    """``job`` with ``grad_accum`` beyond 2 set to 2: the replay accumulates identically from the
-    second micro-batch on, so the peaks agree (tests/calc/plan/test_grid.py checks it) and one
-    compile serves every accumulation count >= 2."""
-    if isinstance(job, Training) and job.grad_accum > 2:
-        return replace(job, grad_accum=2)
+    """``job`` with ``grad_accum`` cut to the micro-batches the replay plays out
+    (`calc.step.training.replayed_micro_batches`): one compile serves every count >= 2."""
+    if isinstance(job, Training):
+        return replace(job, grad_accum=replayed_micro_batches(job))
     return job
 
 

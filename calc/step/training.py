@@ -220,6 +220,19 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
     return loss
 
 
+REPLAYED_MICRO_BATCHES = 2
+"""Micro-batches of a step the replay plays out. From the second on, every micro-batch finds
+the same tensors alive (the accumulated gradients, the optimizer states, the loss scaler) and
+allocates and frees the same ones, so its events repeat the second's exactly: the peak over any
+``grad_accum >= 2`` is the peak over two (tests/calc/step/test_training.py replays up to six
+in full and compares). Bounding the replay keeps time and memory constant in ``grad_accum``."""
+
+
+def replayed_micro_batches(job: Training) -> int:
+    """How many of ``job``'s micro-batches a step's replay plays out (`REPLAYED_MICRO_BATCHES`)."""
+    return min(job.grad_accum, REPLAYED_MICRO_BATCHES)
+
+
 def run_steps(
     job: Training,
     setup: StepSetup,
@@ -227,7 +240,8 @@ def run_steps(
     dp: ReplayPlan | None,
     size_values: SizeValues,
 ) -> list[Event]:
-    """Steps 1 and 2: ``grad_accum`` forward/backward pairs, then the optimizer step
+    """Steps 1 and 2: ``grad_accum`` forward/backward pairs (at most `REPLAYED_MICRO_BATCHES` of
+    them played out: the rest repeat), then the optimizer step
     (`calc.step.optimizer.optimizer_step`; none on the GPU when ``dp`` offloads it)."""
     tape, fsdp = setup.tape, setup.fsdp
     stepper = OptimizerTail(
@@ -236,7 +250,7 @@ def run_steps(
     )  # fmt: skip
     scaler: list = []
     for step in (1, 2):
-        for mb in range(job.grad_accum):
+        for mb in range(replayed_micro_batches(job)):
             tape.phase = f"step{step}/forward"
             tape.segment = "embed"
             loss = forward(setup, job)

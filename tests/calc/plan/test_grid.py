@@ -99,17 +99,6 @@ def test_grid_peaks_equal_estimate(which: int, sizes: list, device: str) -> None
         assert est.phases[got.phases[int(got.phase_index[i])]] == est.peak_bytes
 
 
-@pytest.mark.parametrize("precision", ["fp32", "amp-fp16", "bf16-master"])
-@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
-def test_grad_accum_beyond_two_peaks_like_two(precision: str, optimizer: str) -> None:
-    """The planner compiles grad_accum >= 2 once (as 2): check the replay agrees."""
-    job = calc.Training(micro_batch=2, seq_len=8, precision=precision, optimizer=optimizer,
-                        implementation="reference")  # fmt: skip
-    two = _est(replace(job, grad_accum=2), "cuda")
-    assert _est(replace(job, grad_accum=3), "cuda") == two
-    assert _est(replace(job, grad_accum=5), "cuda") == two
-
-
 def test_persistent_cache_round_trip(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
     G.clear_memory_cache()
