@@ -237,8 +237,11 @@ def evaluate(
     storages outside the replay: ``(breakdown key, bytes in step 1, bytes from step 2 on)``."""
     vals = values_for(model, job)
     args = [vals[sym] for sym in S.ALL_SYMBOLS]
-    sizes = np.array(comp.sizes_fn(*args), dtype=np.int64)
     tl = comp.timeline
+    raw_sizes = comp.sizes_fn(*args)
+    if timeline.exceeds_exact_range(tl, raw_sizes, model.n_layers):
+        raise ValueError(_too_large(job))
+    sizes = np.array(raw_sizes, dtype=np.int64)
     tot = timeline.totals(tl, sizes, model.n_layers)
     extra, dev_notes = _device_terms(job, device)
     tot = tot + extra
@@ -262,6 +265,18 @@ def evaluate(
         values=vals,
         device=device,
         notes=(f"attention kernel: {key.attention_kernel}", *dev_notes, *notes),
+    )
+
+
+def _too_large(job: Training | Inference) -> str:
+    """The message for a job whose byte counts leave the exact range (`timeline.EXACT_BYTES_LIMIT`)."""
+    if isinstance(job, Training):
+        sizes = f"micro_batch={job.micro_batch:,}, seq_len={job.seq_len:,}"
+    else:
+        sizes = f"batch={job.batch:,}, context={job.context:,}"
+    return (
+        f"{sizes}: the memory of this job reaches 2**53 bytes (8 PiB), beyond what the "
+        "estimate computes exactly; use smaller sizes"
     )
 
 

@@ -191,6 +191,24 @@ def step1_mask(phases: Sequence[str]) -> np.ndarray:
     return np.array([p.startswith("step1/") for p in phases], dtype=bool)
 
 
+EXACT_BYTES_LIMIT = 1 << 53
+"""Byte counts below this are exact everywhere a replay is evaluated: in the float64 that
+``lambdify`` uses for the rounded sizes (integers up to 2**53 are exact in a double, IEEE 754)
+and in the int64 sums of the totals (2**53 x the few thousand terms of a candidate stays far
+below 2**63). 2**53 bytes is 8 PiB, a million times any GPU."""
+
+
+def exceeds_exact_range(tl: Timeline, size_values: Sequence[int], n_layers: int) -> bool:
+    """Whether a size or a partial sum of a candidate's live bytes could reach
+    `EXACT_BYTES_LIMIT`: a bound from the counts' absolute values, computed in float64 (which
+    cannot wrap), so an int64 total that would overflow is never computed."""
+    sizes = np.asarray([float(v) for v in size_values], dtype=np.float64)
+    if sizes.size and float(np.abs(sizes).max()) >= EXACT_BYTES_LIMIT:
+        return True
+    bound = (np.abs(tl.c0) + n_layers * np.abs(tl.c1)).astype(np.float64) @ np.abs(sizes)
+    return bool(bound.size) and float(bound.max()) >= EXACT_BYTES_LIMIT
+
+
 def totals(tl: Timeline, size_values: np.ndarray, n_layers: int) -> np.ndarray:
     """Live bytes of every candidate for the given size values and layer count."""
     return (tl.c0 + n_layers * tl.c1) @ size_values
