@@ -8,12 +8,14 @@ import importlib
 import io
 import json
 import re
+import shlex
 import unicodedata
 from pathlib import Path
 
 import pytest
 
 import calc
+from calc.cli.main import main as calc_main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -201,3 +203,23 @@ def test_readme_holds_the_set_up_commands_that_ci_and_the_scripts_use() -> None:
     assert ci and setup == ["bash scripts/run.sh", "bash scripts/test.sh"]
     for command in (*ci, *setup):
         assert command in shown, f"README's bash block lacks {command!r}"
+
+
+def _cli_examples() -> list[str]:
+    """The ``python -m calc`` lines of docs/cli.md's bash blocks whose files exist here."""
+    lines = [
+        line.strip()
+        for body in _blocks(_text(ROOT / "docs" / "cli.md"), "bash")
+        for line in body.splitlines()
+        if line.strip().startswith("python -m calc ") and "./my-model" not in line
+    ]
+    return lines
+
+
+@pytest.mark.parametrize("line", _cli_examples())
+def test_cli_examples_run(line: str) -> None:
+    """Every command-line example of docs/cli.md exits 0 (issue 16: the inference example
+    exited 2)."""
+    argv = shlex.split(line.split("#", 1)[0])[3:]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert calc_main(argv) == 0, line

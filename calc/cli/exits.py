@@ -12,8 +12,9 @@ BAD_INPUT = 2
 
 def run_reporting_errors(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """``run(args)``; a ``ValueError`` (bad input) prints ``error: ...`` and a
-    ``NotImplementedError`` (not modelled yet) ``not supported yet: ...``, both returning
-    `BAD_INPUT`."""
+    ``NotImplementedError`` (not modelled yet) ``not supported yet: ...``, a job too large for
+    this machine (``MemoryError``, ``OverflowError``, ``RecursionError``) ``error: ...``, all
+    returning `BAD_INPUT`."""
     try:
         return run(args)
     except ValueError as exc:
@@ -21,4 +22,10 @@ def run_reporting_errors(run: Callable[[argparse.Namespace], int], args: argpars
         return BAD_INPUT
     except NotImplementedError as exc:
         print(f"not supported yet: {exc}", file=sys.stderr)
+        return BAD_INPUT
+    except (MemoryError, OverflowError, RecursionError) as exc:
+        kind = type(exc).__name__
+        print(
+            f"error: this job is too large to compute ({kind}); use smaller sizes", file=sys.stderr
+        )
         return BAD_INPUT

@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m calc",
         description="Predict the peak GPU memory (torch.cuda.max_memory_allocated) of one "
         "training step or one inference prefill, per GPU, and whether it fits.",
+        epilog="subcommands: 'python -m calc plan ...' (which configurations fit on which GPUs; "
+        "plan --help) and 'python -m calc report ...' (the least memory per task and weight "
+        "width; report --help).",
     )
     model = p.add_argument_group("model")
     src = model.add_mutually_exclusive_group()
@@ -350,7 +353,9 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(f"peak phase: {est.peak_phase} (at {est.peak_event})")
     print(f"peak:       {format_gib(peak)} ({peak:,} bytes)")
-    if parallel is not None:
+    if parallel is not None and parallel.is_single:
+        print("rank:       one GPU: the layout options above have no effect")
+    elif parallel is not None:
         peaks = sorted(set(est.rank_peaks.values()))
         spread = f"; ranks range {format_gib(peaks[0])} to {format_gib(peaks[-1])}"
         print(f"rank:       the most-loaded GPU is rank {est.rank} of {parallel.world_size}"

@@ -7,6 +7,7 @@ through the same fields (no second spelling).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -88,10 +89,9 @@ class Training:
         check_choice("implementation", self.implementation, IMPLEMENTATIONS)
         check_size("grad_accum", self.grad_accum, 1, 1 << 16)
         check_choice("zero_grad", self.zero_grad, ZERO_GRADS)
-        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, int | float):
-            raise ValueError(f"weight_decay={self.weight_decay!r} must be a number >= 0")
-        if self.weight_decay < 0:
-            raise ValueError(f"weight_decay={self.weight_decay} must be >= 0")
+        wd = self.weight_decay
+        if isinstance(wd, bool) or not isinstance(wd, int | float) or not 0 <= wd < math.inf:
+            raise ValueError(f"weight_decay={wd!r} must be a finite number >= 0")
         if self.dropout is not None:
             check_fraction("dropout", self.dropout)
         if self.optimizer_impl == "fused" and self.optimizer not in (

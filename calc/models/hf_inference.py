@@ -73,25 +73,28 @@ def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
     """Raise ``NotImplementedError`` for what this replay does not cover."""
     if model.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
         raise NotImplementedError(
-            f"implementation='hf' inference for {model.model_type} is not modelled yet"
+            f"implementation='hf' inference for {model.model_type} is not modelled yet; "
+            "implementation='reference' (--implementation reference) models it"
         )
     if sh.attention not in ("flash", "efficient"):
         raise NotImplementedError(
             f"implementation='hf' inference with attention kernel {sh.attention!r} is not "
-            "modelled yet"
+            "modelled yet; attention='sdpa' (flash or efficient) is"
         )
     if model.sliding_window is not None and model.sliding_window <= job.context:
         # StaticSlidingWindowLayer keeps min(window, context) tokens, and sdpa_mask builds the
         # sliding mask once kv_length >= window (measured: window == context builds it too)
         raise NotImplementedError(
             "implementation='hf' inference with a sliding window not longer than the context "
-            "is not modelled yet"
+            "is not modelled yet; a context up to the window is, and implementation='reference' "
+            "(--implementation reference: attention over the whole context, no window) is"
         )
     if job.prompt_len == 1:
         # a one-token forward over a compileable cache never skips the mask (decode's path:
         # sdpa_mask, pack_gqa, no cropping)
         raise NotImplementedError(
-            "implementation='hf' inference of a one-token prompt is not modelled yet"
+            "implementation='hf' inference of a one-token prompt is not modelled yet; "
+            "implementation='reference' (--implementation reference) models it"
         )
 
 

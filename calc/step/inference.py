@@ -86,7 +86,10 @@ def _check(model: ModelSpec, job: Inference, sh: reference.Shape) -> None:
     if job.implementation != "reference":
         raise NotImplementedError(f"implementation={job.implementation!r} is not modelled yet")
     if sh.attention not in ("flash", "efficient"):
-        raise NotImplementedError(f"attention kernel {sh.attention!r} is not modelled yet")
+        raise NotImplementedError(
+            f"inference with attention kernel {sh.attention!r} is not modelled yet; "
+            "attention='sdpa' (flash or efficient) is"
+        )
 
 
 def replay_inference(

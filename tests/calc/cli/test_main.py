@@ -345,3 +345,67 @@ def test_end_to_end_table_shows_the_peak() -> None:
     assert proc.returncode == 0, proc.stderr
     est = calc.estimate(calc.load_card("qwen2.5-0.5b"), calc.Inference(batch=2, context=256))
     assert float(est.peak_bytes) in numbers(proc.stdout)
+
+
+# ----------------------------------------------------------------------------- issue 16
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [["--pp-schedule", "gpipe"], ["--no-reshard-after-forward"], ["--ddp-bucket-mib", "5"],
+     ["--gradient-as-bucket-view"]],
+)  # fmt: skip
+def test_layout_options_on_one_gpu_answer_and_say_they_do_nothing(flag, capsys) -> None:
+    """They raised IndexError (no rank peaks on one GPU)."""
+    code, out, err = run_cli(["--card", "gpt2", "--seq-len", "64", *flag], capsys)
+    assert code == 0, err
+    assert "one GPU: the layout options above have no effect" in out
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_weight_decay_must_be_finite(value, capsys) -> None:
+    code, _, err = run_cli(["--card", "gpt2", "--weight-decay", value], capsys)
+    assert code == 2
+    assert err.startswith("error: weight_decay=") and "finite number >= 0" in err
+
+
+def test_sizes_beyond_exact_arithmetic_exit_2_in_one_line(capsys) -> None:
+    argv = ["--card", "llama-3.1-8b", "--micro-batch", "1048576", "--seq-len", "16777216"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "micro_batch=1,048,576" in err
+
+
+@pytest.mark.parametrize("exc", [MemoryError(), OverflowError("int too large"), RecursionError()])
+def test_a_job_too_large_for_the_machine_exits_2_in_one_line(exc, monkeypatch, capsys) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(cli, "estimate", boom)
+    code, _, err = run_cli(["--card", "gpt2"], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert err.startswith("error: this job is too large to compute")
+
+
+def test_help_names_the_subcommands(capsys) -> None:
+    code, out, _ = run_cli(["--help"], capsys)
+    assert code == 0
+    assert "python -m calc plan" in out and "python -m calc report" in out
+
+
+@pytest.mark.parametrize(
+    "argv, instead",
+    [
+        (["--card", "mistral-7b-v0.1", "--task", "infer", "--batch", "1", "--context", "8192"],
+         "--implementation reference"),
+        (["--card", "gpt2", "--task", "infer", "--batch", "1", "--context", "64"], "--implementation reference"),
+        (["--card", "llama-3.1-8b", "--task", "infer", "--batch", "1", "--context", "64", "--attention", "eager"],
+         "attention='sdpa'"),
+        (["--card", "llama-3.1-8b", "--seq-len", "64", "--attention", "eager"], "precision='bf16'"),
+        (["--card", "llama-3.1-8b", "--seq-len", "64", "--dropout", "0.1"], "--implementation reference"),
+    ],
+)  # fmt: skip
+def test_not_modelled_says_what_works_instead(argv, instead, capsys) -> None:
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and err.startswith("not supported yet:")
+    assert instead in err

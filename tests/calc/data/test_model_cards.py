@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import sympy as sp
 
 from calc import symbols as S
 from calc.config.model_spec import ModelSpec
-from calc.data.cards import list_cards, load_card, load_card_config, published_params
+from calc.data.cards import (
+    list_cards,
+    load_card,
+    load_card_config,
+    plan_cache_dir,
+    published_params,
+)
 
 EXPECTED_CARDS = {
     "gpt2",
@@ -141,3 +149,8 @@ def test_with_overrides_scales_down() -> None:
     assert spec.n_params < load_card("llama-2-7b").n_params
     with pytest.raises(ValueError, match="n_layers"):
         load_card("llama-2-7b").with_overrides(n_layers=0)
+
+
+def test_the_test_suite_never_writes_into_the_users_cache() -> None:
+    """tests/conftest.py points the planner's disk cache at a folder of the run (issue 16)."""
+    assert plan_cache_dir() != Path.home() / ".cache" / "vramplan"
