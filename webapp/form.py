@@ -464,11 +464,11 @@ def parse_value(field: FormField, text: str) -> object:
     except ValueError:
         kind = "an integer" if is_int else "a number"
         raise ValueError(
-            f"{field.name}={text!r} must be {kind} in [{field.low:g}, {field.high:g}]"
+            f"{field.name}={text!r} must be {kind} in [{_bound(field.low)}, {_bound(field.high)}]"
         ) from None
     if not (math.isfinite(value) and field.low <= value <= field.high):
         raise ValueError(
-            f"{field.name}={text!r} is out of range: allowed [{field.low:g}, {field.high:g}]"
+            f"{field.name}={text!r} is out of range: allowed [{_bound(field.low)}, {_bound(field.high)}]"
         )
     return value
 
@@ -503,6 +503,40 @@ def _first(value: object) -> str:
     return str(value)
 
 
+def known_params() -> set[str]:
+    """Every query parameter a link may carry: the page's, the planner's and each task's fields."""
+    fields = {f.name for task in TASKS for f in fields_of(task)}
+    return {"task", "card", "gpu", "device", "config", *PLAN_PARAMS, *fields}
+
+
+def _bound(x: float) -> str:
+    """A range bound as people write it: ``1,048,576`` rather than ``1.04858e+06``."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def _catalog_values(
+    get: Mapping[str, str], state: dict[str, object], cards: tuple[str, ...], gpus: tuple[str, ...]
+) -> list[str]:
+    """Card, GPU and device from the link into ``state``; a warning naming the default kept for
+    each value that is not in its catalog."""
+    catalog = (
+        ("card", cards, "is not a known model card"),
+        ("gpu", gpus, "is not in the GPU catalog"),
+        ("device", jobs.DEVICES, f"is not one of {jobs.DEVICES}"),
+    )
+    warnings = []
+    for name, known, why in catalog:
+        if name not in get:
+            continue
+        value = get[name].strip().lower() if name == "card" else get[name]
+        if value in known:
+            state[name] = value
+        else:
+            kept = repr(state[name]) if state[name] else f"the default {name}"
+            warnings.append(f"{name}={get[name]!r} {why}: using {kept}")
+    return warnings
+
+
 def from_query(
     params: Mapping[str, object], cards: tuple[str, ...], gpus: tuple[str, ...]
 ) -> tuple[dict[str, object], list[str]]:
@@ -511,24 +545,18 @@ def from_query(
     state = defaults()
     warnings: list[str] = []
     get = {k: _first(v) for k, v in params.items()}
+    unknown = sorted(set(get) - known_params())
+    if unknown:
+        names = ", ".join(map(repr, unknown))
+        warnings.append(
+            f"unknown link parameter {names} ignored; known: {', '.join(sorted(known_params()))}"
+        )
     task = get.get("task", "train")
     if task not in TASKS:
         warnings.append(f"task={task!r} is not one of {TASKS}: using 'train'")
         task = "train"
     state["task"] = task
-    catalog = (
-        ("card", cards, "is not a known model card"),
-        ("gpu", gpus, "is not in the GPU catalog"),
-        ("device", jobs.DEVICES, f"is not one of {jobs.DEVICES}"),
-    )
-    for name, known, why in catalog:
-        if name not in get:
-            continue
-        value = get[name].strip().lower() if name == "card" else get[name]
-        if value in known:
-            state[name] = value
-        else:
-            warnings.append(f"{name}={get[name]!r} {why}")
+    warnings += _catalog_values(get, state, cards, gpus)
     if "config" in get:
         state["source"] = "paste"
         state["config"] = get["config"]

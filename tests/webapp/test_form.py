@@ -243,3 +243,35 @@ def test_arbitrary_uploads_raise_nothing_but_value_error(data: bytes | str) -> N
         from_config_bytes(data)
     except ValueError:
         pass
+
+
+# ----------------------------------------------------------------------------- issue 16
+
+
+def test_unknown_link_parameters_are_named_in_a_warning() -> None:
+    state, warnings = form.from_query({"micro_bach": "4", "utm_source": "x"}, CARDS, GPUS)
+    assert state == {**form.defaults(), "task": "train"}
+    assert len(warnings) == 1
+    assert "'micro_bach'" in warnings[0] and "'utm_source'" in warnings[0]
+    assert "micro_batch" in warnings[0]  # the known names are listed
+
+
+def test_every_parameter_a_link_writes_is_known() -> None:
+    """``to_query`` of a state with every field changed writes only names ``from_query`` knows."""
+    for task in form.TASKS:
+        written = form.to_query(
+            {**form.defaults(), "task": task, "gpu": "h100-80gb", "device": "cpu"}
+        )
+        assert set(written) <= form.known_params()
+
+
+def test_an_unknown_card_or_gpu_names_the_default_used() -> None:
+    _, warnings = form.from_query({"card": "nope", "gpu": "nope"}, CARDS, GPUS)
+    assert f"card='nope' is not a known model card: using {form.defaults()['card']!r}" in warnings
+    assert "gpu='nope' is not in the GPU catalog: using the default gpu" in warnings
+
+
+def test_range_bounds_are_written_as_integers() -> None:
+    """The bound of micro_batch printed as ``1,048,576``, not ``1.04858e+06``."""
+    _, warnings = form.from_query({"micro_batch": "99999999"}, CARDS, GPUS)
+    assert warnings == ["micro_batch='99999999' is out of range: allowed [1, 1,048,576]: using 1"]
