@@ -68,6 +68,13 @@ def _default_gpu(catalog: dict[str, gpus.GPU]) -> str:
     return "h100-80gb" if "h100-80gb" in catalog else next(iter(catalog))
 
 
+TUPLE_KEYS: frozenset[str] = frozenset(
+    k for k, v in form.defaults().items() if isinstance(v, tuple)
+)
+"""State keys whose values are tuples (the form's multiselects): a list from the widget would
+compare unequal to the default and open its section's expander after any change."""
+
+
 def page_state() -> dict:
     """The page state, created from the URL's query parameters on the session's first run."""
     if STATE not in st.session_state:
@@ -80,7 +87,8 @@ def page_state() -> dict:
     state = st.session_state[STATE]
     for key in state:  # widgets drawn by a page (the planner's) changed since the last run
         if key in st.session_state:
-            state[key] = st.session_state[key]
+            value = st.session_state[key]  # a multiselect gives a list where the form keeps a
+            state[key] = tuple(value) if key in TUPLE_KEYS else value  # tuple (its default's type)
     return state
 
 

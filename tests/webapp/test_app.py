@@ -527,3 +527,35 @@ def test_planner_page_changes_to_fit_list_changes_that_fit(plan_cache) -> None:
         peak = calc.estimate(model, job).peak_bytes
         assert peak <= usable, (text, peak)
         assert f"peak {peak / 2**30:.2f} GiB" in text
+
+
+# ----------------------------------------------------------------------------- issue 16
+
+
+def test_sizes_beyond_exact_arithmetic_are_one_error_line() -> None:
+    """This link showed a raw traceback with server paths (an OverflowError after the estimate)."""
+    at = _app({"card": "llama-3.1-8b", "micro_batch": "1048576", "seq_len": "16777216"})
+    assert not at.exception
+    assert [str(e.value) for e in at.error] == [
+        "micro_batch=1,048,576, seq_len=16,777,216: the memory of this job reaches 2**53 bytes "
+        "(8 PiB), beyond what the estimate computes exactly; use smaller sizes"
+    ]
+
+
+def test_the_largest_accumulation_answers_like_two() -> None:
+    """``grad_accum=1000`` ran the server out of memory (every micro-batch was replayed); any
+    count from 2 on has the peak of 2 (the later micro-batches repeat the second)."""
+    at = _app({"card": "gpt2", "grad_accum": "65536"})
+    assert not at.exception and not at.error
+    two = calc.estimate(
+        calc.load_card("gpt2"), calc.Training(micro_batch=1, seq_len=2048, grad_accum=2)
+    )
+    assert _metric(at, "peak per GPU").startswith(_expected_gib(two.peak_bytes))
+
+
+def test_a_change_does_not_open_the_compression_section() -> None:
+    """The LoRA modules' multiselect gave a list where the default is a tuple: after any change
+    the compression expander opened by itself."""
+    at = _app({"card": "gpt2"})
+    at.number_input(key="train.micro_batch").set_value(2).run()
+    assert {e.label: e.proto.expanded for e in at.expander}["compression"] is False
