@@ -1,7 +1,7 @@
 # Sourced by scripts/test.sh and scripts/run.sh: create .venv if missing and install this project
 # into it (editable: calc/data/cards.py reads model_cards/ beside the package) with the extras in $1
 # (comma-separated; empty for the core only).
-# The install is skipped when pyproject.toml and the extras are unchanged since the last one.
+# The install is skipped when pyproject.toml is unchanged and every extra asked for was installed.
 
 ensure_venv() {
     local extras="$1"
@@ -19,18 +19,21 @@ ensure_venv() {
         "$python" -m venv "$venv"
     fi
 
-    local spec="$root" name="core"
-    if [[ -n "$extras" ]]; then
-        spec="$root[$extras]"
-        name="${extras//,/-}"
-    fi
-    local stamp="$venv/.vramplan-install-$name"
-    local want
+    local spec="$root"
+    [[ -n "$extras" ]] && spec="$root[$extras]"
+    # One stamp per extra (and one for the core): an install with "verify,dev,app,e2e" (test.sh)
+    # also satisfies a later "app" (run.sh), so nothing is installed twice.
+    local want name missing=""
     want="$(sha256sum "$root/pyproject.toml" | cut -d' ' -f1)"
-    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    for name in core ${extras//,/ }; do
+        [[ "$(cat "$venv/.vramplan-install-$name" 2>/dev/null)" == "$want" ]] || missing=1
+    done
+    if [[ -n "$missing" ]]; then
         echo "==> pip install -e '$spec'" >&2
         "$venv/bin/python" -m pip install --quiet -e "$spec"
-        echo "$want" >"$stamp"
+        for name in core ${extras//,/ }; do
+            echo "$want" >"$venv/.vramplan-install-$name"
+        done
     fi
 
     export PATH="$venv/bin:$PATH"
