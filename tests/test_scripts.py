@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import shutil
-import tomllib
 import subprocess
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
