@@ -436,6 +436,11 @@ def _req_int(c: Mapping[str, object], key: str) -> int:
     if key not in c:
         raise ValueError(f"config is missing required key {key!r}")
     value = c[key]
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        raise ValueError(
+            f"{key}={value!r} must be a positive integer written without a decimal point or "
+            "exponent (JSON reads it as a floating-point number)"
+        )
     if not is_int(value) or value <= 0:
         raise ValueError(f"{key}={value!r} must be a positive integer")
     return value

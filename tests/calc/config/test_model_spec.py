@@ -209,3 +209,10 @@ def test_llama_family_closed_form(
     expected = vocab * h * (1 if tied else 2) + n_layers * per_layer + h
     assert spec.n_params == expected
     assert int(spec.n_params_expr.subs(spec.dims())) == expected
+
+
+@pytest.mark.parametrize("value", [1e30, 4096.0])
+def test_an_integral_float_size_says_it_is_read_as_a_float(value: float) -> None:
+    """``hidden_size: 1e30`` got "must be a positive integer", which 1e30 looks like (issue 16)."""
+    with pytest.raises(ValueError, match=r"hidden_size=.* without a decimal point or exponent"):
+        ModelSpec.from_hf_config({**LLAMA, "hidden_size": value})
