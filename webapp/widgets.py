@@ -65,7 +65,7 @@ def card_model(card_id: str) -> Model:
 
 
 def _default_gpu(catalog: dict[str, gpus.GPU]) -> str:
-    return "h100-80gb" if "h100-80gb" in catalog else next(iter(catalog))
+    return gpus.DEFAULT_GPU if gpus.DEFAULT_GPU in catalog else next(iter(catalog))
 
 
 TUPLE_KEYS: frozenset[str] = frozenset(

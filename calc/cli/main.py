@@ -26,6 +26,7 @@ from calc.config import jobs
 from calc.config.jobs import Inference, Training
 from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.data.cards import list_cards
+from calc.data.gpus import DEFAULT_GPU, get_gpu
 from calc.estimate.api import estimate
 from calc.estimate.result import GIB, Estimate
 
@@ -165,7 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="predict torch.cuda.max_memory_allocated (cuda, default) or the CPU tracker (cpu)",
     )
     out.add_argument(
-        "--gpu-gib", type=float, default=80.0, help="GPU memory for the verdict (default 80)"
+        "--gpu",
+        default=DEFAULT_GPU,
+        help=f"GPU catalog id for the verdict: its usable memory, as the app and the planner "
+        f"use it (default {DEFAULT_GPU}; python -m calc plan --list-gpus)",
+    )
+    out.add_argument(
+        "--gpu-gib", type=float, help="GPU memory for the verdict in GiB, instead of --gpu's"
     )
     out.add_argument("--depth", type=int, help="show the breakdown down to this depth (1 = top)")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -216,7 +223,7 @@ def build_parallel(args: argparse.Namespace) -> Parallelism | None:
 
 def check_output_args(args: argparse.Namespace) -> None:
     """Validate the display options (the job classes validate the job's)."""
-    if not (math.isfinite(args.gpu_gib) and args.gpu_gib > 0):
+    if args.gpu_gib is not None and not (math.isfinite(args.gpu_gib) and args.gpu_gib > 0):
         raise ValueError(f"gpu_gib={args.gpu_gib} must be a positive, finite number of GiB")
     if args.depth is not None and args.depth < 1:
         raise ValueError(f"depth={args.depth} must be an integer >= 1")
@@ -263,12 +270,21 @@ def format_gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
-def verdict(peak_bytes: int, gpu_gib: float) -> tuple[bool, int, str]:
-    """Whether ``peak_bytes`` fits in ``gpu_gib`` GiB, the headroom in bytes (negative when it
-    does not fit), and the sentence saying so."""
-    capacity = int(gpu_gib * GIB)
+def capacity(args: argparse.Namespace) -> tuple[int, str]:
+    """The bytes the verdict compares with and their name: ``--gpu-gib`` when given, else the
+    usable memory of the ``--gpu`` catalog entry (`calc.data.gpus.GPU.usable_bytes`, what the
+    web app and the planner compare with, so the three agree)."""
+    if args.gpu_gib is not None:
+        return int(args.gpu_gib * GIB), f"{args.gpu_gib:g} GiB"
+    gpu = get_gpu(args.gpu)
+    return gpu.usable_bytes, f"{gpu.id} ({format_gib(gpu.usable_bytes)} usable)"
+
+
+def verdict(peak_bytes: int, capacity_bytes: int, size: str) -> tuple[bool, int, str]:
+    """Whether ``peak_bytes`` fits in ``capacity_bytes`` (named ``size``), the headroom in bytes
+    (negative when it does not fit), and the sentence saying so."""
+    capacity = capacity_bytes
     headroom = capacity - peak_bytes
-    size = f"{gpu_gib:g} GiB"
     if headroom >= 0:
         share = 100 * headroom / capacity
         return True, headroom, f"fits in {size} with {format_gib(headroom)} ({share:.1f}%) headroom"
@@ -308,7 +324,8 @@ def run(args: argparse.Namespace) -> int:
     parallel = build_parallel(args)
     est = estimate(model, job, parallel, device=args.device)
     peak = int(est.peak_bytes)
-    fits, headroom, sentence = verdict(peak, args.gpu_gib)
+    capacity_bytes, size = capacity(args)
+    fits, headroom, sentence = verdict(peak, capacity_bytes, size)
 
     if args.json:
         out = {
@@ -323,7 +340,8 @@ def run(args: argparse.Namespace) -> int:
             "peak_event": est.peak_event,
             "phases": {k: int(v) for k, v in est.phases.items()},
             "breakdown": {k: int(v) for k, v in est.breakdown.items()},
-            "gpu_gib": args.gpu_gib,
+            "gpu": None if args.gpu_gib is not None else args.gpu,
+            "gpu_gib": capacity_bytes / GIB,
             "fits": fits,
             "headroom_bytes": headroom,
         }

@@ -19,7 +19,7 @@ from calc.cli import model_source
 from calc.cli.exits import run_reporting_errors
 from calc.config.jobs import DEVICES
 from calc.config.model_spec import ModelSpec
-from calc.data.gpus import gpu_catalog
+from calc.data.gpus import DEFAULT_GPU, gpu_catalog
 from calc.estimate.result import GIB
 from calc.plan import planner as P
 from calc.plan.axes import axes_for
@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="sequences per optimizer step over all GPUs, or served at once (default 8)",
     )  # fmt: skip
     p.add_argument(
-        "--gpu", default="h100-80gb", help="GPU catalog id (default h100-80gb; --list-gpus)"
+        "--gpu", default=DEFAULT_GPU, help=f"GPU catalog id (default {DEFAULT_GPU}; --list-gpus)"
     )
     p.add_argument("--gpus", type=int, default=1, help="number of GPUs (default 1)")
     p.add_argument(

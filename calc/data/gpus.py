@@ -89,6 +89,10 @@ def gpu_catalog() -> dict[str, GPU]:
     return {g.id: g for g in gpus}
 
 
+DEFAULT_GPU = "h100-80gb"
+"""The GPU a verdict uses when none is named: the same in the CLI, the planner and the web app."""
+
+
 def get_gpu(gpu_id: str) -> GPU:
     """The catalog GPU ``gpu_id`` (case-insensitive); ``ValueError`` lists the known ids."""
     catalog = gpu_catalog()

@@ -409,3 +409,17 @@ def test_not_modelled_says_what_works_instead(argv, instead, capsys) -> None:
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.startswith("not supported yet:")
     assert instead in err
+
+
+def test_the_default_verdict_uses_the_h100s_usable_memory_like_the_app(capsys) -> None:
+    """The CLI compared with 80 GiB, the app with the catalog's 78.65 GiB usable (issue 16)."""
+    catalog = json.loads((Path(__file__).parents[3] / "hardware" / "gpus.json").read_text())
+    h100 = next(g for g in catalog["gpus"] if g["id"] == "h100-80gb")
+    code, out, _ = run_cli(["--card", "gpt2", "--seq-len", "64", "--json"], capsys)
+    assert code == 0
+    got = json.loads(out)
+    assert got["gpu"] == "h100-80gb"
+    assert round(got["gpu_gib"] * 2**30) == h100["total_bytes"] - h100["reserved_bytes"]
+    from webapp.widgets import _default_gpu
+
+    assert _default_gpu({"h100-80gb": None, "t4-16gb": None}) == "h100-80gb"  # type: ignore[dict-item]
