@@ -22,6 +22,17 @@ COLUMNS = {
 """How the planner's tables show their numbers."""
 
 
+def enumerated_and_held(result: planner.Plan) -> tuple[list[str], dict[str, object]]:
+    """The axes whose value differs between the plan's configurations (fitting or not), and the
+    value of each other axis, the same in every row: what the planner really enumerated and held
+    (on 2+ GPUs it enumerates the layout; a recipe the task fixes is held even when asked)."""
+    rows = display.plan_rows([*result.fitting, *result.excluded])
+    axes = [*result.axes, "grad_accum"]
+    varying = [a for a in axes if len({repr(r.get(a)) for r in rows}) > 1]
+    held = {a: rows[0].get(a) for a in axes if a not in varying} if rows else {}
+    return varying, held
+
+
 def kind(task: str) -> str:
     """``training`` or ``inference`` for a planner task."""
     return INFERENCE if task == "inference" else TRAINING

@@ -559,3 +559,22 @@ def test_a_change_does_not_open_the_compression_section() -> None:
     at = _app({"card": "gpt2"})
     at.number_input(key="train.micro_batch").set_value(2).run()
     assert {e.label: e.proto.expanded for e in at.expander}["compression"] is False
+
+
+def test_planner_on_two_gpus_shows_every_column_that_varies(plan_cache) -> None:
+    """On 2 GPUs the layout column was hidden: rows looked identical with different peaks, and
+    the caption named axes as enumerated that were held (issue 16)."""
+    at = _app({"card": CARD, "seq_len": "256", "gpu_count": "2"})
+    at.switch_page("webapp/pages/planner.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    numbers = {"rank", "peak_gib", "headroom_gib", "headroom_pct", "throughput_proxy", "error_bar"}
+    config = [c for c in table.columns if c not in numbers]
+    assert "parallel" in config
+    assert not table.duplicated(subset=config).any()  # each row is a different configuration
+    caption = next(c.value for c in at.caption if "Enumerated:" in c.value)
+    enumerated = caption.split("Enumerated: ", 1)[1].split(";", 1)[0].split(" x ")
+    assert set(enumerated) >= {c for c in config if table[c].nunique() > 1}
+    held = caption.split("the same in every configuration: ", 1)[1]
+    for axis in enumerated:
+        assert f"{axis}=" not in held

@@ -57,15 +57,6 @@ request = planning.Request.make(
     job=inputs.job,
     explore=tuple(state["plan.explore"]),
 )
-pinned = (
-    ", ".join(f"{axis}={value}" for axis, value in request.fixed)
-    or "nothing (the job classes' defaults)"
-)
-st.caption(
-    f"{inputs.model.label}, {seq_len} tokens per sequence (sidebar), "
-    f"{state['plan.gpu_count']} x {inputs.gpu.name}. Enumerates "
-    f"{' x '.join([*state['plan.explore'], 'micro-batch'])}; pinned to the sidebar: {pinned}."
-)
 try:
     planning.precompile(inputs.model, request)
     result = planning.plan(inputs.model, request)
@@ -73,12 +64,19 @@ except (ValueError, NotImplementedError) as exc:
     st.warning(f"the planner cannot answer this: {exc}", icon=":material/construction:")
     st.stop()
 
+varying, held = planning.enumerated_and_held(result)
+st.caption(
+    f"{inputs.model.label}, {seq_len} tokens per sequence (sidebar), "
+    f"{state['plan.gpu_count']} x {inputs.gpu.name}. Enumerated: "
+    f"{' x '.join(varying) or 'nothing'}; the same in every configuration: "
+    f"{', '.join(f'{axis}={value}' for axis, value in held.items()) or 'nothing'}."
+)
 (st.success if result.best is not None else st.error)(result.verdict())
 st.subheader(f"{len(result.fitting)} of {result.n_configurations} configurations fit")
 if result.fitting:
     table = pd.DataFrame(display.plan_rows(result.ranked(state["plan.rank_by"])))
-    # axes not explored hold the sidebar's value in every row: the caption says them
-    same = [c for c in result.axes if c not in (*state["plan.explore"], "micro_batch")]
+    # an axis with one value in every configuration is in the caption; every other is a column
+    same = [c for c in held if c in table.columns]
     st.dataframe(
         table.drop(columns=["reason", *same]),
         hide_index=True,
