@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import streamlit as st
 
@@ -91,6 +92,36 @@ class Request:
         )  # fmt: skip
 
 
+def default_task(sidebar_task: str) -> str:
+    """The planner's task when the page has none yet: serving for an inference sidebar."""
+    return "inference" if sidebar_task == "infer" else "full-finetune"
+
+
+def page_request(
+    model_key: str, state: Mapping[str, object], sidebar_task: str, gpu: str,
+    device: str, job: calc.Training | calc.Inference,
+) -> Request:  # fmt: skip
+    """The request the planner page makes from the page state (its widgets' values)."""
+    seq_len = job.seq_len if isinstance(job, calc.Training) else job.context
+    return Request.make(
+        model_key=model_key, task=str(state["plan.task"] or default_task(sidebar_task)),
+        seq_len=seq_len, global_batch=int(state["plan.global_batch"]),  # type: ignore[call-overload]
+        gpu=gpu, gpu_count=int(state["plan.gpu_count"]),  # type: ignore[call-overload]
+        rank_by=str(state["plan.rank_by"]), device=device, job=job,
+        explore=tuple(state["plan.explore"]),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def precompile_args(request: Request) -> dict[str, Any]:
+    """`calc.plan.planner.precompile`'s keyword arguments for ``request`` (the page's
+    precompile and the calculator's background one use the same)."""
+    return dict(
+        task=request.task, seq_len=request.seq_len, global_batch=request.global_batch,
+        gpu_count=request.gpu_count, fixed=dict(request.fixed), base=request.base,
+        device=request.device,
+    )  # fmt: skip
+
+
 def _progress_bar(text: str) -> tuple[Callable[[int, int], None], object]:
     bar = st.progress(0.0, text=text)
 
@@ -103,11 +134,7 @@ def _progress_bar(text: str) -> tuple[Callable[[int, int], None], object]:
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _precompile(_model: Model, request: Request) -> int:
     progress, bar = _progress_bar("compiling the planner's structures (first use only):")
-    compiled = planner.precompile(
-        _model.spec, task=request.task, seq_len=request.seq_len,
-        global_batch=request.global_batch, gpu_count=request.gpu_count,
-        fixed=dict(request.fixed), base=request.base, device=request.device, progress=progress,
-    )  # fmt: skip
+    compiled = planner.precompile(_model.spec, **precompile_args(request), progress=progress)
     bar.empty()  # type: ignore[attr-defined]
     return compiled
 

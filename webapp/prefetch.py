@@ -21,10 +21,14 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import replace
+from functools import partial
+from typing import Any
 
 import calc
 from calc.config import jobs
+from calc.plan import planner
 
 NEIGHBOUR_CHOICES: dict[type, dict[str, tuple[str, ...]]] = {
     calc.Training: {
@@ -85,18 +89,35 @@ def warm(
 ) -> int:
     """Queue ``job``'s neighbours for compiling in the background; returns how many were new.
     ``model_key`` names the model (``webapp.cached.model_key``)."""
+    return _enqueue(
+        (
+            (model_key, other, parallel, device),
+            partial(calc.estimate, spec, other, parallel, device),
+        )
+        for other in neighbours(job)
+    )
+
+
+def warm_plan(spec: calc.ModelSpec, key: Hashable, **plan_args: Any) -> int:
+    """Queue the planner's compiles for the plan ``plan_args`` describe
+    (`calc.plan.planner.precompile`'s arguments), so that opening the planner page finds its
+    structures compiled (cold, a 32B card's default plan took 39 s); 1 when newly queued.
+    ``key`` names the plan (model and arguments)."""
+    return _enqueue([(("plan", key), partial(planner.precompile, spec, **plan_args))])
+
+
+def _enqueue(items: Iterable[tuple[Hashable, Callable[[], object]]]) -> int:
     if not enabled():
         return 0
     new = 0
     with _lock:
         if len(_queued) > MAX_REMEMBERED:
             _queued.clear()
-        for other in neighbours(job):
-            key = (model_key, other, parallel, device)
+        for key, task in items:
             if key in _queued:
                 continue
             _queued.add(key)
-            _queue.put((spec, other, parallel, device))
+            _queue.put(task)
             new += 1
         if new and not (_worker and _worker[0].is_alive()):
             _worker[:] = [threading.Thread(target=_run, name="vramplan-prefetch", daemon=True)]
@@ -116,10 +137,10 @@ def _wait_for_quiet() -> None:
 
 def _run() -> None:
     while True:
-        spec, job, parallel, device = _queue.get()
+        task = _queue.get()
         _wait_for_quiet()
         try:
-            calc.estimate(spec, job, parallel, device=device)
+            task()
         except (ValueError, NotImplementedError, OverflowError):
             pass  # not modelled or invalid: the page says so if the user picks it
         finally:

@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 import calc
 from calc.estimate import core as _estimate
+from calc.plan import planner
 from tests.specs import tiny_llama
 from webapp import prefetch
 
@@ -80,3 +81,30 @@ def test_the_calculator_page_queues_its_neighbours(monkeypatch: pytest.MonkeyPat
     keys = {k for k in prefetch._queued if k[0] == "card:qwen2.5-0.5b"}
     precisions = {k[1].precision for k in keys}
     assert "amp-bf16" in precisions  # the default, one change away from bf16
+
+
+def test_a_warmed_plan_is_compiled_before_the_planner_page_asks(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Opening the planner page cold compiled its structures then (39 s for a 32B card, issue
+    16): the calculator page queues them in the background."""
+    monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
+    args = dict(task="full-finetune", seq_len=32, global_batch=2, gpu_count=1, device="cpu")
+    assert prefetch.warm_plan(SMALL, "plan-check", **args) == 1
+    prefetch.wait_idle()
+    assert prefetch.warm_plan(SMALL, "plan-check", **args) == 0  # remembered
+    assert planner.precompile(SMALL, **args) == 0  # nothing left to compile
+
+
+def test_the_calculator_page_queues_the_planners_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update({"card": "qwen2.5-0.5b", "global_batch": "3"})
+    at.run()
+    assert not at.exception
+    plans = [k[1] for k in list(prefetch._queued) if k[0] == "plan"]
+    assert any(
+        getattr(r, "model_key", "") == "card:qwen2.5-0.5b" and r.global_batch == 3 for r in plans
+    )
+    prefetch.wait_idle()

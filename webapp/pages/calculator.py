@@ -8,7 +8,7 @@ import streamlit as st
 import calc
 from calc.present import display
 from calc.present.sweep import SWEEP_FIELDS
-from webapp import cached, charts, prefetch, widgets
+from webapp import cached, charts, planning, prefetch, widgets
 
 inputs: widgets.Inputs = st.session_state[widgets.INPUTS]
 for error in inputs.errors:
@@ -182,3 +182,6 @@ for column, field, title, high in (
 # The structures one choice away from this job compile in the background (webapp/prefetch.py),
 # so the next change of precision, optimizer, recompute, kernel or modeling code reruns fast.
 prefetch.warm(model.spec, key, job, parallel, inputs.device)
+# and the planner page's structures for its current question, so that opening it is fast.
+plan_request = planning.page_request(key, inputs.state, inputs.task, gpu.id, inputs.device, job)
+prefetch.warm_plan(model.spec, plan_request, **planning.precompile_args(plan_request))

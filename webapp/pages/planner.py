@@ -15,7 +15,7 @@ if inputs.model is None or inputs.job is None:
     st.stop()
 
 if not state["plan.task"]:
-    state["plan.task"] = "inference" if inputs.task == "infer" else "full-finetune"
+    state["plan.task"] = planning.default_task(inputs.task)
 KEYS = ("plan.task", "plan.global_batch", "plan.gpu_count", "plan.rank_by", "plan.explore")
 for key in KEYS:
     widgets.bind(key, state)
@@ -45,17 +45,8 @@ for key in KEYS:
     state[key] = st.session_state[key]
 
 seq_len = inputs.job.seq_len if inputs.task == "train" else inputs.job.context
-request = planning.Request.make(
-    model_key=cached.model_key(inputs.model),
-    task=state["plan.task"],
-    seq_len=seq_len,
-    global_batch=state["plan.global_batch"],
-    gpu=inputs.gpu.id,
-    gpu_count=state["plan.gpu_count"],
-    rank_by=state["plan.rank_by"],
-    device=inputs.device,
-    job=inputs.job,
-    explore=tuple(state["plan.explore"]),
+request = planning.page_request(
+    cached.model_key(inputs.model), state, inputs.task, inputs.gpu.id, inputs.device, inputs.job
 )
 try:
     planning.precompile(inputs.model, request)
