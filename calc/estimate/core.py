@@ -240,7 +240,7 @@ def evaluate(
     tl = comp.timeline
     raw_sizes = comp.sizes_fn(*args)
     if timeline.exceeds_exact_range(tl, raw_sizes, model.n_layers):
-        raise ValueError(_too_large(job))
+        raise ValueError(too_large_message(job))
     sizes = np.array(raw_sizes, dtype=np.int64)
     tot = timeline.totals(tl, sizes, model.n_layers)
     extra, dev_notes = _device_terms(job, device)
@@ -268,7 +268,7 @@ def evaluate(
     )
 
 
-def _too_large(job: Training | Inference) -> str:
+def too_large_message(job: Training | Inference) -> str:
     """The message for a job whose byte counts leave the exact range (`timeline.EXACT_BYTES_LIMIT`)."""
     if isinstance(job, Training):
         sizes = f"micro_batch={job.micro_batch:,}, seq_len={job.seq_len:,}"

@@ -31,7 +31,7 @@ from dataclasses import replace
 from calc.config.jobs import DEVICES, Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
 from calc.data.gpus import GPU
-from calc.estimate.core import SINGLE, ReplayOptions
+from calc.estimate.core import SINGLE, ReplayOptions, too_large_message
 from calc.plan import grid as plan_grid
 from calc.plan.axes import TRAINING
 from calc.plan.engine import (
@@ -225,4 +225,7 @@ def evaluate(
     ctx = job_context(job, gpu_count, parallel)
     cases = verified_cases_of(report, error_bars)
     ev = Evaluator(model, ctx, gpu_of(gpu), device, cases, layout=parallel)
-    return ev.run([(ev.choices(job), job)])[0]
+    try:
+        return ev.run([(ev.choices(job), job)])[0]
+    except OverflowError:  # the grid's exact-int64 guard (calc.plan.grid_eval)
+        raise ValueError(too_large_message(job)) from None

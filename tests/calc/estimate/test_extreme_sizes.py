@@ -95,3 +95,12 @@ def test_peak_never_decreases_with_layers(layers: int, s: int) -> None:
     small = base.with_overrides(n_layers=layers)
     big = base.with_overrides(n_layers=layers + 1)
     _not_less(_peak(small, job), _peak(big, job))
+
+
+def test_the_planners_evaluate_refuses_like_the_estimate() -> None:
+    """It raised the grid's OverflowError (found by tests/fuzz)."""
+    from calc.plan import planner
+
+    job = calc.Training(micro_batch=1 << 20, seq_len=1 << 24)
+    with pytest.raises(ValueError, match=r"micro_batch=1,048,576, seq_len=16,777,216: .*8 PiB"):
+        planner.evaluate(calc.load_card("llama-3.1-8b"), job, gpu="h100-80gb")
