@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 from datetime import timedelta
 
@@ -30,8 +31,9 @@ from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES
 from calc.plan import planner
 from tests.specs import tiny_llama
 from webapp import form
+from webapp.model_source import from_config_bytes
 
-EXAMPLES = int(os.environ.get("VRAMPLAN_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("VRAMPLAN_FUZZ_EXAMPLES", "500"))
 NIGHTLY = "VRAMPLAN_FUZZ_EXAMPLES" in os.environ
 PLAN_TASKS = planner.TASKS if NIGHTLY else ("full-finetune", "inference")
 """The planner's tasks fuzzed: each compiles its structures on first use (a minute for the LoRA
@@ -41,6 +43,8 @@ FUZZ = settings(
     deadline=timedelta(seconds=20),
     suppress_health_check=[HealthCheck.too_slow],
 )
+FUZZ_SLOW = settings(FUZZ, max_examples=EXAMPLES if "VRAMPLAN_FUZZ_EXAMPLES" in os.environ else 60)
+"""Entries whose example costs a planner compile or an app run: fewer in CI."""
 MODEL = tiny_llama(n_layers=3)
 
 ANY = st.one_of(
@@ -211,7 +215,7 @@ def test_a_link_is_a_state_and_warnings_never_an_exception(params: dict) -> None
 
 
 @pytest.mark.parametrize("task", PLAN_TASKS)
-@FUZZ
+@FUZZ_SLOW
 @given(
     seq_len=_sizes(1 << 24),
     global_batch=_sizes(1 << 24),
@@ -241,3 +245,35 @@ def test_the_planners_evaluate_answers_or_names_the_problem(job: dict, gpus: int
         return
     assert ev.peak_bytes is None or (isinstance(ev.peak_bytes, int) and ev.peak_bytes > 0)
     assert ev.peak_bytes is not None or ev.reason
+
+
+CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "intermediate_size", "vocab_size", "head_dim",
+               "max_position_embeddings", "tie_word_embeddings", "sliding_window", "n_embd")  # fmt: skip
+JSON_VALUES = st.one_of(
+    st.sampled_from(["llama", "qwen2", "gpt2", "mistral", "bert", ""]),
+    st.integers(-2, 1 << 66), st.floats(), st.booleans(), st.none(), st.text(max_size=4),
+    st.lists(st.integers(0, 9), max_size=2),
+)  # fmt: skip
+
+
+@FUZZ
+@given(
+    config=st.dictionaries(st.sampled_from(CONFIG_KEYS), JSON_VALUES, max_size=10),
+    garble=st.sampled_from(["", "{", "[1]", "\xff", "null"]),
+)
+def test_an_upload_is_a_model_or_one_line(config: dict, garble: str) -> None:
+    """The bytes a user uploads or pastes: a model whose estimate answers or names the problem,
+    or one line saying what is wrong with the file."""
+    text = json.dumps(config) if not garble else garble
+    try:
+        model = from_config_bytes(text.encode("utf-8", "surrogateescape"))
+    except ValueError as exc:
+        _one_line(exc)
+        return
+    try:
+        est = calc.estimate(model.spec, calc.Training(micro_batch=1, seq_len=8))
+    except (ValueError, NotImplementedError) as exc:
+        _one_line(exc)
+        return
+    _check(est)
