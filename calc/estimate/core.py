@@ -240,7 +240,7 @@ def evaluate(
     tl = comp.timeline
     raw_sizes = comp.sizes_fn(*args)
     if timeline.exceeds_exact_range(tl, raw_sizes, model.n_layers):
-        raise ValueError(too_large_message(job))
+        raise ValueError(too_large_message(model, job))
     sizes = np.array(raw_sizes, dtype=np.int64)
     tot = timeline.totals(tl, sizes, model.n_layers)
     extra, dev_notes = _device_terms(job, device)
@@ -268,15 +268,16 @@ def evaluate(
     )
 
 
-def too_large_message(job: Training | Inference) -> str:
+def too_large_message(model: ModelSpec, job: Training | Inference) -> str:
     """The message for a job whose byte counts leave the exact range (`timeline.EXACT_BYTES_LIMIT`)."""
     if isinstance(job, Training):
         sizes = f"micro_batch={job.micro_batch:,}, seq_len={job.seq_len:,}"
     else:
         sizes = f"batch={job.batch:,}, context={job.context:,}"
     return (
-        f"{sizes}: the memory of this job reaches 2**53 bytes (8 PiB), beyond what the "
-        "estimate computes exactly; use smaller sizes"
+        f"{sizes} with {model.name}: the memory of this job reaches 2**53 bytes (8 PiB), beyond "
+        "what the estimate computes exactly; use smaller sizes (or check the model's "
+        "hidden_size, num_hidden_layers and vocab_size)"
     )
 
 

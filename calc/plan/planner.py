@@ -228,4 +228,4 @@ def evaluate(
     try:
         return ev.run([(ev.choices(job), job)])[0]
     except OverflowError:  # the grid's exact-int64 guard (calc.plan.grid_eval)
-        raise ValueError(too_large_message(job)) from None
+        raise ValueError(too_large_message(model, job)) from None

@@ -402,7 +402,11 @@ def test_a_config_too_large_for_64_bit_bytes_is_an_error_not_an_exception() -> N
     at.radio(key="source").set_value("paste").run()
     at.text_area(key="config").set_value(json.dumps(config)).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert "64 bits" in "\n".join(str(e.value) for e in at.error)
+    # refused before any int64 sum (calc.estimate.core), naming the config fields to check
+    assert "8 PiB" in "\n".join(str(e.value) for e in at.error)
+    assert "hidden_size, num_hidden_layers and vocab_size" in "\n".join(
+        str(e.value) for e in at.error
+    )
 
 
 def test_bad_pastes_show_an_error_and_no_exception() -> None:
@@ -537,8 +541,9 @@ def test_sizes_beyond_exact_arithmetic_are_one_error_line() -> None:
     at = _app({"card": "llama-3.1-8b", "micro_batch": "1048576", "seq_len": "16777216"})
     assert not at.exception
     assert [str(e.value) for e in at.error] == [
-        "micro_batch=1,048,576, seq_len=16,777,216: the memory of this job reaches 2**53 bytes "
-        "(8 PiB), beyond what the estimate computes exactly; use smaller sizes"
+        "micro_batch=1,048,576, seq_len=16,777,216 with llama-3.1-8b: the memory of this job "
+        "reaches 2**53 bytes (8 PiB), beyond what the estimate computes exactly; use smaller "
+        "sizes (or check the model's hidden_size, num_hidden_layers and vocab_size)"
     ]
 
 

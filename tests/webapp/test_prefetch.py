@@ -71,13 +71,18 @@ def test_a_warmed_neighbour_is_compiled_before_it_is_asked_for(
     assert after.misses == before.misses  # nothing replayed now: the thread did it
 
 
-def test_the_calculator_page_queues_its_neighbours(monkeypatch: pytest.MonkeyPatch) -> None:
+def _calculator_page(monkeypatch: pytest.MonkeyPatch, query: dict[str, str]) -> None:
+    """Run the calculator page with prefetching on, then wait for the thread."""
     monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
     at = AppTest.from_file(APP, default_timeout=180)
-    at.query_params.update({"card": "qwen2.5-0.5b", "train.precision": "bf16"})
+    at.query_params.update(query)
     at.run()
     assert not at.exception
     prefetch.wait_idle()
+
+
+def test_the_calculator_page_queues_its_neighbours(monkeypatch: pytest.MonkeyPatch) -> None:
+    _calculator_page(monkeypatch, {"card": "qwen2.5-0.5b", "train.precision": "bf16"})
     keys = {k for k in prefetch._queued if k[0] == "card:qwen2.5-0.5b"}
     precisions = {k[1].precision for k in keys}
     assert "amp-bf16" in precisions  # the default, one change away from bf16
@@ -98,13 +103,8 @@ def test_a_warmed_plan_is_compiled_before_the_planner_page_asks(
 
 
 def test_the_calculator_page_queues_the_planners_question(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
-    at = AppTest.from_file(APP, default_timeout=180)
-    at.query_params.update({"card": "qwen2.5-0.5b", "global_batch": "3"})
-    at.run()
-    assert not at.exception
+    _calculator_page(monkeypatch, {"card": "qwen2.5-0.5b", "global_batch": "3"})
     plans = [k[1] for k in list(prefetch._queued) if k[0] == "plan"]
     assert any(
         getattr(r, "model_key", "") == "card:qwen2.5-0.5b" and r.global_batch == 3 for r in plans
     )
-    prefetch.wait_idle()

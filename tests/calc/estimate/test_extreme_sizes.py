@@ -102,5 +102,7 @@ def test_the_planners_evaluate_refuses_like_the_estimate() -> None:
     from calc.plan import planner
 
     job = calc.Training(micro_batch=1 << 20, seq_len=1 << 24)
-    with pytest.raises(ValueError, match=r"micro_batch=1,048,576, seq_len=16,777,216: .*8 PiB"):
+    with pytest.raises(
+        ValueError, match=r"micro_batch=1,048,576, seq_len=16,777,216 with llama-3.1-8b: .*8 PiB"
+    ):
         planner.evaluate(calc.load_card("llama-3.1-8b"), job, gpu="h100-80gb")
