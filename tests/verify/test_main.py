@@ -3,6 +3,7 @@ loads, by running the battery again in a child process whose environment has it.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -41,3 +42,25 @@ def test_an_allocator_setting_already_in_place_runs_here(monkeypatch, capsys) ->
     monkeypatch.delenv(VAR, raising=False)
     assert verify_main.main(["--cuda-alloc", "default", "--cases", "no-such-case"]) == 2
     assert "no case matches" in capsys.readouterr().err
+
+
+def test_device_cuda_reaches_the_cases_and_lists_the_distributed_ones(
+    monkeypatch, tmp_path
+) -> None:
+    """``python -m verify --device cuda`` exited 2 before measuring anything: with no filter it
+    selected the distributed cases and refused (issue 14). Checked on CPU: the GPU is faked as
+    present and the single-process runner records what it was given instead of running it."""
+    given: list = []
+    monkeypatch.setattr(verify_main.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(verify_main.report, "run_meta", lambda device: {"device": device})
+    monkeypatch.setattr(
+        verify_main, "_run_single", lambda cases, device, progress: given.extend(cases) or []
+    )
+    code = verify_main.main(["--device", "cuda", "--no-progress", "--out", str(tmp_path)])
+    assert code == 0
+    assert given and all(c.kind != "distributed" for c in given)  # the single-process cases
+    written = json.loads((tmp_path / "report.json").read_text())
+    records = written["records"] if "records" in written else written["cases"]
+    distributed = [r for r in records if r["kind"] == "distributed"]
+    assert distributed and all(r["status"] == "not-runnable" for r in distributed)
+    assert "without --device cuda" in distributed[0]["message"]

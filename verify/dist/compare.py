@@ -25,12 +25,9 @@ def predict(case: DistCase) -> tuple[Any | None, str]:
         return None, f"not modelled: {exc}"
 
 
-def record_for(
-    case: DistCase, ranks: dict[int, dict[str, Any]], log: str, seconds: float
-) -> Record:
-    """The `verify.run.runner.Record` of ``case`` from its ranks' results."""
+def _record(case: DistCase, seconds: float) -> Record:
     job = case.job
-    rec = Record(
+    return Record(
         name=case.name,
         card=case.card,
         impl=case.impl,
@@ -43,6 +40,21 @@ def record_for(
         job={k: getattr(job, k) for k in job.__slots__},
         seconds=seconds,
     )
+
+
+def not_runnable(case: DistCase, why: str) -> Record:
+    """The record of a distributed case the harness does not run here (status ``not-runnable``:
+    listed and counted, not a failure)."""
+    rec = _record(case, 0.0)
+    rec.status, rec.message = "not-runnable", why
+    return rec
+
+
+def record_for(
+    case: DistCase, ranks: dict[int, dict[str, Any]], log: str, seconds: float
+) -> Record:
+    """The `verify.run.runner.Record` of ``case`` from its ranks' results."""
+    rec = _record(case, seconds)
     rec.pins = {"engine": case.engine, "parallel": asdict(case.parallel), "steps": case.steps}
     try:
         est, why = predict(case)
