@@ -72,6 +72,9 @@ class Timeline:
     candidates: tuple[Candidate, ...]
     c0: np.ndarray  # [n_candidates, n_sizes] constant counts
     c1: np.ndarray  # [n_candidates, n_sizes] counts per layer
+    most_counts: tuple[float, float] = (0.0, 0.0)
+    """The largest row sums of ``|c0|`` and ``|c1|``: with the largest size they bound every
+    candidate's bytes in a few operations (`exceeds_exact_range`'s first test)."""
 
 
 def _local_maxima(events: Sequence[Event]) -> list[Event]:
@@ -167,7 +170,13 @@ def build(cands: Sequence[Candidate], l_min: int) -> Timeline:
         keep.extend(rows[i] for i in kept)
     keep.sort()
     phases = tuple(dict.fromkeys(c.phase for c in cands))
-    return Timeline(sizes, phases, tuple(cands[i] for i in keep), c0[keep], c1[keep])
+    c0, c1 = c0[keep], c1[keep]
+    most = (_most_count(c0), _most_count(c1))
+    return Timeline(sizes, phases, tuple(cands[i] for i in keep), c0, c1, most)
+
+
+def _most_count(counts: np.ndarray) -> float:
+    return float(np.abs(counts).sum(axis=1).max(initial=0))
 
 
 def _undominated(at_min: np.ndarray, slope: np.ndarray) -> list[int]:
@@ -202,9 +211,13 @@ def exceeds_exact_range(tl: Timeline, size_values: Sequence[int], n_layers: int)
     """Whether a size or a partial sum of a candidate's live bytes could reach
     `EXACT_BYTES_LIMIT`: a bound from the counts' absolute values, computed in float64 (which
     cannot wrap), so an int64 total that would overflow is never computed."""
-    sizes = np.asarray([float(v) for v in size_values], dtype=np.float64)
-    if sizes.size and float(np.abs(sizes).max()) >= EXACT_BYTES_LIMIT:
+    top = max((abs(float(v)) for v in size_values), default=0.0)
+    if top >= EXACT_BYTES_LIMIT:
         return True
+    most0, most1 = tl.most_counts
+    if top * (most0 + n_layers * most1) < EXACT_BYTES_LIMIT:  # a looser bound, already below
+        return False
+    sizes = np.asarray([float(v) for v in size_values], dtype=np.float64)
     bound = (np.abs(tl.c0) + n_layers * np.abs(tl.c1)).astype(np.float64) @ np.abs(sizes)
     return bool(bound.size) and float(bound.max()) >= EXACT_BYTES_LIMIT
 
