@@ -283,10 +283,9 @@ def capacity(args: argparse.Namespace) -> tuple[int, str]:
 def verdict(peak_bytes: int, capacity_bytes: int, size: str) -> tuple[bool, int, str]:
     """Whether ``peak_bytes`` fits in ``capacity_bytes`` (named ``size``), the headroom in bytes
     (negative when it does not fit), and the sentence saying so."""
-    capacity = capacity_bytes
-    headroom = capacity - peak_bytes
+    headroom = capacity_bytes - peak_bytes
     if headroom >= 0:
-        share = 100 * headroom / capacity
+        share = 100 * headroom / capacity_bytes
         return True, headroom, f"fits in {size} with {format_gib(headroom)} ({share:.1f}%) headroom"
     return False, headroom, f"does not fit in {size}: needs {format_gib(-headroom)} more"
 

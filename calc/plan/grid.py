@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,7 +29,6 @@ from calc.data.cards import calc_source_digest, read_plan_cache, write_plan_cach
 from calc.estimate import core as _estimate
 from calc.estimate.core import SINGLE, ReplayOptions, StructureKey
 from calc.plan.program import program_from_json, program_to_json, to_program
-from calc.step.training import replayed_micro_batches
 
 CACHE_FORMAT = 3
 """Version of the cache entries' layout (part of the cache key)."""
@@ -108,20 +107,12 @@ def _grad_entry(entry: list) -> tuple:
     return (tag, program_from_json(prog), itemsize)
 
 
-def _cap_grad_accum(job: Training | Inference) -> Training | Inference:
-    """``job`` with ``grad_accum`` cut to the micro-batches the replay plays out
-    (`calc.step.training.replayed_micro_batches`): one compile serves every count >= 2."""
-    if isinstance(job, Training):
-        return replace(job, grad_accum=replayed_micro_batches(job))
-    return job
-
-
 def structure_id(
     model: ModelSpec, job: Training | Inference, opts: ReplayOptions = SINGLE
 ) -> StructureKey:
     """What decides the compiled structure of ``(model, job)`` replayed with ``opts``: jobs
     with equal ids differ only in sizes and share one ``StructureTable``."""
-    return _estimate._structure_key(model, _cap_grad_accum(job), opts)
+    return _estimate._structure_key(model, job, opts)
 
 
 def _branch_of(model: ModelSpec, opts: ReplayOptions) -> int:
@@ -184,7 +175,6 @@ def structure_table(
 
     Raises ``ValueError`` for a job ``calc.Training``/``calc.Inference`` rejects (they validate
     on construction, so this only re-checks the device)."""
-    job = _cap_grad_accum(job)
     key = _estimate._structure_key(model, job, opts)
     branch = _branch_of(model, opts)
     mem_key = (key, device, branch)
