@@ -545,11 +545,12 @@ def from_query(
     state = defaults()
     warnings: list[str] = []
     get = {k: _first(v) for k, v in params.items()}
-    unknown = sorted(set(get) - known_params())
+    known = known_params()
+    unknown = sorted(set(get) - known)
     if unknown:
         names = ", ".join(map(repr, unknown))
         warnings.append(
-            f"unknown link parameter {names} ignored; known: {', '.join(sorted(known_params()))}"
+            f"unknown link parameter {names} ignored; known: {', '.join(sorted(known))}"
         )
     task = get.get("task", "train")
     if task not in TASKS:

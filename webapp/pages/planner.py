@@ -44,7 +44,6 @@ cols[4].multiselect(
 for key in KEYS:
     state[key] = st.session_state[key]
 
-seq_len = inputs.job.seq_len if inputs.task == "train" else inputs.job.context
 request = planning.page_request(
     cached.model_key(inputs.model), state, inputs.task, inputs.gpu.id, inputs.device, inputs.job
 )
@@ -57,7 +56,7 @@ except (ValueError, NotImplementedError) as exc:
 
 varying, held = planning.enumerated_and_held(result)
 st.caption(
-    f"{inputs.model.label}, {seq_len} tokens per sequence (sidebar), "
+    f"{inputs.model.label}, {request.seq_len} tokens per sequence (sidebar), "
     f"{state['plan.gpu_count']} x {inputs.gpu.name}. Enumerated: "
     f"{' x '.join(varying) or 'nothing'}; the same in every configuration: "
     f"{', '.join(f'{axis}={value}' for axis, value in held.items()) or 'nothing'}."
