@@ -58,10 +58,6 @@ def _sizes(high: int) -> st.SearchStrategy[int]:
     return st.one_of(st.integers(1, 64), st.integers(1, high), st.sampled_from([high, high + 1]))
 
 
-def _choice(values: tuple[str, ...]) -> st.SearchStrategy[object]:
-    return st.one_of(st.sampled_from(values), ANY) if values else ANY
-
-
 @st.composite
 def trainings(draw: st.DrawFn) -> dict[str, object]:
     kw: dict[str, object] = {
