@@ -102,10 +102,10 @@ class Serving:
     """How vLLM is started: ``serve`` (OpenAI server, ``UsageContext.OPENAI_API_SERVER``) or
     ``llm`` (the ``vllm.LLM`` class, ``UsageContext.LLM_CLASS``); the defaults differ."""
     sampler: Sampler = "auto"
-    """Top-k/top-p sampler of the profiling run (``VLLM_USE_FLASHINFER_SAMPLER``): ``auto`` is the
-    version's default with FlashInfer installed (as in vLLM's Docker images): FlashInfer's in
-    V1 up to 0.10.x, PyTorch's sort from 0.11; ``pytorch`` where FlashInfer is not installed
-    (the log says "FlashInfer is not available")."""
+    """Top-k/top-p sampler of the profiling run: ``flashinfer`` where vLLM logs "Using
+    FlashInfer for top-p & top-k sampling" (FlashInfer installed, as in vLLM's Docker images),
+    ``pytorch`` where it logs "FlashInfer is not available" (a plain ``pip install vllm``);
+    ``auto``: PyTorch's up to 0.19, the lighter profiling sampler of 2026 releases from 0.20."""
 
     def __post_init__(self) -> None:
         check_choice("engine", self.engine, ENGINES)

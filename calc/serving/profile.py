@@ -42,10 +42,12 @@ How calc predicts each term:
   adds scratch of its own; ``SAMPLER_UNITS = 9`` is the total that two published logs imply
   (vLLM PR #10511: Llama-3-8B, 256 rows, "PyTorch activation peak memory 1.26GiB"; a 0.15.1
   start-up of Llama-3.1-8B on an A100-40GB, ilseokoh/vllm-gce: 1.2-1.3 GiB with non-torch):
-  an estimate. FlashInfer's fused sampler (used by V1 up to 0.10.x where FlashInfer is
-  installed: "Using FlashInfer for top-p & top-k sampling") keeps about two units
-  (``FLASHINFER_SAMPLER_UNITS``; a 0.10.0 log of Llama-3.2-1B shows a 0.45 GiB peak with 256
-  rows, below what the sort path would take). V0's sampler (``vllm/model_executor/layers/
+  an estimate; a 0.10.2 start-up of Qwen3-8B-FP8 (256 rows, vocab 151936) logs "1.4 GiB for
+  peak activation", as 9 units predict. FlashInfer's fused sampler (used by V1 where FlashInfer
+  is installed, as in vLLM's Docker images: "Using FlashInfer for top-p & top-k sampling")
+  keeps about two units (``FLASHINFER_SAMPLER_UNITS``; a 0.10.0 log of Llama-3.2-1B shows a
+  0.45 GiB peak with 256 rows, below what the sort path would take): ``Serving.sampler``
+  chooses. V0's sampler (``vllm/model_executor/layers/
   sampler.py``) sorts the same way and adds log-probabilities: ``SAMPLER_UNITS`` too;
 * non-torch memory and CUDA graphs: not replayable (driver and NCCL allocations); stated
   estimates from published start-up logs, see ``NON_TORCH_BYTES`` and ``cuda_graph_bytes``.
@@ -118,11 +120,10 @@ def forward_activation_bytes(model: ModelSpec, serving: Serving, tokens: int) ->
 
 def sampler_units(serving: Serving, engine: str) -> int:
     """fp32 ``[R, vocab]`` units of the dummy sampler run: ``serving.sampler``, or with
-    ``auto`` FlashInfer's in V1 before 0.11, PyTorch's sort from 0.11, and the light profile
-    sampler again from ``LIGHT_SAMPLER_FROM``."""
+    ``auto`` PyTorch's sort path (a ``pip install vllm`` without FlashInfer) and the light
+    profiling sampler from ``LIGHT_SAMPLER_FROM`` on."""
     if serving.sampler == "auto":
-        version = serving.version
-        flashinfer = engine == "v1" and (version < (0, 11, 0) or version >= LIGHT_SAMPLER_FROM)
+        flashinfer = engine == "v1" and serving.version >= LIGHT_SAMPLER_FROM
     else:
         flashinfer = serving.sampler == "flashinfer"
     return FLASHINFER_SAMPLER_UNITS if flashinfer else SAMPLER_UNITS
