@@ -34,6 +34,8 @@ OLDEST_VERSION = (0, 6, 4)
 (``vllm/worker/worker.py`` ``determine_num_available_blocks``, PR #10511)."""
 NEWEST_VERSION = (0, 21, 99)
 """Newest vLLM family modelled (0.21.x)."""
+DEFAULT_VLLM_VERSION = "0.19.0"
+"""The release `Serving` assumes when none is named."""
 
 
 def parse_version(text: object) -> tuple[int, int, int]:
@@ -70,7 +72,7 @@ class Serving:
 
     engine: Engine = "vllm"
     """The serving engine; only vLLM is modelled."""
-    vllm_version: str = "0.19.0"
+    vllm_version: str = DEFAULT_VLLM_VERSION
     """vLLM release (``MAJOR.MINOR.PATCH``); the defaults and the accounting follow it."""
     gpu_memory_utilization: float = 0.9
     """``--gpu-memory-utilization``: the fraction of the driver's total memory

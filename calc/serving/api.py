@@ -101,7 +101,7 @@ def _total(total_bytes: int | None, gpu: str | None) -> tuple[int, GPU | None]:
         if cuda_total is None:
             raise ValueError(
                 f"gpu={gpu!r}: the catalog has no published cudaMemGetInfo total for "
-                f"{card.name}; pass total_bytes= (the 'Total GPU memory' vLLM logs)"
+                f"{card.name}; pass the total vLLM logs instead (total_bytes=, --total-gib)"
             )
         return cuda_total, card
     if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes <= 0:
