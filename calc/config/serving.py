@@ -35,6 +35,11 @@ OLDEST_VERSION = (0, 6, 4)
 NEWEST_VERSION = (0, 21, 99)
 """Newest vLLM family modelled (0.21.x)."""
 DEFAULT_VLLM_VERSION = "0.19.0"
+RELEASES: tuple[str, ...] = (
+    "0.6.4", "0.7.3", "0.8.5", "0.9.2", "0.10.1", "0.10.2", "0.11.0", "0.15.1", "0.19.0",
+    "0.20.0", "0.21.0",
+)  # fmt: skip
+"""Releases offered by the web app's Serve page (any release in range is accepted)."""
 """The release `Serving` assumes when none is named."""
 
 
