@@ -30,6 +30,12 @@ st.navigation(
             url_path="planner",
         ),
         st.Page(
+            "webapp/pages/serve.py",
+            title="Serve",
+            icon=":material/dns:",
+            url_path="serve",
+        ),
+        st.Page(
             "webapp/pages/evidence.py",
             title="Verification",
             icon=":material/science:",

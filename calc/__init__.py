@@ -19,9 +19,11 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism
 from calc.config.pruning import Pruning
+from calc.config.serving import Serving
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.estimate.api import estimate
 from calc.estimate.result import Estimate
+from calc.serving.api import ServeEstimate, serve
 from calc.units import GIB
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "ParamTensor",
     "Pruning",
     "Quant",
+    "ServeEstimate",
+    "Serving",
     "Training",
     "estimate",
     "list_cards",
@@ -43,5 +47,6 @@ __all__ = [
     "plan",
     "pruned_spec",
     "published_params",
+    "serve",
     "storage_verdict",
 ]

@@ -38,6 +38,15 @@ def tiny_llama(**changes: object) -> calc.ModelSpec:
     return calc.ModelSpec(**{**TINY_LLAMA_FIELDS, **changes})  # type: ignore[arg-type]
 
 
+TINY_CONFIG: dict[str, object] = {
+    "model_type": "llama", "hidden_size": 16, "num_hidden_layers": 2,
+    "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 24,
+    "vocab_size": 50, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+"""`tiny_llama`'s shapes as a Hugging Face ``config.json`` (what the CLI tests write to disk)."""
+
+
 TINY_LLAMA64_CHANGES: dict[str, object] = {
     "hidden": 64, "n_heads": 4, "n_kv_heads": 4, "head_dim": 16, "ffn": 128, "vocab": 64,
 }  # fmt: skip

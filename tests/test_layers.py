@@ -31,6 +31,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "calc.compress",
         "calc.step",
         "calc.estimate",
+        "calc.serving",
         "calc.plan",
         "calc.present",
         "calc.cli",

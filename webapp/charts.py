@@ -165,3 +165,43 @@ def evidence_chart(rows: Sequence[dict]) -> Spec:
         },
     }  # fmt: skip
     return {"height": 420, "layer": [diagonal, points]}
+
+
+def serve_bar_chart(rows: Sequence[dict]) -> Spec:
+    """One stacked horizontal bar: the GPU's memory split into the terms of a vLLM start-up
+    (``calc.present.serving.term_rows``)."""
+    return {
+        "data": {"values": list(rows)},
+        "mark": {"type": "bar"},
+        "encoding": {
+            "x": {"field": "GiB", "type": "quantitative", "stack": "zero", "title": "GiB"},
+            "color": {"field": "term", "type": "nominal", "sort": {"field": "order"}},
+            "order": {"field": "order", "type": "quantitative"},
+            "tooltip": [
+                {"field": "term", "type": "nominal"},
+                {"field": "GiB", "type": "quantitative", "format": ".2f"},
+            ],
+        },
+        "height": 60,
+    }
+
+
+def concurrency_chart(rows: Sequence[dict]) -> Spec:
+    """Maximum concurrency against ``max_model_len`` (log-2 x axis), one point per length
+    (``calc.present.serving.concurrency_rows``)."""
+    return {
+        "data": {"values": list(rows)},
+        "mark": {"type": "line", "point": True},
+        "encoding": {
+            "x": {
+                "field": "max_model_len", "type": "quantitative",
+                "scale": {"type": "log", "base": 2}, "title": "max_model_len (tokens)",
+            },
+            "y": {"field": "concurrency", "type": "quantitative", "title": "max concurrency"},
+            "tooltip": [
+                {"field": "max_model_len", "type": "quantitative"},
+                {"field": "concurrency", "type": "quantitative", "format": ".2f"},
+                {"field": "kv_tokens", "type": "quantitative", "format": ","},
+            ],
+        },
+    }  # fmt: skip

@@ -20,6 +20,7 @@ from calc.cli import compression as cli_compression
 from calc.cli import plan as cli_plan
 from calc.cli import prune_distill as cli_prune_distill
 from calc.cli import report as cli_report
+from calc.cli import serve as cli_serve
 from calc.cli.exits import run_reporting_errors
 from calc.cli.model_source import DEFAULT_CARD, load_model
 from calc.config import jobs
@@ -391,12 +392,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m calc``: 0 on success, 2 on bad input or a job the cost model
     does not cover (one line on stderr, no traceback). ``python -m calc plan ...`` runs the
     capacity planner (``calc.cli.plan``); ``report`` runs `calc.cli.report` (least memory per
-    task and weight width)."""
+    task and weight width); ``serve`` runs `calc.cli.serve` (a vLLM server's start-up terms)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["plan"]:
         return cli_plan.main(argv[1:])
     if argv[:1] == ["report"]:
         return cli_report.main(argv[1:])
+    if argv[:1] == ["serve"]:
+        return cli_serve.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.list_cards:
         print("\n".join(list_cards()))

@@ -33,6 +33,13 @@ class GPU:
     total_bytes: int
     """Device memory total as the driver reports it (``cudaMemGetInfo`` total,
     ``nvidia-smi`` "Total" x 2**20, ``rocm-smi`` VRAM total), in bytes."""
+    cuda_total_bytes: int | None = None
+    """Total as the CUDA runtime reports it to a process (``cudaMemGetInfo`` / PyTorch's
+    ``total_memory``, "total capacity of X GiB", vLLM's "total_gpu_memory"), a little below
+    ``nvidia-smi``'s: what vLLM's ``gpu_memory_utilization`` multiplies. ``None`` where no
+    published reading is known (``calc.serve(gpu=...)`` then refuses)."""
+    cuda_total_source: str = ""
+    """Where ``cuda_total_bytes`` comes from (a cited log line)."""
     reserved_bytes: int
     """Bytes of ``total_bytes`` PyTorch's allocator cannot hand out: the CUDA/HIP context,
     kernel images and the driver's reservations (measured where ``source`` says so, else the
@@ -43,7 +50,15 @@ class GPU:
     """Where ``marketed`` comes from (the vendor's datasheet or product page)."""
 
     def __post_init__(self) -> None:
-        for name in ("id", "name", "vendor", "marketed", "source", "marketed_source"):
+        for name in (
+            "id",
+            "name",
+            "vendor",
+            "marketed",
+            "source",
+            "marketed_source",
+            "cuda_total_source",
+        ):
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a string")
         if not self.id or self.id != self.id.lower():
@@ -52,6 +67,13 @@ class GPU:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name}={value!r} must be a non-negative integer (bytes)")
+        cuda = self.cuda_total_bytes
+        if cuda is not None and (
+            isinstance(cuda, bool) or not isinstance(cuda, int) or not 0 < cuda <= self.total_bytes
+        ):
+            raise ValueError(
+                f"cuda_total_bytes={cuda!r} must be None or an integer in [1, total_bytes]"
+            )
         if self.reserved_bytes >= self.total_bytes:
             raise ValueError(
                 f"reserved_bytes={self.reserved_bytes} must be below total_bytes={self.total_bytes}"
@@ -69,7 +91,7 @@ class GPU:
 
 
 _FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "reserved_bytes", "source")
-_OPTIONAL = ("marketed_source",)
+_OPTIONAL = ("marketed_source", "cuda_total_source")
 
 
 @lru_cache(maxsize=1)
@@ -84,6 +106,7 @@ def gpu_catalog() -> dict[str, GPU]:
             raise ValueError(f"hardware/gpus.json: each GPU must be an object, got {row!r}")
         fields: dict[str, Any] = {name: row.get(name) for name in _FIELDS}  # GPU checks them
         fields.update({name: str(row[name]) for name in _OPTIONAL if name in row})
+        fields["cuda_total_bytes"] = row.get("cuda_total_bytes")  # GPU checks it
         gpus.append(GPU(**fields))
     gpus.sort(key=lambda g: (g.usable_bytes, g.id))
     return {g.id: g for g in gpus}

@@ -12,13 +12,7 @@ import pytest
 
 from calc.cli.main import main
 from calc.plan import grid as plan_grid
-
-TINY_CONFIG = {
-    "model_type": "llama", "hidden_size": 16, "num_hidden_layers": 2,
-    "num_attention_heads": 2, "num_key_value_heads": 2, "intermediate_size": 24,
-    "vocab_size": 50, "max_position_embeddings": 64, "rms_norm_eps": 1e-6,
-    "tie_word_embeddings": False,
-}  # fmt: skip
+from tests.specs import TINY_CONFIG
 
 
 @pytest.fixture

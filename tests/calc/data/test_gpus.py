@@ -75,3 +75,35 @@ def test_bad_gpu_fields_raise_naming_the_field(changes: dict, field: str) -> Non
     fields.update(changes)
     with pytest.raises(ValueError, match=field):
         GPU(**fields)  # type: ignore[arg-type]
+
+
+PUBLISHED_CUDA_TOTAL_GIB = {
+    "h100-80gb": 79.11,  # vllm-project/vllm issue #27508: "a total capacity of 79.11 GiB"
+    "a100-80gb": 79.25,  # HiDream-ai/VAREdit issue #6: "a total capacity of 79.25 GiB"
+    "a100-40gb": 39.50,  # TianheWu/CoSeR issue #10: "a total capacity of 39.50 GiB"
+    "l40s-48gb": 44.40,  # QwenLM/Qwen3-VL issue #2097 (an L40): "a total capacity of 44.40 GiB"
+    "rtx4090-24gb": 23.64,  # ali-vilab/VGen issue #104: "a total capacity of 23.64 GiB"
+    "rtx3090-24gb": 23.58,  # vllm-project/vllm issue #10517: "total_gpu_memory=23.58GiB"
+    "t4-16gb": 14.75,  # hpcaitech/Open-Sora issue #697: "a total capacity of 14.75 GiB"
+}
+
+
+def test_cuda_totals_are_the_published_readings() -> None:
+    catalog = gpu_catalog()
+    for gpu_id, gib in PUBLISHED_CUDA_TOTAL_GIB.items():
+        gpu = catalog[gpu_id]
+        assert gpu.cuda_total_bytes is not None
+        assert abs(gpu.cuda_total_bytes / GIB - gib) < 0.005, gpu_id  # printed to 0.01 GiB
+        assert gpu.cuda_total_source, gpu_id
+    for gpu in catalog.values():  # a little below the driver's total, or unknown (None)
+        if gpu.cuda_total_bytes is not None:
+            assert 0.9 * gpu.total_bytes < gpu.cuda_total_bytes <= gpu.total_bytes, gpu.id
+    assert catalog["h200-141gb"].cuda_total_bytes is None  # no published reading found
+
+
+def test_cuda_total_is_validated() -> None:
+    with pytest.raises(ValueError, match="cuda_total_bytes=200"):
+        GPU(
+            id="x", name="X", vendor="nvidia", marketed="1 GB", total_bytes=100,
+            cuda_total_bytes=200, reserved_bytes=10, source="s",
+        )  # fmt: skip

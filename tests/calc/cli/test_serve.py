@@ -1,0 +1,60 @@
+"""`python -m calc serve`: vLLM's flags reach `calc.Serving`, the JSON is `calc.serve`'s answer,
+bad input exits 2 naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import calc
+from calc.cli.main import main
+from tests.specs import TINY_CONFIG
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(TINY_CONFIG))
+    return path
+
+
+def test_json_is_calc_serve_with_the_flags_mapped(
+    config: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["serve", "--config", str(config), "--total-gib", "2", "--vllm-version", "0.10.1",
+            "--dtype", "half", "--kv-cache-dtype", "fp8", "-q", "awq", "--max-model-len", "64",
+            "--max-num-seqs", "8", "--block-size", "32", "--enforce-eager", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    serving = calc.Serving(
+        vllm_version="0.10.1", dtype="fp16", kv_cache_dtype="fp8", quant="w4a16",
+        max_model_len=64, max_num_seqs=8, block_size=32, enforce_eager=True,
+    )  # fmt: skip
+    model = calc.ModelSpec.from_hf_config(TINY_CONFIG)  # what --config reads
+    want = calc.serve(model, serving, total_bytes=2 * 2**30)
+    assert out["kv_cache_tokens"] == want.kv_cache_tokens
+    assert out["weights_bytes"] == want.weights_bytes
+    assert out["serving"]["quant"] == "w4a16" and out["serving"]["dtype"] == "fp16"
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization=1.5"),
+        (["--dtype", "int4"], "dtype='int4'"),
+        (["--quantization", "bnb"], "quantization='bnb'"),
+        (["--block-size", "7"], "block_size=7"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_field(
+    config: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
+) -> None:
+    assert main(["serve", "--config", str(config), "--total-gib", "2", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_gpu_or_a_total_is_required(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--config", str(config)]) == 2
+    assert "--gpu" in capsys.readouterr().err
