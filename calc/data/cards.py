@@ -1,6 +1,6 @@
-"""Model cards, and the other data files of ``calc``: the only module of ``calc`` that touches
-files (model cards, the GPU catalog ``hardware/gpus.json``, the latest verify report, and the
-planner's compiled cache).
+"""Model cards, and the other data files of ``calc``: with ``calc.data.hub`` (a config.json by
+Hugging Face id), the only module of ``calc`` that touches files (model cards, the GPU catalog
+``hardware/gpus.json``, the latest verify report, and the planner's compiled cache).
 
 A card is a folder ``model_cards/<id>/`` holding the upstream Hugging Face ``config.json``
 (unedited) and ``published.json`` with a parameter count published elsewhere, with its source.
