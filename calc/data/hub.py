@@ -70,8 +70,10 @@ def _offline_by_env() -> bool:
 
 
 def _import_hub() -> Any:
-    try:
+    try:  # its submodules load lazily: import the two read here by attribute
         import huggingface_hub
+        import huggingface_hub.constants
+        import huggingface_hub.errors
     except ImportError:
         raise ValueError(
             "loading a model by Hugging Face id needs huggingface_hub: pip install 'vramplan[hub]' "

@@ -3,7 +3,6 @@ through a stand-in for the Hub's answer; never the network."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,34 +11,9 @@ import pytest
 
 import calc
 from calc.data.hub import from_pretrained, load_hub_config
+from tests.hub_cache import TINY, write_snapshot
 
 hub = pytest.importorskip("huggingface_hub")
-
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
-# A tiny llama, the one tests/calc/data/test_model_cards.py counts by hand: 1352 parameters.
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 8,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 16,
-    "vocab_size": 10,
-    "tie_word_embeddings": False,
-}
-
-
-def write_snapshot(cache: Path, repo_id: str, config: dict | str) -> Path:
-    """The layout huggingface_hub's cache keeps (huggingface_hub/file_download.py,
-    ``repo_folder_name``, ``refs/<revision>``, ``snapshots/<commit>/<file>``)."""
-    folder = cache / ("models--" + repo_id.replace("/", "--"))
-    (folder / "refs").mkdir(parents=True)
-    (folder / "refs" / "main").write_text(COMMIT)
-    snapshot = folder / "snapshots" / COMMIT
-    snapshot.mkdir(parents=True)
-    text = config if isinstance(config, str) else json.dumps(config)
-    (snapshot / "config.json").write_text(text)
-    return snapshot / "config.json"
 
 
 @pytest.fixture

@@ -1,0 +1,34 @@
+"""A Hugging Face cache folder written by a test (tests/calc/data/test_hub.py, the CLI's
+--model tests): the layout huggingface_hub keeps, so the code under test reads it as it would a
+real download, with no network."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+# A tiny llama, the one tests/calc/data/test_model_cards.py counts by hand: 1352 parameters.
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 8,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 16,
+    "vocab_size": 10,
+    "tie_word_embeddings": False,
+}
+
+
+def write_snapshot(cache: Path, repo_id: str, config: dict | str) -> Path:
+    """The layout huggingface_hub's cache keeps (huggingface_hub/file_download.py,
+    ``repo_folder_name``, ``refs/<revision>``, ``snapshots/<commit>/<file>``)."""
+    folder = cache / ("models--" + repo_id.replace("/", "--"))
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(COMMIT)
+    snapshot = folder / "snapshots" / COMMIT
+    snapshot.mkdir(parents=True)
+    text = config if isinstance(config, str) else json.dumps(config)
+    (snapshot / "config.json").write_text(text)
+    return snapshot / "config.json"
