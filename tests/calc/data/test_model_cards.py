@@ -173,3 +173,10 @@ def test_with_overrides_scales_down() -> None:
     assert spec.n_params < load_card("llama-2-7b").n_params
     with pytest.raises(ValueError, match="n_layers"):
         load_card("llama-2-7b").with_overrides(n_layers=0)
+
+
+def test_docs_list_every_card() -> None:
+    # docs/cli.md's table of model cards stays complete as cards are added.
+    text = (CARDS_DIR.parent / "docs" / "cli.md").read_text(encoding="utf-8")
+    for card_id in list_cards():
+        assert f"| `{card_id}` |" in text, card_id
