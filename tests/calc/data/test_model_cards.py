@@ -39,6 +39,9 @@ EXPECTED_CARDS = {
     "phi-4",
     "mixtral-8x7b",
     "qwen3-30b-a3b",
+    "olmo-2-7b-instruct",
+    "granite-3.3-8b-instruct",
+    "deepseek-v3",
 }
 
 MODELLED_CARDS = [c for c in list_cards() if load_card_config(c).get("model_type") in MODEL_TYPES]
