@@ -42,6 +42,8 @@ EXPECTED_CARDS = {
     "olmo-2-7b-instruct",
     "granite-3.3-8b-instruct",
     "deepseek-v3",
+    "gemma-2-9b",
+    "gemma-3-1b-it",
 }
 
 MODELLED_CARDS = [c for c in list_cards() if load_card_config(c).get("model_type") in MODEL_TYPES]
