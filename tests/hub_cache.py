@@ -7,18 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.specs import TINY_LLAMA_HF_CONFIG
+
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-# A tiny llama, the one tests/calc/data/test_model_cards.py counts by hand: 1352 parameters.
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 8,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 16,
-    "vocab_size": 10,
-    "tie_word_embeddings": False,
-}
+TINY = TINY_LLAMA_HF_CONFIG
+"""The tiny llama of tests/specs.py: 1352 parameters, counted by hand."""
 
 
 def write_snapshot(cache: Path, repo_id: str, config: dict | str) -> Path:

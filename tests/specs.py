@@ -7,6 +7,7 @@ forward 24 (SwiGLU), vocabulary 50, RMSNorm, RoPE, no biases, untied head, no dr
 ``tiny_llama64()`` is the same at hidden 64 (4 heads of 16, feed-forward 128, vocabulary 64), the
 size the parallelism tests split (tp 2 and 4 divide the heads). ``tiny_training()`` is the job
 those tests run: one sequence of 8 tokens, fp32, AdamW as a per-tensor loop, reference model.
+``TINY_LLAMA_HF_CONFIG`` is a tiny llama as a Hugging Face config.json (1352 parameters).
 ``recorded(name)`` is a verify case as the committed report recorded it, with the peak the CPU
 tracker measured: an expected value calc did not make.
 """
@@ -36,6 +37,15 @@ TINY_LLAMA_FIELDS: dict[str, object] = {
 def tiny_llama(**changes: object) -> calc.ModelSpec:
     """The tiny llama above, with ``changes`` applied."""
     return calc.ModelSpec(**{**TINY_LLAMA_FIELDS, **changes})  # type: ignore[arg-type]
+
+
+TINY_LLAMA_HF_CONFIG: dict[str, object] = {
+    "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+"""A Hugging Face config.json of a tiny llama (head_dim 4, GQA 2:1, untied): 1352 parameters,
+counted by hand in tests/calc/data/test_model_cards.py (test_tiny_llama_hand_count)."""
 
 
 TINY_LLAMA64_CHANGES: dict[str, object] = {

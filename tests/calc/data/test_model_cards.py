@@ -17,6 +17,7 @@ from calc.data.cards import (
     published_params,
     published_params_precision,
 )
+from tests.specs import TINY_LLAMA_HF_CONFIG
 
 EXPECTED_CARDS = {
     "gpt2",
@@ -106,17 +107,7 @@ def test_tiny_llama_hand_count() -> None:
     #   final norm        h                = 8
     #   lm_head           V*h              = 80
     #   total = 80 + 1184 + 8 + 80 = 1352
-    config = {
-        "model_type": "llama",
-        "hidden_size": 8,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "intermediate_size": 16,
-        "vocab_size": 10,
-        "tie_word_embeddings": False,
-    }
-    spec = ModelSpec.from_hf_config(config)
+    spec = ModelSpec.from_hf_config(TINY_LLAMA_HF_CONFIG)
     assert spec.head_dim == 4
     assert spec.n_params == 1352
 
