@@ -2,6 +2,7 @@
 
 >>> import calc
 >>> model = calc.load_card("qwen2.5-32b")
+>>> # or by Hugging Face id (config.json only): calc.from_pretrained("Qwen/Qwen3-32B")
 >>> job = calc.Training(micro_batch=1, seq_len=2048, precision="bf16", optimizer="adamw")
 >>> est = calc.estimate(model, job)  # doctest: +SKIP
 
@@ -21,6 +22,7 @@ from calc.config.parallelism import Parallelism
 from calc.config.pruning import Pruning
 from calc.config.serving import Serving
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
+from calc.data.hub import HubConfig, from_pretrained, load_hub_config
 from calc.estimate.api import estimate
 from calc.estimate.result import Estimate
 from calc.serving.api import ServeEstimate, serve
@@ -30,6 +32,7 @@ __all__ = [
     "GIB",
     "Distill",
     "Estimate",
+    "HubConfig",
     "Inference",
     "LoRA",
     "ModelSpec",
@@ -41,9 +44,11 @@ __all__ = [
     "Serving",
     "Training",
     "estimate",
+    "from_pretrained",
     "list_cards",
     "load_card",
     "load_card_config",
+    "load_hub_config",
     "plan",
     "pruned_spec",
     "published_params",

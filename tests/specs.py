@@ -7,6 +7,7 @@ forward 24 (SwiGLU), vocabulary 50, RMSNorm, RoPE, no biases, untied head, no dr
 ``tiny_llama64()`` is the same at hidden 64 (4 heads of 16, feed-forward 128, vocabulary 64), the
 size the parallelism tests split (tp 2 and 4 divide the heads). ``tiny_training()`` is the job
 those tests run: one sequence of 8 tokens, fp32, AdamW as a per-tensor loop, reference model.
+``TINY_LLAMA_HF_CONFIG`` is a tiny llama as a Hugging Face config.json (1352 parameters).
 ``recorded(name)`` is a verify case as the committed report recorded it, with the peak the CPU
 tracker measured: an expected value calc did not make.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import calc
 from calc.config.jobs import Inference, Training
+from calc.config.model_spec import MODEL_TYPES
 
 REPORT = Path(__file__).resolve().parents[1] / "verify" / "reports" / "latest" / "report.json"
 """The committed report of the full verification battery (peaks measured by the CPU tracker)."""
@@ -45,6 +47,15 @@ TINY_CONFIG: dict[str, object] = {
     "tie_word_embeddings": False,
 }  # fmt: skip
 """`tiny_llama`'s shapes as a Hugging Face ``config.json`` (what the CLI tests write to disk)."""
+
+
+TINY_LLAMA_HF_CONFIG: dict[str, object] = {
+    "model_type": "llama", "hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2,
+    "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 10,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+"""A Hugging Face config.json of a tiny llama (head_dim 4, GQA 2:1, untied): 1352 parameters,
+counted by hand in tests/calc/data/test_model_cards.py (test_tiny_llama_hand_count)."""
 
 
 TINY_LLAMA64_CHANGES: dict[str, object] = {
@@ -75,3 +86,8 @@ def recorded(name: str) -> tuple[calc.ModelSpec, Training | Inference, int]:
     case = _recorded_cases()[name]
     job_class = Training if case["kind"] == "training" else Inference
     return calc.ModelSpec(**case["spec"]), job_class(**case["job"]), case["measured_peak"]
+
+
+def modelled_cards() -> list[str]:
+    """The cards whose ``model_type`` calc reads today (the others are refused with a message)."""
+    return [c for c in calc.list_cards() if calc.load_card_config(c)["model_type"] in MODEL_TYPES]

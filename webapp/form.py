@@ -47,9 +47,10 @@ Kind = Literal["choice", "int", "float", "optional_int", "optional_float", "bool
 TASKS: tuple[str, ...] = ("train", "infer")
 TASK_LABELS: dict[str, str] = {"train": "training step", "infer": "inference prefill"}
 JOB_CLASS: dict[str, type] = {"train": calc.Training, "infer": calc.Inference}
-SOURCES: tuple[str, ...] = ("card", "paste", "upload")
+SOURCES: tuple[str, ...] = ("card", "hub", "paste", "upload")
 SOURCE_LABELS: dict[str, str] = {
     "card": "model card",
+    "hub": "Hugging Face id",
     "paste": "paste config.json",
     "upload": "upload config.json",
 }
@@ -364,6 +365,7 @@ PAGE_DEFAULTS: dict[str, object] = {
     "gpu": "",
     "device": "cuda",
     "config": "",
+    "hf_id": "",
     "plan.task": "",
     "plan.global_batch": 8,
     "plan.gpu_count": 1,
@@ -506,7 +508,7 @@ def _first(value: object) -> str:
 def known_params() -> set[str]:
     """Every query parameter a link may carry: the page's, the planner's and each task's fields."""
     fields = {f.name for task in TASKS for f in fields_of(task)}
-    return {"task", "card", "gpu", "device", "config", *PLAN_PARAMS, *fields}
+    return {"task", "card", "gpu", "device", "config", "model", *PLAN_PARAMS, *fields}
 
 
 def _bound(x: float) -> str:
@@ -537,6 +539,17 @@ def _catalog_values(
     return warnings
 
 
+def _custom_model(get: Mapping[str, str], state: dict[str, object]) -> None:
+    """A link's pasted config (``config=``) or Hugging Face id (``model=``, checked when the
+    page loads it) into the page state."""
+    if "config" in get:
+        state["source"] = "paste"
+        state["config"] = get["config"]
+    if "model" in get:
+        state["source"] = "hub"
+        state["hf_id"] = get["model"].strip()
+
+
 def from_query(
     params: Mapping[str, object], cards: tuple[str, ...], gpus: tuple[str, ...]
 ) -> tuple[dict[str, object], list[str]]:
@@ -558,9 +571,7 @@ def from_query(
         task = "train"
     state["task"] = task
     warnings += _catalog_values(get, state, cards, gpus)
-    if "config" in get:
-        state["source"] = "paste"
-        state["config"] = get["config"]
+    _custom_model(get, state)
     for param, key in PLAN_PARAMS.items():
         if param in get:
             try:
@@ -588,12 +599,14 @@ def _text(value: object) -> str:
 
 
 def to_query(state: Mapping[str, object], config: Mapping[str, object] | None = None) -> dict:
-    """The query parameters of a shareable link: the task, the model (card id, or a custom
-    config as minified JSON when it is short enough), the GPU, and the job fields of the
+    """The query parameters of a shareable link: the task, the model (card id, Hugging Face id,
+    or a custom config as minified JSON when it is short enough), the GPU, and the job fields of the
     selected task that differ from their defaults."""
     task = str(state.get("task", "train"))
     out: dict[str, str] = {"task": task}
-    if state.get("source", "card") == "card" or config is None:
+    if state.get("source") == "hub" and str(state.get("hf_id", "")).strip():
+        out["model"] = str(state["hf_id"]).strip()
+    elif state.get("source", "card") == "card" or config is None:
         out["card"] = str(state.get("card", DEFAULT_CARD))
     else:
         text = json.dumps(config, separators=(",", ":"), sort_keys=True)

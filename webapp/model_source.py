@@ -1,4 +1,5 @@
-"""The model of the web calculator: a model card, or a ``config.json`` the user pasted or uploaded.
+"""The model of the web calculator: a model card, a Hugging Face id (its ``config.json`` through
+huggingface_hub's cache), or a ``config.json`` the user pasted or uploaded.
 
 A user's config is read as JSON (``json.loads``), never evaluated, and refused with one message
 naming the problem when it is too large, not UTF-8, not JSON, not an object, or has fields
@@ -26,12 +27,24 @@ class Model:
     """Card id, or ``custom config.json`` for a user's config."""
     config: dict | None
     """A user's parsed config (None for a card: the card id is enough for a link)."""
+    notice: str | None = None
+    """A line for the page: the config came from the Hugging Face cache offline."""
 
 
 def from_card(card_id: str) -> Model:
     """A model card by id (``ValueError`` naming the known ids if unknown)."""
     spec = calc.load_card(card_id)
     return Model(spec=spec, label=spec.name, config=None)
+
+
+def from_hub(repo_id: str) -> Model:
+    """A model by Hugging Face id (``calc.load_hub_config``: config.json only, the cached copy
+    offline). Raises ``ValueError`` with one line naming the problem."""
+    hub_config = calc.load_hub_config(repo_id)
+    spec = calc.ModelSpec.from_hf_config(hub_config.config, name=hub_config.repo_id)
+    return Model(
+        spec=spec, label=hub_config.repo_id, config=hub_config.config, notice=hub_config.notice
+    )
 
 
 def from_config_bytes(data: bytes | str, name: str = "config.json") -> Model:

@@ -16,7 +16,7 @@ import streamlit as st
 import calc
 from calc.data import gpus
 from webapp import form
-from webapp.model_source import Model, from_card, from_config_bytes
+from webapp.model_source import Model, from_card, from_config_bytes, from_hub
 
 STATE = "state"
 """Session-state key of the page state (a dict keyed by widget key)."""
@@ -62,6 +62,34 @@ def card_ids() -> tuple[str, ...]:
 def card_model(card_id: str) -> Model:
     """A model card, parsed once per server."""
     return from_card(card_id)
+
+
+@st.cache_resource(max_entries=64, ttl=600, show_spinner="reading config.json from the Hub...")
+def hub_model(repo_id: str) -> Model:
+    """A model by Hugging Face id, asked of the Hub at most once per 10 minutes (every rerun
+    would ask otherwise); a refusal is not cached."""
+    return from_hub(repo_id)
+
+
+def _hub_input(state: dict) -> tuple[Model | None, list[str]]:
+    st.text_input(
+        "Hugging Face id",
+        key="hf_id",
+        placeholder="Qwen/Qwen3-32B",
+        help="ORG/NAME of a model on the Hugging Face Hub: its config.json only, through "
+        "huggingface_hub's local cache (offline: the cached copy)",
+    )
+    state["hf_id"] = st.session_state["hf_id"]
+    repo_id = str(state["hf_id"]).strip()
+    if not repo_id:
+        return None, ["type a Hugging Face model id, e.g. Qwen/Qwen3-32B"]
+    try:
+        model = hub_model(repo_id)
+    except ValueError as exc:
+        return None, [str(exc)]
+    if model.notice:
+        st.info(model.notice, icon=":material/cloud_off:")
+    return model, []
 
 
 def _default_gpu(catalog: dict[str, gpus.GPU]) -> str:
@@ -152,14 +180,19 @@ def _radio(
 
 
 def _model_inputs(state: dict) -> tuple[Model | None, list[str]]:
-    for key in ("source", "card", "config"):
+    for key in ("source", "card", "config", "hf_id"):
         bind(key, state)
     _radio("model from", form.SOURCES, "source", form.SOURCE_LABELS, state)
     errors: list[str] = []
     if state["source"] == "card":
         st.selectbox("model card", card_ids(), key="card")
         state["card"] = st.session_state["card"]
-        return card_model(state["card"]), errors
+        try:  # a card of an architecture calc does not read yet
+            return card_model(state["card"]), errors
+        except ValueError as exc:
+            return None, [str(exc)]
+    if state["source"] == "hub":
+        return _hub_input(state)
     if state["source"] == "paste":
         st.text_area(
             "config.json",

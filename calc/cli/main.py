@@ -22,7 +22,7 @@ from calc.cli import prune_distill as cli_prune_distill
 from calc.cli import report as cli_report
 from calc.cli import serve as cli_serve
 from calc.cli.exits import run_reporting_errors
-from calc.cli.model_source import DEFAULT_CARD, load_model
+from calc.cli.model_source import DEFAULT_CARD, MODEL_HELP, load_model
 from calc.config import jobs
 from calc.config.jobs import Inference, Training
 from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument(
         "--config", metavar="PATH", type=Path, help="a Hugging Face config.json to read instead"
     )
+    src.add_argument("--model", metavar="ORG/NAME", help=MODEL_HELP)
     src.add_argument("--list-cards", action="store_true", help="print the card ids and exit")
 
     p.add_argument("--task", choices=("train", "infer"), default="train", help="default: train")

@@ -1,14 +1,17 @@
-"""Which model a command line names: a model card id (``--card``) or a Hugging Face
-``config.json`` (``--config``). Shared by ``python -m calc``, ``plan`` and ``report``."""
+"""Which model a command line names: a model card id (``--card``), a Hugging Face
+``config.json`` (``--config``) or a Hugging Face id (``--model ORG/NAME``: its config.json
+through huggingface_hub's cache). Shared by ``python -m calc``, ``plan`` and ``report``."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import load_card
+from calc.data.hub import load_hub_config
 
 DEFAULT_CARD = "qwen2.5-32b"
 """The model card of a command line that names none."""
@@ -22,19 +25,35 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     return p
 
 
+MODEL_HELP = (
+    "a Hugging Face model id, e.g. Qwen/Qwen3-32B: its config.json only, through "
+    "huggingface_hub's local cache (offline, HF_HUB_OFFLINE=1: the cached copy)"
+)
+"""The help of ``--model``, shared with ``python -m calc``'s own parser."""
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """``--card ID`` or ``--config PATH`` (mutually exclusive) on ``p``."""
+    """``--card ID``, ``--config PATH`` or ``--model ORG/NAME`` (mutually exclusive) on ``p``."""
     src = p.add_mutually_exclusive_group()
     src.add_argument("--card", metavar="ID", help=f"model card id (default {DEFAULT_CARD})")
     src.add_argument(
         "--config", metavar="PATH", type=Path, help="a Hugging Face config.json instead"
     )
+    src.add_argument("--model", metavar="ORG/NAME", help=MODEL_HELP)
 
 
 def load_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
-    """The ``ModelSpec`` the arguments name (``args.config``: a ``Path`` or None; ``args.card``:
-    a card id or None, default `DEFAULT_CARD`), and a label for it. ``ValueError`` for a
-    config that cannot be read or is not JSON."""
+    """The ``ModelSpec`` the arguments name (``args.config``: a ``Path`` or None;
+    ``args.model``: a Hugging Face id or None; ``args.card``: a card id or None, default
+    `DEFAULT_CARD`), and a label for it. ``ValueError`` for a config that cannot be read or is
+    not JSON, or a Hugging Face id that cannot be had (see ``calc.data.hub``). A config read
+    from the cache offline says so on stderr."""
+    if getattr(args, "model", None) is not None:
+        hub_config = load_hub_config(args.model)
+        if hub_config.notice is not None:
+            print(f"note: {hub_config.notice}", file=sys.stderr)
+        spec = ModelSpec.from_hf_config(hub_config.config, name=hub_config.repo_id)
+        return spec, hub_config.repo_id
     if args.config is not None:
         path: Path = args.config
         try:

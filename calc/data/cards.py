@@ -1,6 +1,6 @@
-"""Model cards, and the other data files of ``calc``: the only module of ``calc`` that touches
-files (model cards, the GPU catalog ``hardware/gpus.json``, the latest verify report, and the
-planner's compiled cache).
+"""Model cards, and the other data files of ``calc``: with ``calc.data.hub`` (a config.json by
+Hugging Face id), the only module of ``calc`` that touches files (model cards, the GPU catalog
+``hardware/gpus.json``, the latest verify report, and the planner's compiled cache).
 
 A card is a folder ``model_cards/<id>/`` holding the upstream Hugging Face ``config.json``
 (unedited) and ``published.json`` with a parameter count published elsewhere, with its source.
@@ -57,13 +57,23 @@ def load_card(card_id: str) -> ModelSpec:
     return ModelSpec.from_hf_config(_read_json(folder / "config.json"), name=folder.name)
 
 
-def published_params(card_id: str) -> int:
-    """The published parameter count from the card's ``published.json``."""
-    path = _card_dir(card_id) / "published.json"
-    value = _read_json(path).get("n_params")
+def _positive_int(path: Path, key: str, default: int | None = None) -> int:
+    value = _read_json(path).get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"n_params={value!r} in {path} must be a positive integer")
+        raise ValueError(f"{key}={value!r} in {path} must be a positive integer")
     return value
+
+
+def published_params(card_id: str) -> int:
+    """The published parameter count from the card's ``published.json`` (exact, or rounded
+    to `published_params_precision` where the publisher only gives a rounded figure)."""
+    return _positive_int(_card_dir(card_id) / "published.json", "n_params")
+
+
+def published_params_precision(card_id: str) -> int:
+    """The unit the published count is rounded to (``n_params_precision`` in
+    ``published.json``, e.g. 100,000,000 for "27.2B"); 1 where the count is exact."""
+    return _positive_int(_card_dir(card_id) / "published.json", "n_params_precision", 1)
 
 
 GPU_CATALOG_PATH: Path = CARDS_DIR.parent / "hardware" / "gpus.json"

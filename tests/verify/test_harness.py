@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from calc.config import jobs
 from calc.config.jobs import Inference, Training
-from calc.data.cards import list_cards, load_card
+from calc.data.cards import load_card
+from tests.specs import modelled_cards
 
 torch = pytest.importorskip("torch")
 
@@ -28,7 +29,7 @@ from verify.run.report import summary, summary_line, write_report  # noqa: E402
 from verify.run.runner import STATUSES, Record, run_case  # noqa: E402
 from verify.run.step import sdpa_backend_for  # noqa: E402
 
-CARDS = list_cards()
+CARDS = modelled_cards()
 STRUCTURE = (
     "model_type", "mlp", "norm", "qkv_bias", "o_bias", "mlp_bias", "norm_bias", "qk_norm",
     "tied_embeddings", "learned_positions", "attention_dropout", "hidden_dropout",

@@ -18,7 +18,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import calc
+from calc.config.model_spec import MODEL_TYPES
 from calc.data import gpus
+from tests.hub_cache import write_snapshot
 from webapp import form
 
 APP = str(Path(__file__).resolve().parents[2] / "app.py")
@@ -323,6 +325,34 @@ def test_card_picker_and_device_switch() -> None:
     cpu = calc.estimate(calc.load_card("gpt2"), job, device="cpu")
     assert _metric(at, "peak per GPU") == _expected_gib(cpu.peak_bytes)
     assert _query_value(at, "device") == "cpu"
+
+
+def test_hugging_face_id_from_the_local_cache(tmp_path: Path, monkeypatch) -> None:
+    hub = pytest.importorskip("huggingface_hub.constants")
+    write_snapshot(tmp_path, "Qwen/Qwen2.5-0.5B", calc.load_card_config("qwen2.5-0.5b"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the cache written above, never the network
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    at = _app({"model": "Qwen/Qwen2.5-0.5B"})
+    job = calc.Training(micro_batch=1, seq_len=2048)
+    _check_page(at, calc.load_card("qwen2.5-0.5b"), job, "h100-80gb")
+    assert "offline" in _messages(at)  # says the cached copy was used
+    assert _query_value(at, "model") == "Qwen/Qwen2.5-0.5B"
+    at.text_input(key="hf_id").set_value("Org/Absent").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Org/Absent" in _messages(at)
+    assert not at.metric
+
+
+def test_a_card_calc_cannot_read_yet_is_a_message_not_an_exception() -> None:
+    unread = [
+        c for c in calc.list_cards() if calc.load_card_config(c)["model_type"] not in MODEL_TYPES
+    ]
+    if not unread:
+        pytest.skip("every card's architecture is read")
+    at = _app({"card": unread[0]})
+    assert not at.exception, [e.value for e in at.exception]
+    assert "model_type" in _messages(at)
+    assert not at.metric
 
 
 def test_an_invalid_combination_is_an_error_message_not_an_exception() -> None:

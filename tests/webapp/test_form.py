@@ -206,6 +206,16 @@ def test_custom_config_travels_in_the_url_as_json() -> None:
     )
 
 
+def test_hugging_face_id_travels_in_the_url() -> None:
+    state = {**form.defaults(), "source": "hub", "hf_id": " Qwen/Qwen3-32B "}
+    query = form.to_query(state, {"model_type": "qwen3"})  # the id, not its config, is linked
+    assert query["model"] == "Qwen/Qwen3-32B"
+    assert "config" not in query and "card" not in query
+    back, warnings = form.from_query(query, CARDS, GPUS)
+    assert warnings == []
+    assert (back["source"], back["hf_id"]) == ("hub", "Qwen/Qwen3-32B")
+
+
 # ----------------------------------------------------------------------------- model source
 
 

@@ -8,6 +8,7 @@ the CLI must print (GiB, shares, headroom) are derived by hand below, not read f
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pytest
 
 import calc
 from calc.cli import main as cli
+from calc.cli import model_source
+from tests.hub_cache import TINY, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
 GIB = 2**30
@@ -153,6 +156,38 @@ def test_config_file_is_read_as_the_model(calls, capsys, tmp_path: Path) -> None
     assert calls[0][0].n_params == calc.ModelSpec.from_hf_config(config).n_params
 
 
+def test_model_id_is_read_from_the_hub_cache(calls, capsys, tmp_path, monkeypatch) -> None:
+    hub = pytest.importorskip("huggingface_hub.constants")
+    write_snapshot(tmp_path, "Org/Tiny", TINY)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path))
+    code, _, err = run_cli(["--model", "Org/Tiny"], capsys)
+    assert code == 0, err
+    assert calls[0][0].n_params == 1352  # hand count: test_model_cards.test_tiny_llama_hand_count
+    assert "offline" in err and "Org/Tiny" in err  # says the cached copy was used
+    # plan and report take the same argument
+    args = model_source.parser("plan", "").parse_args(["--model", "Org/Tiny"])
+    model, label = model_source.load_model(args)
+    assert (model.n_params, label) == (1352, "Org/Tiny")
+
+
+def test_model_id_in_a_real_process(tmp_path) -> None:
+    # A fresh interpreter: huggingface_hub imported only by --model, its cache from HF_HUB_CACHE.
+    pytest.importorskip("huggingface_hub")
+    write_snapshot(tmp_path, "Org/Tiny", TINY)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path)}
+    argv = [sys.executable, "-m", "calc", "--model", "Org/Tiny"]
+    argv += ["--seq-len", "8", "--implementation", "reference", "--json"]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["n_params"] == 1352
+    assert "offline" in proc.stderr
+    missing = [*argv[:4], "Org/Absent"]
+    proc = subprocess.run(missing, capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert proc.returncode == 2
+    assert "Org/Absent" in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_list_cards_prints_every_card(capsys) -> None:
     code, out, _ = run_cli(["--list-cards"], capsys)
     assert code == 0
@@ -196,6 +231,8 @@ BAD_INPUTS = [
     (["--task", "serve"], "--task"),
     (["--device", "tpu"], "--device"),
     (["--card", "gpt2", "--config", "x.json"], "--config"),
+    (["--card", "gpt2", "--model", "Org/Tiny"], "--model"),
+    (["--model", "not a/hub id"], "Hugging Face id"),
 ]
 
 
