@@ -13,6 +13,8 @@ scenario (a repeat would be served from ``st.cache_resource``):
 
 * ``size``: micro-batch or sequence length changes (the common interaction: new estimate and
   new sweeps from the already compiled expressions);
+* ``accumulation``: gradient accumulation set to 2, 64, 1000, 4096 and 65,536 in turn (one
+  compiled structure serves every count from two on);
 * ``gpu``: the GPU changes (estimate cached, verdict and charts redrawn);
 * ``structure-cached``: a choice that changes the compiled structure (precision) toggles
   between values compiled before in this process;
@@ -88,6 +90,15 @@ def main(argv: list[str] | None = None) -> int:
         at.number_input(key="train.seq_len").set_value(seq)
         times.append(_timed_run(at))
     results["size"] = times
+
+    times = []  # one compiled structure serves every grad_accum >= 2 (issue 16)
+    accums = (2, 64, 1000, 4096, 65536)
+    for i in range(args.reruns):
+        at.number_input(key="train.grad_accum").set_value(accums[i % len(accums)])
+        times.append(_timed_run(at))
+    results["accumulation"] = times
+    at.number_input(key="train.grad_accum").set_value(1)
+    _timed_run(at)
 
     times = []
     for i in range(args.reruns):

@@ -31,6 +31,11 @@ if MISSING and os.environ.get("CI"):
     pytest.fail(f"end-to-end test needs {', '.join(MISSING)}", pytrace=False)
 pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"needs {', '.join(MISSING)}")
 
+HANG_GUARD_SECONDS = 20.0
+"""Longest a page may take to show its verdict once its structure is compiled: far above a
+normal answer (well under a second, `benchmarks/bench_app.py`), far below a replay per
+micro-batch."""
+
 
 @pytest.fixture(scope="module")
 def server_url() -> str:
@@ -76,9 +81,13 @@ def test_verification_page_in_chromium(server_url: str) -> None:
     assert "Traceback" not in body
 
 
-def test_the_largest_accumulation_answers_within_a_second(server_url: str) -> None:
+def test_the_largest_accumulation_answers_like_the_smallest(server_url: str) -> None:
     """``?card=gpt2&grad_accum=1000`` ran the server out of memory, one replay per micro-batch
-    (issue 16). With the structure compiled (the first load), 65,536 answers like 2 does."""
+    (issue 16). With the structure compiled (the first load), 65,536 answers like 2 does.
+
+    The bound is a guard against that replay coming back (it took minutes), loose enough for a
+    loaded machine; how fast the page answers is measured by ``benchmarks/bench_app.py``, not
+    here."""
     est = calc.estimate(
         calc.load_card("gpt2"), calc.Training(micro_batch=1, seq_len=2048, grad_accum=2)
     )
@@ -92,4 +101,4 @@ def test_the_largest_accumulation_answers_within_a_second(server_url: str) -> No
         browser.load(page, f"{server_url}/?card=gpt2&grad_accum=65536", browser.VERDICT)
         body = page.inner_text("body")
     assert f"{est.peak_bytes / 2**30:.2f} GiB" in body and "Traceback" not in body
-    assert seconds < 1.0, f"{seconds:.2f} s"
+    assert seconds < HANG_GUARD_SECONDS, f"{seconds:.2f} s"
