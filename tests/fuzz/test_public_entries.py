@@ -7,8 +7,10 @@ the command line, links and the planner's evaluate. The only outcomes allowed:
 - ``ValueError`` (bad input, named) or ``NotImplementedError`` (not modelled, named), one line;
 - the CLI: status 0, or status 2 with one line on stderr and no traceback.
 
-Each example has a deadline (hypothesis fails a slow one); the structures are those of a tiny
-model, so a compile is milliseconds. ``VRAMPLAN_FUZZ_EXAMPLES`` raises the count (the nightly
+Each example of the fast entries has a deadline (hypothesis fails one that takes a minute: a
+replay that grows with an input, as grad_accum's did); the structures are those of a tiny model,
+so a compile is milliseconds. The planner's examples have none: their first compile takes tens
+of seconds on a loaded machine (how fast things are is measured in benchmarks/). ``VRAMPLAN_FUZZ_EXAMPLES`` raises the count (the nightly
 run: ``VRAMPLAN_FUZZ_EXAMPLES=5000 python -m pytest tests/fuzz``).
 """
 
@@ -40,10 +42,12 @@ PLAN_TASKS = planner.TASKS if NIGHTLY else ("full-finetune", "inference")
 tasks on 8 GPUs), so CI takes two and the nightly run all."""
 FUZZ = settings(
     max_examples=EXAMPLES,
-    deadline=timedelta(seconds=20),
+    deadline=timedelta(seconds=60),
     suppress_health_check=[HealthCheck.too_slow],
 )
-FUZZ_SLOW = settings(FUZZ, max_examples=EXAMPLES if "VRAMPLAN_FUZZ_EXAMPLES" in os.environ else 60)
+FUZZ_SLOW = settings(
+    FUZZ, max_examples=EXAMPLES if "VRAMPLAN_FUZZ_EXAMPLES" in os.environ else 60, deadline=None
+)
 """Entries whose example costs a planner compile or an app run: fewer in CI."""
 MODEL = tiny_llama(n_layers=3)
 
