@@ -50,6 +50,7 @@ Before the replay: the weights, the prompt ids, and the rotary embedding's two b
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from calc import symbols as S
 from calc.config.compression import Quant
@@ -115,6 +116,12 @@ def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[R.Shap
     return shape.numeric_shape(model, job, device, check)
 
 
+class CacheLayer(Protocol):
+    """A cache layer as the attention sees it: ``update`` returns the keys and values to attend."""
+
+    def update(self, tape: Tape, sh: R.Shape, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
 # -- StaticLayer ----------------------------------------------------------------------------------
 class _StaticLayer:
     """One ``StaticLayer`` (or ``StaticSlidingWindowLayer`` with ``window >= context``: the same
@@ -161,7 +168,7 @@ class _StaticLayer:
 
 # -- attention / decoder layer --------------------------------------------------------------------
 def attention(
-    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: _StaticLayer
+    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: CacheLayer
 ) -> Tensor:
     """``LlamaAttention.forward`` (and mistral/qwen2/qwen3's) with a static cache, no grad."""
     n = sh.b * sh.s
@@ -195,7 +202,7 @@ def attention(
 
 
 def decoder_layer(
-    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: _StaticLayer
+    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: CacheLayer
 ) -> Tensor:
     n = sh.b * sh.s
     n1 = hf.rmsnorm(tape, x, lw["norm1"], n)

@@ -213,7 +213,9 @@ def prefill(
     model.eval()
     meter.mark("prefill")
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
-        if job.implementation == "hf":
+        if job.new_tokens > 0:
+            generate(model, ids, job)
+        elif job.implementation == "hf":
             import transformers
 
             cache = transformers.StaticCache(config=model.config, max_cache_len=job.context)
@@ -226,6 +228,15 @@ def prefill(
                 model, ids, job.context, getattr(job, "kv_quant", None)
             )
             del logits
+
+
+def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
+    """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy, the prompt without an
+    attention mask (one unpadded prompt per row), the cache ``job.cache_impl`` (``static``:
+    ``cache_implementation="static"``); the output ids are dropped at once."""
+    kw = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
+    out = model.generate(ids, max_new_tokens=job.new_tokens, do_sample=False, **kw)
+    del out
 
 
 def _takes_cache(model: torch.nn.Module) -> bool:

@@ -1,0 +1,27 @@
+"""Hugging Face ``generate`` cases (`verify.run.step.generate`): greedy, the default
+``DynamicCache``, several families, dtypes and batch/prompt/new-token counts."""
+
+from __future__ import annotations
+
+from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
+
+__all__ = ["generate_cases"]
+
+
+def generate_cases() -> list[Case]:
+    """The ``gen-*`` cases."""
+    hf = {"impl": "hf"}
+    return [
+        infer("gen-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32", **hf),
+        infer("gen-llama-bf16-long", LLAMA, batch=1, prompt=16, new_tokens=9, precision="bf16",
+              **hf),
+        infer("gen-llama3-bf16", LLAMA3, batch=3, prompt=12, new_tokens=5, precision="bf16", **hf),
+        infer("gen-qwen2-fp32-one", QWEN2, batch=2, prompt=24, new_tokens=1, precision="fp32",
+              **hf),
+        infer("gen-qwen2-bf16", QWEN2, batch=4, prompt=6, new_tokens=6, precision="bf16", **hf),
+        infer("gen-qwen3-fp32", QWEN3, batch=1, prompt=32, new_tokens=4, precision="fp32", **hf),
+        infer("gen-mistral-bf16", MISTRAL, batch=2, prompt=16, new_tokens=2, precision="bf16",
+              **hf),
+        infer("gen-mistral-fp32-long", MISTRAL, batch=2, prompt=4, new_tokens=12,
+              precision="fp32", **hf),
+    ]  # fmt: skip
