@@ -66,7 +66,9 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
     if isinstance(job, Training):
         return replace(job, micro_batch=1, seq_len=1, grad_accum=replayed_micro_batches(job))
     if job.new_tokens > 0:  # generate: every new_tokens >= 4 shares one (calc.models.hf_generate)
-        return replace(job, batch=1, context=0, prompt=1, new_tokens=replayed_new_tokens(job))
+        # batch 1 and batch > 1 differ (generate's right-padding check): two structures
+        n = replayed_new_tokens(job)
+        return replace(job, batch=min(job.batch, 2), context=0, prompt=1, new_tokens=n)
     return replace(job, batch=1, context=1, prompt=None)
 
 

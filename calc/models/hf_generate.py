@@ -11,7 +11,8 @@ line 1244) and ``cache_utils.py`` (``DynamicLayer.update``, lines 119-137). The 
 ``eos_token_id`` is set (every card's is), so the eos bookkeeping runs.
 
 Before the first forward (the setup, whose small temporaries never reach the forward's peak):
-``has_right_padding = torch.sum(...) > 0`` (utils.py:2865, a 1-byte bool alive to the end); the
+for ``b > 1``, ``has_right_padding = torch.sum(...) > 0`` (utils.py:2855-2865, a 1-byte bool
+alive to the end); the
 attention mask ``generate`` builds from the prompt is dropped again before the loop, but the
 position ids made from it (``attention_mask.long().cumsum(-1) - 1`` then ``masked_fill``,
 utils.py:919-921: int64 ``[b, s]``) stay in ``generate``'s own ``model_kwargs`` to the end;
@@ -231,12 +232,14 @@ def replay(
     compress: Compress | None = None,
     quant: Quant | None = None,
     compute: str = "bf16",
+    batch_over_one: bool = True,
 ) -> list[Event]:
     """The replay of ``generate`` for symbolic or int sizes: ``sh.s`` prompt tokens,
     ``new_tokens`` generated, ``context = s + new_tokens``. ``steps``: the decode steps to play
     (default `replayed_steps`; ``range(1, new_tokens)`` plays every one). A step ``i`` after a
     skipped one is sized from ``context`` (``L = context - (new_tokens - i)``), a step after the
-    prefill or a played step from the prompt (``L = s + i``)."""
+    prefill or a played step from the prompt (``L = s + i``). ``batch_over_one``: ``b > 1``
+    (only then does ``generate`` test the prompts for right padding)."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens} must be >= 1 for generate")
     tape = Tape(inplace_accumulate=sh.device == "cuda")
@@ -253,7 +256,8 @@ def replay(
     tape.existing(half, sh.weight_itemsize, "rotary.original_inv_freq", StorageKind.BUFFER)
     tape.phase = "prefill"
     tape.segment = "embed"
-    ops.plain(tape, 1, BOOL, "gen.has_right_padding")  # utils.py:2865, alive to the end
+    if batch_over_one:  # utils.py:2855-2865 (batch_size > 1), alive to the end
+        ops.plain(tape, 1, BOOL, "gen.has_right_padding")
     pos0 = ops.plain(tape, b * s, INT64, "gen.position_ids0")  # utils.py:919-921, to the end
     st = _State(unfinished=ops.plain(tape, b, INT64, "gen.unfinished"))
     clone = ops.plain(tape, b * s, INT64, "gen.input_clone")  # input_ids.clone()

@@ -136,6 +136,7 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         compress=compress_weights,
         quant=job.quant,
         compute=job.precision,
+        batch_over_one=job.batch > 1,
     )
 
 
