@@ -79,10 +79,14 @@ def replayed_steps(new_tokens: int) -> list[int]:
 
 
 class _DynamicLayer:
-    """One ``DynamicLayer``: ``keys``/``values`` grown by ``torch.cat`` at each ``update``."""
+    """One ``DynamicLayer`` (``keys``/``values`` grown by ``torch.cat`` at each ``update``), or
+    with ``sliding`` a ``DynamicSlidingWindowLayer`` whose window the context does not reach."""
 
-    def __init__(self, j: int) -> None:
+    def __init__(self, j: int, sliding: bool = False, device: str = "cpu") -> None:
         self.j = j
+        self.sliding = sliding
+        self.device = device
+        self.window: Tensor | None = None
         self.length: Size = 0
         """Tokens the layer holds after the next update (set before each forward)."""
         self.keys: Tensor | None = None
@@ -90,12 +94,19 @@ class _DynamicLayer:
 
     def update(self, tape: Tape, sh: R.Shape, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """``self.keys = torch.cat([self.keys, key_states], dim=-2)``, then the values
-        (cache_utils.py:136-137): the new cache made, then the old one freed."""
+        (cache_utils.py:136-137): the new cache made, then the old one freed. A sliding layer
+        makes both ``full_key_states`` and ``full_value_states`` before it rebinds either
+        (cache_utils.py:242-247); its ``lazy_initialization`` moves the window's 0-d int64 tensor
+        to the device (cache_utils.py:220: a copy on CUDA; made outside dispatch, unseen on
+        the CPU)."""
+        if self.sliding and self.keys is None and self.device == "cuda":
+            self.window = tape.new(1, INT64, "cache.window", kind=StorageKind.KV_CACHE, tag=self.j)
         numel = sh.b * sh.k * self.length * sh.d
         keys = tape.new(numel, k.itemsize, "k_cache", kind=StorageKind.KV_CACHE, tag=self.j)
-        tape.drop(self.keys)
+        if not self.sliding:
+            tape.drop(self.keys)
         values = tape.new(numel, v.itemsize, "v_cache", kind=StorageKind.KV_CACHE, tag=self.j)
-        tape.drop(self.values)
+        tape.drop(self.keys, self.values)
         self.keys, self.values = keys, values
         return tape.alias(keys), tape.alias(values)
 
@@ -233,13 +244,15 @@ def replay(
     quant: Quant | None = None,
     compute: str = "bf16",
     batch_over_one: bool = True,
+    sliding: bool = False,
 ) -> list[Event]:
     """The replay of ``generate`` for symbolic or int sizes: ``sh.s`` prompt tokens,
     ``new_tokens`` generated, ``context = s + new_tokens``. ``steps``: the decode steps to play
     (default `replayed_steps`; ``range(1, new_tokens)`` plays every one). A step ``i`` after a
     skipped one is sized from ``context`` (``L = context - (new_tokens - i)``), a step after the
     prefill or a played step from the prompt (``L = s + i``). ``batch_over_one``: ``b > 1``
-    (only then does ``generate`` test the prompts for right padding)."""
+    (only then does ``generate`` test the prompts for right padding); ``sliding``: every layer
+    a ``DynamicSlidingWindowLayer`` (mistral), its window longer than the context."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens} must be >= 1 for generate")
     tape = Tape(inplace_accumulate=sh.device == "cuda")
@@ -261,7 +274,7 @@ def replay(
     pos0 = ops.plain(tape, b * s, INT64, "gen.position_ids0")  # utils.py:919-921, to the end
     st = _State(unfinished=ops.plain(tape, b, INT64, "gen.unfinished"))
     clone = ops.plain(tape, b * s, INT64, "gen.input_clone")  # input_ids.clone()
-    layers = [_DynamicLayer(j) for j in range(sh.n_layers)]
+    layers = [_DynamicLayer(j, sliding, sh.device) for j in range(sh.n_layers)]
     for layer in layers:
         layer.length = s
     logits = forward(tape, sh, w, layers, pos0)

@@ -127,6 +127,10 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         raise NotImplementedError("generate with cache='static' is not modelled yet")
     if job.kv_quant is not None:
         raise NotImplementedError("generate with a quantized KV cache is not modelled")
+    if model.sliding_window is not None and model.model_type != "mistral":
+        raise NotImplementedError(
+            f"generate for {model.model_type} with a sliding window is not modelled yet"
+        )
     sh = shape_for_inference(model, job, device, n_layers)
     check_hf(model, job, sh)
     return hf_generate.replay(
@@ -137,6 +141,7 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         quant=job.quant,
         compute=job.precision,
         batch_over_one=job.batch > 1,
+        sliding=model.sliding_window is not None,
     )
 
 

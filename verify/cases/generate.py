@@ -24,4 +24,13 @@ def generate_cases() -> list[Case]:
               **hf),
         infer("gen-mistral-fp32-long", MISTRAL, batch=2, prompt=4, new_tokens=12,
               precision="fp32", **hf),
+        # short prompts, many new tokens: the peak is in the last decode step
+        infer("gen-llama-fp32-decode", LLAMA, batch=4, prompt=2, new_tokens=40,
+              precision="fp32", **hf),
+        infer("gen-qwen2-bf16-decode", QWEN2, batch=8, prompt=3, new_tokens=64,
+              precision="bf16", **hf),
+        infer("gen-mistral-bf16-decode", MISTRAL, batch=6, prompt=3, new_tokens=50,
+              precision="bf16", **hf),
+        infer("gen-qwen3-fp32-decode", QWEN3, batch=5, prompt=4, new_tokens=64,
+              precision="fp32", **hf),
     ]  # fmt: skip
