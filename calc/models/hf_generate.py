@@ -106,7 +106,7 @@ class _DynamicLayer:
         if not self.sliding:
             tape.drop(self.keys)
         values = tape.new(numel, v.itemsize, "v_cache", kind=StorageKind.KV_CACHE, tag=self.j)
-        tape.drop(self.keys, self.values)
+        tape.drop(self.keys if self.sliding else None, self.values)
         self.keys, self.values = keys, values
         return tape.alias(keys), tape.alias(values)
 
