@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from calc.config.compression import Quant
 from calc.models import hf
 from calc.models import reference as R
-from calc.models.hf_inference import RESIDUAL, Compress, decoder_layer
+from calc.models.hf_inference import RESIDUAL, CacheLayer, Compress, StaticLayer, decoder_layer
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Event, Size, Tape, Tensor
@@ -135,8 +135,9 @@ class _State:
 
 
 def forward(
-    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_DynamicLayer], pos: Tensor
-) -> Tensor:
+    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[CacheLayer], pos: Tensor,
+    mask_numel: Size | None = None,
+) -> Tensor:  # fmt: skip
     """``XForCausalLM.forward(input_ids, position_ids=pos, cache, use_cache=True,
     logits_to_keep=1)`` over ``sh.s`` tokens per sequence; returns the logits ``[b, V]``."""
     n = sh.b * sh.s
@@ -147,7 +148,7 @@ def forward(
     x = tape.alias(emb)
     for j, (lw, layer) in enumerate(zip(w.layers, layers, strict=True)):
         tape.segment = j
-        x_next = decoder_layer(tape, sh, x, lw, cos, sin, layer)
+        x_next = decoder_layer(tape, sh, x, lw, cos, sin, layer, mask_numel)
         x_next.storage.tag = RESIDUAL
         tape.drop(x)
         x = x_next
@@ -220,18 +221,45 @@ def _bookkeeping(tape: Tape, sh: R.Shape, length: Size, logits: Tensor, st: _Sta
     tape.drop(logits)  # del outputs
 
 
+def _static_mask(tape: Tape, b: Size, context: Size, batch_over_one: bool) -> Tensor:
+    """``create_masks_for_generate`` for a one-token step over a static cache of ``context``
+    (utils.py:748-760, ``masking_utils.sdpa_mask``): the int64 index ranges, the ``le``
+    comparison ``[1, 1, 1, c]`` bool, expanded to ``[b, 1, 1, c]`` and made contiguous by
+    ``prepare_inputs_for_generation`` (a copy for ``b > 1``)."""
+    ab = ops.plain(tape, b, INT64, "mask.batch_arange")
+    a1 = ops.plain(tape, 1, INT64, "mask.head_arange")
+    a2 = ops.plain(tape, 1, INT64, "mask.q_arange")
+    aq = ops.plain(tape, 1, INT64, "mask.q_index")
+    tape.drop(a2)
+    ak = ops.plain(tape, context, INT64, "mask.kv_arange")
+    akv = ops.plain(tape, context, INT64, "mask.kv_index")
+    tape.drop(ak)
+    le = ops.plain(tape, context, BOOL, "mask.causal")
+    tape.drop(ab, a1, aq, akv)
+    if not batch_over_one:
+        return le
+    mask = ops.plain(tape, b * context, BOOL, "mask.contiguous")
+    tape.drop(le)
+    return mask
+
+
 def _decode_step(
-    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_DynamicLayer], length: Size, st: _State
-) -> None:
-    """One decode step: the cache holds ``length`` tokens after it."""
+    tape: Tape, sh: R.Shape, w: R.Weights, layers: list, length: Size, st: _State,
+    static: tuple[Size, bool] | None = None,
+) -> None:  # fmt: skip
+    """One decode step: the cache holds ``length`` tokens after it. ``static``: (the static
+    cache's length, ``b > 1``), the step then builds and passes a boolean mask."""
     b = sh.b
     ids = ops.plain(tape, b, INT64, "gen.input_clone")  # input_ids[:, -1:].clone()
     pos = ops.plain(tape, b, INT64, "gen.position_clone")  # position_ids[..., -1:].clone()
+    made = [ids, pos]
+    if static is not None:
+        made.append(_static_mask(tape, b, static[0], static[1]))
     tape.drop(*st.inputs)
-    st.inputs = [ids, pos]
-    for layer in layers:
-        layer.length = length
-    logits = forward(tape, replace(sh, s=1), w, layers, pos)
+    st.inputs = made
+    _grow(layers, length)
+    mask_numel = None if static is None else b * static[0]
+    logits = forward(tape, replace(sh, s=1), w, layers, pos, mask_numel)
     _bookkeeping(tape, sh, length + 1, logits, st)
 
 
@@ -245,6 +273,7 @@ def replay(
     compute: str = "bf16",
     batch_over_one: bool = True,
     sliding: bool = False,
+    static: bool = False,
 ) -> list[Event]:
     """The replay of ``generate`` for symbolic or int sizes: ``sh.s`` prompt tokens,
     ``new_tokens`` generated, ``context = s + new_tokens``. ``steps``: the decode steps to play
@@ -252,7 +281,9 @@ def replay(
     skipped one is sized from ``context`` (``L = context - (new_tokens - i)``), a step after the
     prefill or a played step from the prompt (``L = s + i``). ``batch_over_one``: ``b > 1``
     (only then does ``generate`` test the prompts for right padding); ``sliding``: every layer
-    a ``DynamicSlidingWindowLayer`` (mistral), its window longer than the context."""
+    a ``DynamicSlidingWindowLayer`` (mistral), its window longer than the context; ``static``:
+    ``cache_implementation="static"``, a `calc.models.hf_inference.StaticLayer` of ``context -
+    1`` tokens per layer (allocated at its first update)."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens} must be >= 1 for generate")
     tape = Tape(inplace_accumulate=sh.device == "cuda")
@@ -274,9 +305,15 @@ def replay(
     pos0 = ops.plain(tape, b * s, INT64, "gen.position_ids0")  # utils.py:919-921, to the end
     st = _State(unfinished=ops.plain(tape, b, INT64, "gen.unfinished"))
     clone = ops.plain(tape, b * s, INT64, "gen.input_clone")  # input_ids.clone()
-    layers = [_DynamicLayer(j, sliding, sh.device) for j in range(sh.n_layers)]
-    for layer in layers:
-        layer.length = s
+    # a static cache of max_length - 1 = context - 1 tokens (utils.py:2963): the last new token
+    # is never fed to the model
+    static_len = context - 1
+    layers: list = (
+        [StaticLayer(tape, j, static_len, sh.device) for j in range(sh.n_layers)]
+        if static
+        else [_DynamicLayer(j, sliding, sh.device) for j in range(sh.n_layers)]
+    )
+    _grow(layers, s)
     logits = forward(tape, sh, w, layers, pos0)
     tape.segment = "head"
     tape.drop(clone)  # _prefill returns
@@ -287,14 +324,26 @@ def replay(
         length = s + i if i == played + 1 else context - (new_tokens - i)
         if i != played + 1:  # the jump: the state after step i - 1
             _jump(tape, sh, layers, context - (new_tokens - i) - 1, st)
-        _decode_step(tape, sh, w, layers, length, st)
+        _decode_step(
+            tape, sh, w, layers, length, st, (static_len, batch_over_one) if static else None
+        )
         played = i
     return tape.events
 
 
-def _jump(tape: Tape, sh: R.Shape, layers: list[_DynamicLayer], length: Size, st: _State) -> None:
-    """Re-make the carried state at ``length`` cached tokens (``length + 1`` ids)."""
+def _grow(layers: list, length: Size) -> None:
+    """A dynamic cache holds ``length`` tokens after the next forward (a static one its size)."""
     for layer in layers:
+        if isinstance(layer, _DynamicLayer):
+            layer.length = length
+
+
+def _jump(tape: Tape, sh: R.Shape, layers: list, length: Size, st: _State) -> None:
+    """Re-make the carried state at ``length`` cached tokens (``length + 1`` ids); a static
+    cache keeps its size."""
+    for layer in layers:
+        if not isinstance(layer, _DynamicLayer):
+            continue
         tape.segment = layer.j
         assert layer.keys is not None
         layer.remake(tape, sh, length, layer.keys.itemsize)

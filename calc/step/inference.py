@@ -123,8 +123,6 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         raise NotImplementedError(
             "generate (new_tokens > 0) is modelled for implementation='hf' only"
         )
-    if job.cache_impl != "dynamic":
-        raise NotImplementedError("generate with cache='static' is not modelled yet")
     if job.kv_quant is not None:
         raise NotImplementedError("generate with a quantized KV cache is not modelled")
     if model.sliding_window is not None and model.model_type != "mistral":
@@ -142,6 +140,7 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         compute=job.precision,
         batch_over_one=job.batch > 1,
         sliding=model.sliding_window is not None,
+        static=job.cache_impl == "static",
     )
 
 

@@ -1,5 +1,6 @@
 """Hugging Face ``generate`` cases (`verify.run.step.generate`): greedy, the default
-``DynamicCache``, several families, dtypes and batch/prompt/new-token counts."""
+``DynamicCache`` or a static cache, several families, dtypes and batch/prompt/new-token
+counts."""
 
 from __future__ import annotations
 
@@ -33,4 +34,13 @@ def generate_cases() -> list[Case]:
               precision="bf16", **hf),
         infer("gen-qwen3-fp32-decode", QWEN3, batch=5, prompt=4, new_tokens=64,
               precision="fp32", **hf),
+        # cache_implementation="static": the cache of prompt + new tokens made at the prefill
+        infer("gen-static-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32",
+              cache="static", **hf),
+        infer("gen-static-llama3-bf16-decode", LLAMA3, batch=6, prompt=2, new_tokens=40,
+              precision="bf16", cache="static", **hf),
+        infer("gen-static-qwen3-fp32-one-row", QWEN3, batch=1, prompt=12, new_tokens=7,
+              precision="fp32", cache="static", **hf),
+        infer("gen-static-mistral-bf16", MISTRAL, batch=3, prompt=16, new_tokens=5,
+              precision="bf16", cache="static", **hf),
     ]  # fmt: skip

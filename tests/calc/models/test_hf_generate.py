@@ -25,10 +25,11 @@ from verify.cases.scale import scaled_spec
 CARDS = ("llama-2-7b", "qwen3-32b", "mistral-7b-v0.1", "qwen2.5-0.5b")
 
 
-def _shape(card: str, batch: int, prompt: int, new_tokens: int, precision: str, layers: int = 2):
+def _shape(card: str, batch: int, prompt: int, new_tokens: int, precision: str, layers: int = 2,
+           cache: str = "dynamic"):  # fmt: skip
     spec = scaled_spec(card, layers=layers)
     job = calc.Inference(batch=batch, prompt=prompt, new_tokens=new_tokens,
-                         precision=precision)  # fmt: skip
+                         precision=precision, cache=cache)  # fmt: skip
     sh, context = shape.numeric_shape(spec, job, "cpu", lambda *a: None)
     return spec, job, sh, context
 
@@ -37,6 +38,7 @@ def _replay(spec, job, sh, context, steps=None, n=None):
     return hf_generate.replay(
         sh, context, job.new_tokens if n is None else n, steps=steps,
         batch_over_one=job.batch > 1, sliding=spec.sliding_window is not None,
+        static=job.cache_impl == "static",
     )  # fmt: skip
 
 
@@ -49,17 +51,23 @@ def _peak(events, phase: str | None = None) -> int:
 
 
 CONFIGS = [
-    (card, batch, prompt, new_tokens, precision)
+    (card, batch, prompt, new_tokens, precision, "dynamic")
     for card in CARDS
     for batch, prompt, new_tokens, precision in (
         (1, 1, 2, "fp32"), (3, 5, 3, "bf16"), (2, 17, 4, "fp32"), (5, 3, 20, "bf16"),
     )
+] + [
+    (card, batch, prompt, new_tokens, precision, "static")
+    for card in CARDS
+    for batch, prompt, new_tokens, precision in ((1, 2, 3, "fp32"), (4, 3, 20, "bf16"))
 ]  # fmt: skip
+ARGS = ("card", "batch", "prompt", "new_tokens", "precision", "cache")
 
 
-@pytest.mark.parametrize(("card", "batch", "prompt", "new_tokens", "precision"), CONFIGS)
-def test_bounded_replay_has_the_peak_of_every_step(card, batch, prompt, new_tokens, precision):
-    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, precision)
+@pytest.mark.parametrize(ARGS, CONFIGS)
+def test_bounded_replay_has_the_peak_of_every_step(card, batch, prompt, new_tokens, precision,
+                                                   cache):  # fmt: skip
+    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, precision, cache=cache)
     bounded = _replay(spec, job, sh, context)
     every = _replay(spec, job, sh, context, steps=list(range(1, new_tokens)))
     assert _peak(bounded) == _peak(every)
@@ -79,9 +87,9 @@ def _step_peaks(events) -> list[int]:
     return peaks
 
 
-@pytest.mark.parametrize(("card", "batch", "prompt", "new_tokens", "precision"), CONFIGS)
-def test_the_decode_peak_is_in_the_last_step(card, batch, prompt, new_tokens, precision):
-    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, precision)
+@pytest.mark.parametrize(ARGS, CONFIGS)
+def test_the_decode_peak_is_in_the_last_step(card, batch, prompt, new_tokens, precision, cache):
+    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, precision, cache=cache)
     every = _replay(spec, job, sh, context, steps=list(range(1, new_tokens)))
     peaks = _step_peaks(every)
     assert len(peaks) == new_tokens - 1
@@ -105,13 +113,15 @@ def test_decode_peak_grows_at_least_one_token_per_step(card, precision):
 
 
 @pytest.mark.parametrize("card", CARDS)
-@pytest.mark.parametrize("new_tokens", [1, 2, 3, 4, 9])
-def test_symbolic_replay_is_the_numeric_one(card, new_tokens):
-    spec, job, sh, context = _shape(card, 3, 6, new_tokens, "bf16")
+@pytest.mark.parametrize(("new_tokens", "cache"),
+                         [(1, "dynamic"), (2, "dynamic"), (3, "dynamic"), (4, "dynamic"),
+                          (9, "dynamic"), (2, "static"), (9, "static")])  # fmt: skip
+def test_symbolic_replay_is_the_numeric_one(card, new_tokens, cache):
+    spec, job, sh, context = _shape(card, 3, 6, new_tokens, "bf16", cache=cache)
     n = hf_generate.replayed_new_tokens(new_tokens)
     sym = hf_generate.replay(
         replace(sh, b=S.b, s=S.s), S.c, n, batch_over_one=True,
-        sliding=spec.sliding_window is not None,
+        sliding=spec.sliding_window is not None, static=cache == "static",
     )  # fmt: skip
     num = _replay(spec, job, sh, context)
     values = values_for(spec, job)
