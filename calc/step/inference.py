@@ -130,7 +130,7 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
             f"generate for {model.model_type} with a sliding window is not modelled yet"
         )
     sh = shape_for_inference(model, job, device, n_layers)
-    check_hf(model, job, sh)
+    _check_generate(model, job, sh)
     return hf_generate.replay(
         sh,
         S.c,
@@ -142,6 +142,21 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         sliding=model.sliding_window is not None,
         static=job.cache_impl == "static",
     )
+
+
+def _check_generate(model: ModelSpec, job: Inference, sh: reference.Shape) -> None:
+    """The HF prefill's refusals (`calc.models.hf_inference.check`), GPT-2 admitted with a
+    dynamic cache."""
+    if model.model_type != "gpt2":
+        check_hf(model, job, sh)
+        return
+    if job.cache_impl == "static":
+        raise NotImplementedError("generate for gpt2 with cache='static' is not modelled yet")
+    if sh.attention not in ("flash", "efficient") or job.prompt_len == 1:
+        raise NotImplementedError(
+            "generate for gpt2 is modelled with attention='sdpa' (flash or efficient) and a "
+            "prompt of at least 2 tokens"
+        )
 
 
 def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[reference.Shape, int]:

@@ -4,7 +4,7 @@ counts."""
 
 from __future__ import annotations
 
-from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
+from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
 
 __all__ = ["generate_cases"]
 
@@ -34,6 +34,11 @@ def generate_cases() -> list[Case]:
               precision="bf16", **hf),
         infer("gen-qwen3-fp32-decode", QWEN3, batch=5, prompt=4, new_tokens=64,
               precision="fp32", **hf),
+        infer("gen-gpt2-fp32", GPT2, batch=2, prompt=8, new_tokens=3, precision="fp32", **hf),
+        infer("gen-gpt2-bf16-decode", GPT2, batch=6, prompt=2, new_tokens=40, precision="bf16",
+              **hf),
+        infer("gen-gpt2-fp32-one-row", GPT2, batch=1, prompt=24, new_tokens=6, precision="fp32",
+              **hf),
         # cache_implementation="static": the cache of prompt + new tokens made at the prefill
         infer("gen-static-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32",
               cache="static", **hf),
