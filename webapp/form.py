@@ -161,6 +161,14 @@ INFERENCE: tuple[FormField, ...] = (
     FormField(task="infer", name="implementation", label="modeling code", kind="choice",
               default=_default(I, "implementation"), choices=jobs.IMPLEMENTATIONS,
               section="advanced"),
+    FormField(task="infer", name="new_tokens", label="new tokens (generate)", kind="int",
+              default=0, low=0, high=1 << 24,
+              help="tokens HF generate makes after the prompt (greedy); 0 = the prefill alone. "
+                   "Above 0 the context is prompt + new tokens"),
+    FormField(task="infer", name="cache", label="generate's KV cache", kind="choice",
+              default="dynamic", choices=jobs.CACHE_IMPLS, section="advanced",
+              help="DynamicCache (generate's default, grown each step) or a static cache; "
+                   "used when new tokens > 0"),
 )  # fmt: skip
 
 _PAR = "parallel"
@@ -425,7 +433,18 @@ def build_job(task: str, state: Mapping[str, object]) -> calc.Training | calc.In
         kwargs[target] = (
             OBJECT_BUILDERS[target](values) if target in OBJECT_BUILDERS else values[target]
         )
+    if task == "infer":
+        _generate_fields(kwargs)
     return JOB_CLASS[task](**kwargs)
+
+
+def _generate_fields(kwargs: dict[str, object]) -> None:
+    """Generate (``new_tokens`` > 0): the context follows from the prompt (``context=0``);
+    the prefill alone: no ``cache`` choice (its cache is the static one)."""
+    if kwargs.get("new_tokens"):
+        kwargs["context"] = 0
+    else:
+        kwargs["cache"] = None
 
 
 def build_parallel(task: str, state: Mapping[str, object]) -> calc.Parallelism | None:

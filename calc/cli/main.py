@@ -58,6 +58,8 @@ INFERENCE_FIELDS: tuple[str, ...] = (
     "precision",
     "attention",
     "implementation",
+    "new_tokens",
+    "cache",
 )
 
 
@@ -134,6 +136,15 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"tokens in the KV cache per sequence (default {DEFAULT_INFERENCE['context']})",
     )
     infer.add_argument("--prompt", type=int, help="tokens in the prefill (default: --context)")
+    infer.add_argument(
+        "--new-tokens",
+        type=int,
+        help="tokens HF generate makes after --prompt (greedy); the context is then prompt + "
+        "new tokens (default 0: the prefill alone)",
+    )
+    infer.add_argument(
+        "--cache", help=f"generate's KV cache: {_choices(jobs.CACHE_IMPLS)} (default dynamic)"
+    )
 
     par = p.add_argument_group("parallelism (training; calc.Parallelism, default: one GPU)")
     for flag, hlp in (
@@ -200,7 +211,9 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
     kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
     if args.task == "train":
         return cli_compression.apply(args, Training(**{**DEFAULT_TRAINING, **kwargs}))
-    return cli_compression.apply(args, Inference(**{**DEFAULT_INFERENCE, **kwargs}))
+    # generate: the context follows from --prompt and --new-tokens (calc.Inference)
+    defaults = {"batch": 1} if kwargs.get("new_tokens") else DEFAULT_INFERENCE
+    return cli_compression.apply(args, Inference(**{**defaults, **kwargs}))
 
 
 PARALLEL_FIELDS: tuple[str, ...] = (

@@ -24,6 +24,7 @@ Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
 Implementation = Literal["hf", "reference"]
 ZeroGrad = Literal["after_step", "before_backward"]
 InferencePrecision = Literal["fp32", "bf16", "fp16"]
+CacheImpl = Literal["dynamic", "static"]
 Device = Literal["cuda", "cpu"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -35,6 +36,7 @@ IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
 INFERENCE_PRECISIONS: tuple[str, ...] = get_args(InferencePrecision)
 DEVICES: tuple[str, ...] = get_args(Device)
+CACHE_IMPLS: tuple[str, ...] = get_args(CacheImpl)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -113,14 +115,17 @@ class Training:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Inference:
-    """A prefill of ``prompt`` tokens into a KV cache of ``context`` tokens, per GPU."""
+    """A prefill of ``prompt`` tokens into a KV cache of ``context`` tokens, per GPU; with
+    ``new_tokens`` > 0, Hugging Face ``generate`` (greedy) of that many tokens after the prompt,
+    its peak over the prefill and every decode step."""
 
     batch: int
     """Sequences served together."""
-    context: int
-    """Tokens the KV cache holds per sequence (prompt plus generated)."""
+    context: int = 0
+    """Tokens the KV cache holds per sequence (prompt plus generated); 0 (the default): ``prompt
+    + new_tokens``. With ``new_tokens`` > 0 it is that sum (given, it must equal it)."""
     prompt: int | None = None
-    """Tokens in the prefill forward (default: ``context``)."""
+    """Tokens in the prefill forward (default: ``context``); needed with ``new_tokens`` > 0."""
     precision: InferencePrecision = "bf16"
     """Weights, activations and KV cache dtype."""
     attention: Attention = "sdpa"
@@ -132,19 +137,63 @@ class Inference:
     kv_quant: KVQuant | None = None
     """KV-cache quantization: ``int8`` (one scale per token and head) or ``fp8`` (e4m3, one
     scale per layer for K and for V); ``None`` stores the cache in ``precision``."""
+    new_tokens: int = 0
+    """Tokens ``generate`` makes after the prompt (greedy, ``max_new_tokens``); 0: the prefill
+    alone (into a static cache of ``context`` tokens)."""
+    cache: CacheImpl | None = None
+    """``generate``'s KV cache: ``dynamic`` (``DynamicCache``, grown by ``torch.cat`` each step:
+    the default of ``generate``) or ``static`` (``cache_implementation="static"``, allocated for
+    ``prompt + new_tokens`` tokens); ``None``: ``dynamic`` when generating, the prefill alone's
+    static cache otherwise."""
 
     def __post_init__(self) -> None:
         check_size("batch", self.batch, 1, 1 << 20)
+        check_size("new_tokens", self.new_tokens, 0, 1 << 24)
+        if self.new_tokens > 0:
+            self._generate_context()
+        elif self.context == 0 and self.prompt is None:
+            raise ValueError("context=0 needs prompt: give context (or prompt, and new_tokens)")
+        elif self.context == 0:
+            object.__setattr__(self, "context", self.prompt)
         check_size("context", self.context, 1, 1 << 24)
         if self.prompt is not None:
             check_size("prompt", self.prompt, 1, self.context)
         check_choice("precision", self.precision, INFERENCE_PRECISIONS)
         check_choice("attention", self.attention, ATTENTIONS)
         check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+        if self.cache is not None:
+            check_choice("cache", self.cache, CACHE_IMPLS)
+            if self.new_tokens == 0 and self.cache == "dynamic":
+                raise ValueError(
+                    "cache='dynamic' needs new_tokens >= 1: the prefill alone (new_tokens=0) "
+                    "writes a static cache of context tokens"
+                )
         if self.quant is not None and not isinstance(self.quant, Quant):
             raise ValueError(f"quant={self.quant!r} must be a calc.Quant or None")
         check_kv_quant(self.kv_quant)
 
+    def _generate_context(self) -> None:
+        """``context`` of a ``generate`` job: ``prompt + new_tokens`` (``prompt`` required)."""
+        if self.prompt is None:
+            raise ValueError(
+                f"new_tokens={self.new_tokens} needs prompt (the tokens before generation)"
+            )
+        check_size("prompt", self.prompt, 1, 1 << 24)
+        total = self.prompt + self.new_tokens
+        if self.context not in (0, total):
+            raise ValueError(
+                f"context={self.context!r} must be prompt + new_tokens = {total} (or left 0) "
+                "when new_tokens > 0"
+            )
+        object.__setattr__(self, "context", total)
+
     @property
     def prompt_len(self) -> int:
         return self.context if self.prompt is None else self.prompt
+
+    @property
+    def cache_impl(self) -> CacheImpl:
+        """The cache that runs: ``cache``, or its default (``dynamic`` when generating)."""
+        if self.cache is not None:
+            return self.cache
+        return "dynamic" if self.new_tokens > 0 else "static"

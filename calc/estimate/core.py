@@ -28,7 +28,7 @@ from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
-from calc.step.inference import replay_inference
+from calc.step.inference import replay_inference, replayed_new_tokens
 from calc.step.pipeline import StagePlan, replay_stage
 from calc.step.sizes import values_for
 from calc.step.training import replay_training, replayed_micro_batches
@@ -65,6 +65,10 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
     every ``grad_accum >= 2`` shares one structure."""
     if isinstance(job, Training):
         return replace(job, micro_batch=1, seq_len=1, grad_accum=replayed_micro_batches(job))
+    if job.new_tokens > 0:  # generate: every new_tokens >= 4 shares one (calc.models.hf_generate)
+        # batch 1 and batch > 1 differ (generate's right-padding check): two structures
+        n = replayed_new_tokens(job)
+        return replace(job, batch=min(job.batch, 2), context=0, prompt=1, new_tokens=n)
     return replace(job, batch=1, context=1, prompt=None)
 
 

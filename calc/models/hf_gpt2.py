@@ -45,6 +45,8 @@ dropout and full recomputation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from calc.models import attention_core as core
 from calc.models import hf
 from calc.models.reference import Shape, Weights
@@ -292,13 +294,22 @@ def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     return dropout(tape, sh, y, sh.hidden_dropout, "mlp_drop")
 
 
+Attend = Callable[[Tape, Shape, Tensor, dict], Tensor]
+"""``attend(tape, shape, x, layer_weights)``: a ``GPT2Attention.forward`` in place of
+`attention` (generation's, over a cache: `calc.models.hf_generate`)."""
+
+
 def block(
-    tape: Tape, sh: Shape, x: Tensor, lw: dict, mask: Tensor | None, use_cache: bool
-) -> tuple[Tensor, list]:
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, mask: Tensor | None, use_cache: bool,
+    attend: Attend | None = None,
+) -> tuple[Tensor, list]:  # fmt: skip
     """``GPT2Block.forward``; ``x`` stays the caller's."""
     n = sh.b * sh.s
     n1 = ops.layer_norm(tape, x, lw["norm1"], lw["norm1.b"], n)
-    att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache)
+    if attend is None:
+        att, cache, weights = attention(tape, sh, n1, lw, mask, use_cache)
+    else:
+        att, cache, weights = attend(tape, sh, n1, lw), [], None
     x2 = ops.add_cast_in_formula(tape, att, x, "resid1")  # attn_output + residual
     tape.drop(n1)
     n2 = ops.layer_norm(tape, x2, lw["norm2"], lw["norm2.b"], n)

@@ -50,6 +50,7 @@ Before the replay: the weights, the prompt ids, and the rotary embedding's two b
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol
 
 from calc import symbols as S
 from calc.config.compression import Quant
@@ -115,8 +116,14 @@ def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[R.Shap
     return shape.numeric_shape(model, job, device, check)
 
 
+class CacheLayer(Protocol):
+    """A cache layer as the attention sees it: ``update`` returns the keys and values to attend."""
+
+    def update(self, tape: Tape, sh: R.Shape, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
 # -- StaticLayer ----------------------------------------------------------------------------------
-class _StaticLayer:
+class StaticLayer:
     """One ``StaticLayer`` (or ``StaticSlidingWindowLayer`` with ``window >= context``: the same
     allocations): the counter made at construction, K and V made at the first update."""
 
@@ -161,9 +168,11 @@ class _StaticLayer:
 
 # -- attention / decoder layer --------------------------------------------------------------------
 def attention(
-    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: _StaticLayer
-) -> Tensor:
-    """``LlamaAttention.forward`` (and mistral/qwen2/qwen3's) with a static cache, no grad."""
+    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: CacheLayer,
+    mask_numel: Size | None = None,
+) -> Tensor:  # fmt: skip
+    """``LlamaAttention.forward`` (and mistral/qwen2/qwen3's) with a static cache, no grad.
+    ``mask_numel``: a boolean mask of that many elements is passed (`sdpa_bool_mask`)."""
     n = sh.b * sh.s
     heads = []
     # query_states = self.q_proj(x).view(hidden_shape)[-> q_norm].transpose(1, 2), then k
@@ -186,7 +195,9 @@ def attention(
     keys, values = layer.update(tape, sh, kr, vt)
     tape.drop(kr, vt)
     # sdpa_attention_forward: keys/values cropped to the prompt (views), is_causal=True
+    mask = None if mask_numel is None else sdpa_bool_mask(tape, mask_numel, qr.itemsize)
     out = attention_core.core(tape, sh, qr, keys, values, "attn")
+    tape.drop(mask)
     o = tape.alias(out)  # reshape/transpose/contiguous: views of the [b, s, a, d] output
     tape.drop(out)
     y = hf.linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
@@ -194,12 +205,23 @@ def attention(
     return y
 
 
+def sdpa_bool_mask(tape: Tape, numel: Size, itemsize: int) -> Tensor:
+    """The CPU flash kernel takes a float mask: a boolean one becomes ``torch.where(mask, 0,
+    -inf)`` in the query's dtype (two 0-d scalars, freed at once), alive through the kernel."""
+    z = ops.plain(tape, 1, itemsize, "mask.zero")
+    m = ops.plain(tape, 1, itemsize, "mask.min")
+    w = ops.plain(tape, numel, itemsize, "mask.where")
+    tape.drop(z, m)
+    return w
+
+
 def decoder_layer(
-    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: _StaticLayer
-) -> Tensor:
+    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor, layer: CacheLayer,
+    mask_numel: Size | None = None,
+) -> Tensor:  # fmt: skip
     n = sh.b * sh.s
     n1 = hf.rmsnorm(tape, x, lw["norm1"], n)
-    att = attention(tape, sh, n1, lw, cos, sin, layer)
+    att = attention(tape, sh, n1, lw, cos, sin, layer, mask_numel)
     tape.drop(n1)
     x2 = ops.add_cast_in_formula(tape, x, att, "resid1")  # residual + hidden_states
     tape.drop(att)
@@ -211,7 +233,7 @@ def decoder_layer(
     return x3
 
 
-def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[_StaticLayer]) -> Tensor:
+def prefill(tape: Tape, sh: R.Shape, w: R.Weights, layers: list[StaticLayer]) -> Tensor:
     """``XForCausalLM.forward(input_ids, cache=cache, use_cache=True, logits_to_keep=1)``;
     returns the logits ``[b, V]`` (the output object's only tensor besides the cache)."""
     n = sh.b * sh.s
@@ -269,7 +291,7 @@ def replay(
     layers = []
     for j in range(sh.n_layers):  # StaticCache(config, max_cache_len=context)
         tape.segment = j
-        layers.append(_StaticLayer(tape, j, context, sh.device))
+        layers.append(StaticLayer(tape, j, context, sh.device))
     logits = prefill(tape, sh, w, layers)
     tape.drop(logits)  # del out
     tape.segment = "head"

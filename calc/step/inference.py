@@ -30,7 +30,8 @@ from calc.compress.lora import compress_weights
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models import reference, shape
+from calc.models import hf_generate, reference, shape
+from calc.models.hf_inference import check as check_hf
 from calc.models.hf_inference import replay_hf_prefill
 from calc.models.shape import shape_for_inference
 from calc.replay import ops
@@ -97,6 +98,8 @@ def replay_inference(
 ) -> list[Event]:
     """Replay the prefill of ``job`` (and with ``decode=True`` one decode step after it) with
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
+    if job.new_tokens > 0:  # HF generate: `calc.models.hf_generate`
+        return replay_generate(model, job, device, n_layers)
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.models.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
@@ -106,6 +109,54 @@ def replay_inference(
     return replay(
         sh, S.c, decode=decode, quant=job.quant, compute=job.precision, kv_quant=job.kv_quant
     )
+
+
+def replayed_new_tokens(job: Inference) -> int:
+    """``job.new_tokens`` as the compile structure sees it (`calc.models.hf_generate`)."""
+    return hf_generate.replayed_new_tokens(job.new_tokens)
+
+
+def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int) -> list[Event]:
+    """Replay HF ``generate`` of ``job`` (`calc.models.hf_generate`): the prefill and the decode
+    steps `calc.models.hf_generate.replayed_steps` picks, sizes in ``b, s, c``."""
+    if job.implementation != "hf":
+        raise NotImplementedError(
+            "generate (new_tokens > 0) is modelled for implementation='hf' only"
+        )
+    if job.kv_quant is not None:
+        raise NotImplementedError("generate with a quantized KV cache is not modelled")
+    if model.sliding_window is not None and model.model_type != "mistral":
+        raise NotImplementedError(
+            f"generate for {model.model_type} with a sliding window is not modelled yet"
+        )
+    sh = shape_for_inference(model, job, device, n_layers)
+    _check_generate(model, job, sh)
+    return hf_generate.replay(
+        sh,
+        S.c,
+        hf_generate.replayed_new_tokens(job.new_tokens),
+        compress=compress_weights,
+        quant=job.quant,
+        compute=job.precision,
+        batch_over_one=job.batch > 1,
+        sliding=model.sliding_window is not None,
+        static=job.cache_impl == "static",
+    )
+
+
+def _check_generate(model: ModelSpec, job: Inference, sh: reference.Shape) -> None:
+    """The HF prefill's refusals (`calc.models.hf_inference.check`), GPT-2 admitted with a
+    dynamic cache."""
+    if model.model_type != "gpt2":
+        check_hf(model, job, sh)
+        return
+    if job.cache_impl == "static":
+        raise NotImplementedError("generate for gpt2 with cache='static' is not modelled yet")
+    if sh.attention not in ("flash", "efficient") or job.prompt_len == 1:
+        raise NotImplementedError(
+            "generate for gpt2 is modelled with attention='sdpa' (flash or efficient) and a "
+            "prompt of at least 2 tokens"
+        )
 
 
 def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[reference.Shape, int]:

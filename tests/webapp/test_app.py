@@ -44,14 +44,19 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.dropout": 0.1,
     "train.zero_grad": "before_backward",
 }
-INFER_CHANGES: dict[str, object] = {
-    "infer.batch": 4,
-    "infer.context": 1024,
-    "infer.prompt": 512,
-    "infer.precision": "fp16",
-    "infer.attention": "math",
-    "infer.implementation": "reference",
-}
+INFER_CHANGES: tuple[tuple[str, object], ...] = (
+    ("infer.batch", 4),
+    ("infer.context", 1024),
+    ("infer.prompt", 512),
+    ("infer.precision", "fp16"),
+    ("infer.attention", "math"),
+    ("infer.implementation", "reference"),
+    ("infer.attention", "sdpa"),  # generate is modelled for hf with SDPA: back to them
+    ("infer.implementation", "hf"),
+    ("infer.new_tokens", 16),  # generate: the context follows from the prompt (context=0)
+    ("infer.cache", "static"),
+)
+"""Inference widget changes in order (a widget may change twice)."""
 
 
 def _app(query: dict[str, str] | None = None) -> AppTest:
@@ -113,7 +118,7 @@ def test_every_widget_is_driven_here() -> None:
     # scalar job fields: TRAIN_CHANGES / INFER_CHANGES; the options of the object-valued fields
     # (LoRA, quantization, pruning, distillation, KV cache) and of the parallel layout: CASES
     assert set(TRAIN_CHANGES) == {f.key for f in form.fields_of("train") if not f.of}
-    assert set(INFER_CHANGES) == {f.key for f in form.fields_of("infer") if not f.of}
+    assert {k for k, _ in INFER_CHANGES} == {f.key for f in form.fields_of("infer") if not f.of}
     options = {f.key for f in form.FIELDS if f.of}
     assert options == {k for case in CASES for k in case.values[0]} & options
 
@@ -148,9 +153,11 @@ def _set_widgets(at: AppTest, widgets: dict[str, object]) -> None:
         at.run()
 
 
-@pytest.mark.parametrize(("task", "changes"), [("train", TRAIN_CHANGES), ("infer", INFER_CHANGES)])
+@pytest.mark.parametrize(
+    ("task", "changes"), [("train", tuple(TRAIN_CHANGES.items())), ("infer", INFER_CHANGES)]
+)
 def test_every_widget_changes_the_job_as_calc_estimate_sees_it(
-    task: str, changes: dict[str, object]
+    task: str, changes: tuple[tuple[str, object], ...]
 ) -> None:
     at = _app({"card": CARD})
     model = calc.load_card(CARD)
@@ -161,15 +168,19 @@ def test_every_widget_changes_the_job_as_calc_estimate_sees_it(
     )
     job_class = calc.Training if task == "train" else calc.Inference
     _check_page(at, model, job_class(**kwargs), "h100-80gb")
-    for key, value in changes.items():
+    for key, value in changes:
         if key == "train.optimizer_impl":  # adam8bit has no fused kernel: keep the valid ones
             assert value != "fused"
         _set(at, key, value)
         at.run()
         name = key.split(".", 1)[1]
         kwargs[name] = value
+        if name == "new_tokens":
+            kwargs["context"] = 0
         _check_page(at, model, job_class(**kwargs), "h100-80gb")
-        assert _query_value(at, name) == str(value), f"{name} not in the link"
+        default = next(f.default for f in form.FIELDS if f.key == key)
+        in_link = None if value == default else str(value)  # a link leaves defaults out
+        assert _query_value(at, name) == in_link, f"{name} not in the link"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -155,6 +155,16 @@ def test_flat_options_build_the_objects_written_out_here() -> None:
     )
 
 
+def test_new_tokens_make_a_generate_job() -> None:
+    # the context widget (4096) gives way to prompt + new tokens; the cache applies only then
+    state = _state("infer", prompt=100, new_tokens=20, cache="static")
+    assert form.build_job("infer", state) == calc.Inference(
+        batch=1, prompt=100, new_tokens=20, cache="static"
+    )
+    state = _state("infer", prompt=100, cache="static")
+    assert form.build_job("infer", state) == calc.Inference(batch=1, context=4096, prompt=100)
+
+
 def test_options_of_a_switched_off_object_are_ignored() -> None:
     # the widgets are disabled while their switch is off; a value left in them changes nothing
     state = _state("train", group_size=128, scale_dtype="fp16", lora_alpha=4.0,

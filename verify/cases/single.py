@@ -16,6 +16,7 @@ from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, 
 from verify.cases.case import infer as _infer
 from verify.cases.case import train as _train
 from verify.cases.compression import compression_cases
+from verify.cases.generate import generate_cases
 from verify.cases.scale import scaled_spec
 
 
@@ -343,6 +344,7 @@ def _all() -> tuple[Case, ...]:
         *_size_cases(),
         *_hf_cases(),
         *_inference_cases(),
+        *generate_cases(),  # HF generate's decode loop
         *compression_cases(),  # quantization, LoRA, QLoRA
         *_pruning_cases(),
         *_distill_cases(),

@@ -213,7 +213,9 @@ def prefill(
     model.eval()
     meter.mark("prefill")
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
-        if job.implementation == "hf":
+        if job.new_tokens > 0:
+            generate(model, ids, job)
+        elif job.implementation == "hf":
             import transformers
 
             cache = transformers.StaticCache(config=model.config, max_cache_len=job.context)
@@ -226,6 +228,20 @@ def prefill(
                 model, ids, job.context, getattr(job, "kv_quant", None)
             )
             del logits
+
+
+def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
+    """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy, the prompt without an
+    attention mask (one unpadded prompt per row), the cache ``job.cache_impl`` (``static``:
+    ``cache_implementation="static"``), an eos token set (token 0 where the config has none);
+    the output ids are dropped at once."""
+    kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
+    if model.generation_config.eos_token_id is None:
+        # every published card sets an eos token (and generate's eos bookkeeping runs); the
+        # scaled configs of some families (qwen2) leave it unset: token 0 stands in
+        kw["eos_token_id"] = 0
+    out = model.generate(ids, max_new_tokens=job.new_tokens, do_sample=False, **kw)
+    del out
 
 
 def _takes_cache(model: torch.nn.Module) -> bool:

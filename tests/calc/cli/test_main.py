@@ -147,6 +147,16 @@ def test_every_inference_flag_reaches_its_field(calls, capsys) -> None:
     )
 
 
+def test_generate_flags_make_a_generate_job(calls, capsys) -> None:
+    argv = ["--task", "infer", "--batch", "2", "--prompt", "512", "--new-tokens", "32"]
+    code, _, err = run_cli([*argv, "--cache", "static"], capsys)
+    assert code == 0, err
+    # the context is not the default 4096: prompt + new tokens = 544
+    job = calls[0][1]
+    assert job == calc.Inference(batch=2, prompt=512, new_tokens=32, cache="static")
+    assert job.context == 544
+
+
 def test_config_file_is_read_as_the_model(calls, capsys, tmp_path: Path) -> None:
     config = calc.load_card_config("qwen2.5-0.5b")
     path = tmp_path / "config.json"

@@ -1,0 +1,199 @@
+"""The HF ``generate`` replay (`calc.models.hf_generate`): the bounded replay (prefill, first
+and last decode step, a jump between) has the peak of the replay of every step, the decode peak
+sits in the last step, the symbolic replay is the numeric one, and `calc.estimate` (compiled,
+five-layer generalisation) equals the numeric replay of every layer and every step.
+
+The replay against a measurement is verify's ``gen-*`` cases (`verify.cases.generate`: exact to
+the byte on the CPU storage tracker).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+import sympy as sp
+
+import calc
+from calc import symbols as S
+from calc.models import hf_generate, shape
+from calc.step.sizes import values_for
+from verify.cases.scale import scaled_spec
+
+CARDS = ("llama-2-7b", "qwen3-32b", "mistral-7b-v0.1", "qwen2.5-0.5b", "gpt2")
+
+
+def _shape(card: str, batch: int, prompt: int, new_tokens: int, precision: str, layers: int = 2,
+           cache: str = "dynamic"):  # fmt: skip
+    spec = scaled_spec(card, layers=layers)
+    job = calc.Inference(batch=batch, prompt=prompt, new_tokens=new_tokens,
+                         precision=precision, cache=cache)  # fmt: skip
+    sh, context = shape.numeric_shape(spec, job, "cpu", lambda *a: None)
+    return spec, job, sh, context
+
+
+def _replay(spec, job, sh, context, steps=None, n=None):
+    return hf_generate.replay(
+        sh, context, job.new_tokens if n is None else n, steps=steps,
+        batch_over_one=job.batch > 1, sliding=spec.sliding_window is not None,
+        static=job.cache_impl == "static",
+    )  # fmt: skip
+
+
+def _live_bytes(event) -> int:
+    return sum(int(size) * count for (_, _, _, size), count in event.live)
+
+
+def _peak(events, phase: str | None = None) -> int:
+    return max(_live_bytes(e) for e in events if phase is None or e.phase == phase)
+
+
+CONFIGS = [
+    (card, batch, prompt, new_tokens, precision, "dynamic")
+    for card in CARDS
+    for batch, prompt, new_tokens, precision in (
+        (1, 1, 2, "fp32"), (3, 5, 3, "bf16"), (2, 17, 4, "fp32"), (5, 3, 20, "bf16"),
+    )
+] + [
+    (card, batch, prompt, new_tokens, precision, "static")
+    for card in CARDS[:-1]  # gpt2: a dynamic cache only
+    for batch, prompt, new_tokens, precision in ((1, 2, 3, "fp32"), (4, 3, 20, "bf16"))
+]  # fmt: skip
+ARGS = ("card", "batch", "prompt", "new_tokens", "precision", "cache")
+
+
+@pytest.mark.parametrize(ARGS, CONFIGS)
+def test_bounded_replay_has_the_peak_of_every_step(card, batch, prompt, new_tokens, precision,
+                                                   cache):  # fmt: skip
+    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, precision, cache=cache)
+    bounded = _replay(spec, job, sh, context)
+    every = _replay(spec, job, sh, context, steps=list(range(1, new_tokens)))
+    assert _peak(bounded) == _peak(every)
+    assert _peak(bounded, "prefill") == _peak(every, "prefill")
+    assert _peak(bounded, "decode") == _peak(every, "decode")
+
+
+def _step_peaks(events) -> list[int]:
+    """The peak of each decode step (a step starts at its ``gen.input_clone``)."""
+    peaks: list[int] = []
+    for e in events:
+        if e.phase != "decode":
+            continue
+        if e.label == "+gen.input_clone":
+            peaks.append(0)
+        peaks[-1] = max(peaks[-1], _live_bytes(e))
+    return peaks
+
+
+@pytest.mark.parametrize(ARGS, CONFIGS)
+def test_the_decode_peak_is_in_the_last_step(card, batch, prompt, new_tokens, precision, cache):
+    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, precision, cache=cache)
+    every = _replay(spec, job, sh, context, steps=list(range(1, new_tokens)))
+    peaks = _step_peaks(every)
+    assert len(peaks) == new_tokens - 1
+    assert peaks == sorted(peaks)
+    assert peaks[-1] == _peak(every, "decode")
+
+
+@pytest.mark.parametrize("card", CARDS)
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_decode_peak_grows_at_least_one_token_per_step(card, precision):
+    # batch 64: every growing tensor is a whole number of 512-byte blocks, so nothing rounds.
+    # Step i + 1 holds one more token per sequence than step i: b * k * d * itemsize more in
+    # each layer's K and V, and 8 bytes per sequence more in the ids and in the position ids:
+    # every moment of a step is at least that much above the same moment of the step before
+    # (more, while a layer's old and new cache are both alive), so its peak is too
+    spec, job, sh, context = _shape(card, 64, 3, 9, precision)
+    peaks = _step_peaks(_replay(spec, job, sh, context, steps=list(range(1, 9))))
+    grow = 2 * sh.n_layers * 64 * sh.k * sh.d * sh.weight_itemsize + 2 * 8 * 64
+    steps = [b - a for a, b in itertools.pairwise(peaks)]
+    assert min(steps) == grow
+
+
+SYMBOLIC = [
+    (card, new_tokens, cache)
+    for card in CARDS
+    for new_tokens, cache in ((1, "dynamic"), (2, "dynamic"), (3, "dynamic"), (4, "dynamic"),
+                              (9, "dynamic"), (2, "static"), (9, "static"))
+    if not (card == "gpt2" and cache == "static")  # refused
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("card", "new_tokens", "cache"), SYMBOLIC)
+def test_symbolic_replay_is_the_numeric_one(card, new_tokens, cache):
+    spec, job, sh, context = _shape(card, 3, 6, new_tokens, "bf16", cache=cache)
+    n = hf_generate.replayed_new_tokens(new_tokens)
+    sym = hf_generate.replay(
+        replace(sh, b=S.b, s=S.s), S.c, n, batch_over_one=True,
+        sliding=spec.sliding_window is not None, static=cache == "static",
+    )  # fmt: skip
+    num = _replay(spec, job, sh, context)
+    values = values_for(spec, job)
+    assert [e.label for e in sym] == [e.label for e in num]
+    sized: dict = {}
+    for es, en in zip(sym, num, strict=True):
+        # (kind, name, bytes) with their counts: two symbolic sizes may round to one block
+        live_s = Counter()
+        for (kind, name, _, size), count in es.live:
+            if size not in sized:
+                sized[size] = int(sp.sympify(size).subs(values))
+            live_s[kind, name, sized[size]] += count
+        live_n = Counter()
+        for (kind, name, _, size), count in en.live:
+            live_n[kind, name, size] += count
+        assert live_s == live_n, es.label
+
+
+@pytest.mark.parametrize(
+    ("card", "batch", "prompt", "new_tokens", "cache"),
+    [("llama-2-7b", 2, 3, 12, "dynamic"), ("mistral-7b-v0.1", 1, 40, 5, "dynamic"),
+     ("gpt2", 3, 4, 7, "dynamic"), ("qwen2.5-0.5b", 4, 2, 9, "static")],
+)  # fmt: skip
+def test_estimate_is_the_replay_of_every_layer_and_step(card, batch, prompt, new_tokens, cache):
+    spec, job, sh, context = _shape(card, batch, prompt, new_tokens, "bf16", layers=9,
+                                    cache=cache)  # fmt: skip
+    every = _replay(spec, job, sh, context, steps=list(range(1, new_tokens)))
+    est = calc.estimate(spec, job, device="cpu")
+    assert est.peak_bytes == _peak(every)
+
+
+def test_the_replay_refuses_no_new_tokens():
+    _, _, sh, context = _shape("llama-2-7b", 1, 4, 1, "fp32")
+    with pytest.raises(ValueError, match="new_tokens"):
+        hf_generate.replay(sh, context, 0)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"new_tokens": 4}, "needs prompt"),
+        ({"prompt": 5, "new_tokens": 4, "context": 8}, "prompt \\+ new_tokens = 9"),
+        ({"prompt": 5, "new_tokens": -1}, "new_tokens=-1 is out of range"),
+        ({"prompt": 5, "new_tokens": 2, "cache": "paged"}, "cache='paged'"),
+        ({"context": 5, "cache": "dynamic"}, "needs new_tokens >= 1"),
+        ({}, "context=0 needs prompt"),
+    ],
+)
+def test_inference_fields_are_validated(kw, match):
+    with pytest.raises(ValueError, match=match):
+        calc.Inference(batch=1, **kw)
+
+
+def test_context_defaults_to_prompt_plus_new_tokens():
+    job = calc.Inference(batch=2, prompt=512, new_tokens=32)
+    assert (job.context, job.prompt_len, job.cache_impl) == (544, 512, "dynamic")
+    assert calc.Inference(batch=1, context=64).cache_impl == "static"
+    assert calc.Inference(batch=1, prompt=8).context == 8
+
+
+def test_generate_refusals_name_what_is_modelled():
+    spec = scaled_spec("gpt2")
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2, cache="static")
+    with pytest.raises(NotImplementedError, match="gpt2 with cache='static'"):
+        calc.estimate(spec, job, device="cpu")
+    llama = scaled_spec("llama-2-7b")
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2, implementation="reference")
+    with pytest.raises(NotImplementedError, match="implementation='hf'"):
+        calc.estimate(llama, job, device="cpu")

@@ -1,0 +1,51 @@
+"""Hugging Face ``generate`` cases (`verify.run.step.generate`): greedy, the default
+``DynamicCache`` or a static cache, several families, dtypes and batch/prompt/new-token
+counts."""
+
+from __future__ import annotations
+
+from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
+
+__all__ = ["generate_cases"]
+
+
+def generate_cases() -> list[Case]:
+    """The ``gen-*`` cases."""
+    hf = {"impl": "hf"}
+    return [
+        infer("gen-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32", **hf),
+        infer("gen-llama-bf16-long", LLAMA, batch=1, prompt=16, new_tokens=9, precision="bf16",
+              **hf),
+        infer("gen-llama3-bf16", LLAMA3, batch=3, prompt=12, new_tokens=5, precision="bf16", **hf),
+        infer("gen-qwen2-fp32-one", QWEN2, batch=2, prompt=24, new_tokens=1, precision="fp32",
+              **hf),
+        infer("gen-qwen2-bf16", QWEN2, batch=4, prompt=6, new_tokens=6, precision="bf16", **hf),
+        infer("gen-qwen3-fp32", QWEN3, batch=1, prompt=32, new_tokens=4, precision="fp32", **hf),
+        infer("gen-mistral-bf16", MISTRAL, batch=2, prompt=16, new_tokens=2, precision="bf16",
+              **hf),
+        infer("gen-mistral-fp32-long", MISTRAL, batch=2, prompt=4, new_tokens=12,
+              precision="fp32", **hf),
+        # short prompts, many new tokens: the peak is in the last decode step
+        infer("gen-llama-fp32-decode", LLAMA, batch=4, prompt=2, new_tokens=40,
+              precision="fp32", **hf),
+        infer("gen-qwen2-bf16-decode", QWEN2, batch=8, prompt=3, new_tokens=64,
+              precision="bf16", **hf),
+        infer("gen-mistral-bf16-decode", MISTRAL, batch=6, prompt=3, new_tokens=50,
+              precision="bf16", **hf),
+        infer("gen-qwen3-fp32-decode", QWEN3, batch=5, prompt=4, new_tokens=64,
+              precision="fp32", **hf),
+        infer("gen-gpt2-fp32", GPT2, batch=2, prompt=8, new_tokens=3, precision="fp32", **hf),
+        infer("gen-gpt2-bf16-decode", GPT2, batch=6, prompt=2, new_tokens=40, precision="bf16",
+              **hf),
+        infer("gen-gpt2-fp32-one-row", GPT2, batch=1, prompt=24, new_tokens=6, precision="fp32",
+              **hf),
+        # cache_implementation="static": the cache of prompt + new tokens made at the prefill
+        infer("gen-static-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32",
+              cache="static", **hf),
+        infer("gen-static-llama3-bf16-decode", LLAMA3, batch=6, prompt=2, new_tokens=40,
+              precision="bf16", cache="static", **hf),
+        infer("gen-static-qwen3-fp32-one-row", QWEN3, batch=1, prompt=12, new_tokens=7,
+              precision="fp32", cache="static", **hf),
+        infer("gen-static-mistral-bf16", MISTRAL, batch=3, prompt=16, new_tokens=5,
+              precision="bf16", cache="static", **hf),
+    ]  # fmt: skip
