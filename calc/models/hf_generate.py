@@ -1,5 +1,5 @@
 """Hugging Face transformers 5.24 ``generate`` (greedy, ``DynamicCache`` or a static cache) for
-llama, mistral, qwen2, qwen3 and GPT-2 (dynamic cache): the prefill and every decode step, op by
+llama, mistral, qwen2, qwen3 and GPT-2: the prefill and every decode step, op by
 op.
 
 What `verify.run.step.generate` runs under ``torch.no_grad()``::
@@ -54,7 +54,14 @@ from dataclasses import dataclass, field, replace
 from calc.config.compression import Quant
 from calc.models import hf, hf_gpt2
 from calc.models import reference as R
-from calc.models.hf_inference import RESIDUAL, CacheLayer, Compress, StaticLayer, decoder_layer
+from calc.models.hf_inference import (
+    RESIDUAL,
+    CacheLayer,
+    Compress,
+    StaticLayer,
+    decoder_layer,
+    sdpa_bool_mask,
+)
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Event, Size, Tape, Tensor
@@ -143,7 +150,7 @@ def forward(
     logits_to_keep=1)`` over ``sh.s`` tokens per sequence; returns the logits ``[b, V]``.
     GPT-2: `gpt2_forward`."""
     if sh.model_type == "gpt2":
-        return gpt2_forward(tape, sh, w, layers, pos)
+        return gpt2_forward(tape, sh, w, layers, pos, mask_numel)
     n = sh.b * sh.s
     tape.segment = "embed"
     emb = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
@@ -165,18 +172,24 @@ def forward(
     return logits
 
 
-def gpt2_attention(tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer) -> Tensor:
+def gpt2_attention(
+    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer,
+    mask_numel: Size | None = None,
+) -> Tensor:  # fmt: skip
     """``GPT2Attention.forward`` over a cache, no grad (modeling_gpt2.py): ``c_attn``, the split
-    and head views, ``cache.update`` (the cat copies), SDPA (no mask: causal at the prefill, a
-    single query after it), ``c_proj``; the fused qkv output dies with the query view, after
-    ``c_proj``."""
+    and head views, ``cache.update`` (the cat copies, or a static layer's in-place write), SDPA
+    (no mask at the prefill nor over a dynamic cache; a static cache's decode step passes the
+    boolean mask of ``mask_numel``), ``c_proj``; the fused qkv output dies with the query view,
+    after ``c_proj``."""
     n = sh.b * sh.s
     qkv = hf_gpt2.conv1d(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
     q, k, v = tape.alias(qkv), tape.alias(qkv), tape.alias(qkv)  # split, view, transpose
     tape.drop(qkv)
     keys, values = layer.update(tape, sh, k, v)
     tape.drop(k, v)
+    mask = None if mask_numel is None else sdpa_bool_mask(tape, mask_numel, q.itemsize)
     out = ops.sdpa_flash(tape, q, keys, values, sh.b * sh.a * sh.s, "attn")
+    tape.drop(mask)
     o = tape.alias(out)  # the [b, s, a, d] kernel output: reshape and transpose are views
     tape.drop(out)
     y = hf_gpt2.conv1d(tape, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
@@ -185,8 +198,9 @@ def gpt2_attention(tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLay
 
 
 def gpt2_forward(
-    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[CacheLayer], pos: Tensor
-) -> Tensor:
+    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[CacheLayer], pos: Tensor,
+    mask_numel: Size | None = None,
+) -> Tensor:  # fmt: skip
     """``GPT2LMHeadModel.forward(input_ids, position_ids=pos, cache, logits_to_keep=1)``: the
     token and position embeddings (positions ``[b, s]``), the blocks
     (`calc.models.hf_gpt2.block` with `gpt2_attention`), ``ln_f``, logits ``[b, V]``."""
@@ -200,7 +214,7 @@ def gpt2_forward(
         tape.segment = j
 
         def attend(tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer = layer):
-            return gpt2_attention(tape, sh, x, lw, layer)
+            return gpt2_attention(tape, sh, x, lw, layer, mask_numel)
 
         x_next, _ = hf_gpt2.block(tape, sh, x, lw, None, True, attend)
         x_next.storage.tag = RESIDUAL

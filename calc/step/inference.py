@@ -145,13 +145,10 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
 
 
 def _check_generate(model: ModelSpec, job: Inference, sh: reference.Shape) -> None:
-    """The HF prefill's refusals (`calc.models.hf_inference.check`), GPT-2 admitted with a
-    dynamic cache."""
+    """The HF prefill's refusals (`calc.models.hf_inference.check`), GPT-2 admitted."""
     if model.model_type != "gpt2":
         check_hf(model, job, sh)
         return
-    if job.cache_impl == "static":
-        raise NotImplementedError("generate for gpt2 with cache='static' is not modelled yet")
     if sh.attention not in ("flash", "efficient") or job.prompt_len == 1:
         raise NotImplementedError(
             "generate for gpt2 is modelled with attention='sdpa' (flash or efficient) and a "

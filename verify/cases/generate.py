@@ -48,4 +48,6 @@ def generate_cases() -> list[Case]:
               precision="fp32", cache="static", **hf),
         infer("gen-static-mistral-bf16", MISTRAL, batch=3, prompt=16, new_tokens=5,
               precision="bf16", cache="static", **hf),
+        infer("gen-static-gpt2-bf16", GPT2, batch=4, prompt=6, new_tokens=9, precision="bf16",
+              cache="static", **hf),
     ]  # fmt: skip
