@@ -49,6 +49,8 @@ INFER_CHANGES: dict[str, object] = {
     "infer.precision": "fp16",
     "infer.attention": "math",
     "infer.implementation": "reference",
+    "infer.new_tokens": 512,  # prompt 512 + 512 new tokens = the context 1024 set above
+    "infer.cache": "static",
 }
 
 
