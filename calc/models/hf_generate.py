@@ -60,6 +60,7 @@ from calc.models.hf_inference import (
     Compress,
     StaticLayer,
     decoder_layer,
+    no_grad_tape,
     sdpa_bool_mask,
 )
 from calc.replay import ops
@@ -354,13 +355,7 @@ def replay(
     1`` tokens per layer (allocated at its first update)."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens} must be >= 1 for generate")
-    tape = Tape(inplace_accumulate=sh.device == "cuda")
-    tape.grad_enabled = False
-    w = R.Weights(tape, sh)
-    if quant is not None:
-        if compress is None:
-            raise ValueError("quant needs compress (calc.compress.lora.compress_weights)")
-        compress(tape, w, sh, None, quant, compute)
+    tape, w = no_grad_tape(sh, quant, compute, compress)
     b, s = sh.b, sh.s
     tape.existing(b * s, INT64, "input_ids", StorageKind.INPUT)
     if sh.model_type != "gpt2":  # the rotary embedding's buffers
