@@ -52,8 +52,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from calc.config.compression import Quant
-from calc.models import hf, hf_gpt2
+from calc.models import hf
 from calc.models import reference as R
+from calc.models.hf_gpt2_cache import gpt2_forward
 from calc.models.hf_inference import (
     RESIDUAL,
     CacheLayer,
@@ -61,7 +62,6 @@ from calc.models.hf_inference import (
     StaticLayer,
     decoder_layer,
     no_grad_tape,
-    sdpa_bool_mask,
 )
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
@@ -167,63 +167,6 @@ def forward(
     tape.segment = "head"
     hid = hf.rmsnorm(tape, x, w.norm, n)
     tape.drop(x, emb, cos, sin)
-    last = tape.alias(hid, numel=sh.b * sh.h)  # hidden_states[:, -1:, :]
-    logits = hf.linear(tape, last, w.head, None, sh.b, sh.V, "logits")
-    tape.drop(last, hid)
-    return logits
-
-
-def gpt2_attention(
-    tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer,
-    mask_numel: Size | None = None,
-) -> Tensor:  # fmt: skip
-    """``GPT2Attention.forward`` over a cache, no grad (modeling_gpt2.py): ``c_attn``, the split
-    and head views, ``cache.update`` (the cat copies, or a static layer's in-place write), SDPA
-    (no mask at the prefill nor over a dynamic cache; a static cache's decode step passes the
-    boolean mask of ``mask_numel``), ``c_proj``; the fused qkv output dies with the query view,
-    after ``c_proj``."""
-    n = sh.b * sh.s
-    qkv = hf_gpt2.conv1d(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
-    q, k, v = tape.alias(qkv), tape.alias(qkv), tape.alias(qkv)  # split, view, transpose
-    tape.drop(qkv)
-    keys, values = layer.update(tape, sh, k, v)
-    tape.drop(k, v)
-    mask = None if mask_numel is None else sdpa_bool_mask(tape, mask_numel, q.itemsize)
-    out = ops.sdpa_flash(tape, q, keys, values, sh.b * sh.a * sh.s, "attn")
-    tape.drop(mask)
-    o = tape.alias(out)  # the [b, s, a, d] kernel output: reshape and transpose are views
-    tape.drop(out)
-    y = hf_gpt2.conv1d(tape, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
-    tape.drop(o, q, keys, values)
-    return y
-
-
-def gpt2_forward(
-    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[CacheLayer], pos: Tensor,
-    mask_numel: Size | None = None,
-) -> Tensor:  # fmt: skip
-    """``GPT2LMHeadModel.forward(input_ids, position_ids=pos, cache, logits_to_keep=1)``: the
-    token and position embeddings (positions ``[b, s]``), the blocks
-    (`calc.models.hf_gpt2.block` with `gpt2_attention`), ``ln_f``, logits ``[b, V]``."""
-    n = sh.b * sh.s
-    tape.segment = "embed"
-    tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
-    assert w.wpe is not None  # GPT-2's learned positions
-    pe = ops.embedding(tape, w.wpe, n, sh.h, "wpe_out", indices=pos)
-    x = ops.add_cast_in_formula(tape, tok, pe, "embed_out")
-    for j, (lw, layer) in enumerate(zip(w.layers, layers, strict=True)):
-        tape.segment = j
-
-        def attend(tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer = layer):
-            return gpt2_attention(tape, sh, x, lw, layer, mask_numel)
-
-        x_next, _ = hf_gpt2.block(tape, sh, x, lw, None, True, attend)
-        x_next.storage.tag = RESIDUAL
-        tape.drop(x)
-        x = x_next
-    tape.segment = "head"
-    hid = ops.layer_norm(tape, x, w.norm, w.norm_b, n)
-    tape.drop(x, tok, pe)
     last = tape.alias(hid, numel=sh.b * sh.h)  # hidden_states[:, -1:, :]
     logits = hf.linear(tape, last, w.head, None, sh.b, sh.V, "logits")
     tape.drop(last, hid)

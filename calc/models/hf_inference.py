@@ -72,7 +72,7 @@ __all__ = ["numeric_shape", "replay", "replay_hf_prefill"]
 
 def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
     """Raise ``NotImplementedError`` for what this replay does not cover."""
-    if model.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+    if model.model_type not in ("llama", "mistral", "qwen2", "qwen3", "gpt2"):
         raise NotImplementedError(
             f"implementation='hf' inference for {model.model_type} is not modelled yet; "
             "implementation='reference' (--implementation reference) models it"

@@ -190,7 +190,7 @@ def test_context_defaults_to_prompt_plus_new_tokens():
 def test_generate_refusals_name_what_is_modelled():
     spec = scaled_spec("gpt2")
     job = calc.Inference(batch=1, prompt=4, new_tokens=2, attention="eager")
-    with pytest.raises(NotImplementedError, match="gpt2 is modelled with attention='sdpa'"):
+    with pytest.raises(NotImplementedError, match="attention kernel 'eager'"):
         calc.estimate(spec, job, device="cpu")
     llama = scaled_spec("llama-2-7b")
     job = calc.Inference(batch=1, prompt=4, new_tokens=2, implementation="reference")
