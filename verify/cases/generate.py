@@ -42,6 +42,10 @@ def generate_cases() -> list[Case]:
               **hf),
         infer("gen-quant-nf4-llama3-bf16", LLAMA3, batch=2, prompt=10, new_tokens=6,
               precision="bf16", quant=Quant(method="nf4"), **hf),
+        infer("gen-llama-fp32-prompt-one", LLAMA, batch=3, prompt=1, new_tokens=5,
+              precision="fp32", **hf),
+        infer("gen-gpt2-bf16-prompt-one", GPT2, batch=2, prompt=1, new_tokens=7,
+              precision="bf16", **hf),
         # cache_implementation="static": the cache of prompt + new tokens made at the prefill
         infer("gen-static-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32",
               cache="static", **hf),
