@@ -45,7 +45,7 @@ from calc.plan.axes import AXES
 
 Kind = Literal["choice", "int", "float", "optional_int", "optional_float", "bool", "multi"]
 TASKS: tuple[str, ...] = ("train", "infer")
-TASK_LABELS: dict[str, str] = {"train": "training step", "infer": "inference prefill"}
+TASK_LABELS: dict[str, str] = {"train": "training step", "infer": "inference (prefill, generate)"}
 JOB_CLASS: dict[str, type] = {"train": calc.Training, "infer": calc.Inference}
 SOURCES: tuple[str, ...] = ("card", "hub", "paste", "upload")
 SOURCE_LABELS: dict[str, str] = {

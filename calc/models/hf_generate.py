@@ -1,5 +1,5 @@
 """Hugging Face transformers 5.24 ``generate`` (greedy, ``DynamicCache`` or a static cache) for
-llama, mistral, qwen2, qwen3 and GPT-2 (dynamic cache): the prefill and every decode step, op by
+llama, mistral, qwen2, qwen3 and GPT-2: the prefill and every decode step, op by
 op.
 
 What `verify.run.step.generate` runs under ``torch.no_grad()``::
@@ -52,9 +52,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from calc.config.compression import Quant
-from calc.models import hf, hf_gpt2
+from calc.models import hf
 from calc.models import reference as R
-from calc.models.hf_inference import RESIDUAL, CacheLayer, Compress, StaticLayer, decoder_layer
+from calc.models.hf_gpt2_cache import gpt2_forward
+from calc.models.hf_inference import (
+    RESIDUAL,
+    CacheLayer,
+    Compress,
+    StaticLayer,
+    decoder_layer,
+    no_grad_tape,
+)
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Event, Size, Tape, Tensor
@@ -143,7 +151,7 @@ def forward(
     logits_to_keep=1)`` over ``sh.s`` tokens per sequence; returns the logits ``[b, V]``.
     GPT-2: `gpt2_forward`."""
     if sh.model_type == "gpt2":
-        return gpt2_forward(tape, sh, w, layers, pos)
+        return gpt2_forward(tape, sh, w, layers, pos, mask_numel)
     n = sh.b * sh.s
     tape.segment = "embed"
     emb = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
@@ -159,56 +167,6 @@ def forward(
     tape.segment = "head"
     hid = hf.rmsnorm(tape, x, w.norm, n)
     tape.drop(x, emb, cos, sin)
-    last = tape.alias(hid, numel=sh.b * sh.h)  # hidden_states[:, -1:, :]
-    logits = hf.linear(tape, last, w.head, None, sh.b, sh.V, "logits")
-    tape.drop(last, hid)
-    return logits
-
-
-def gpt2_attention(tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer) -> Tensor:
-    """``GPT2Attention.forward`` over a cache, no grad (modeling_gpt2.py): ``c_attn``, the split
-    and head views, ``cache.update`` (the cat copies), SDPA (no mask: causal at the prefill, a
-    single query after it), ``c_proj``; the fused qkv output dies with the query view, after
-    ``c_proj``."""
-    n = sh.b * sh.s
-    qkv = hf_gpt2.conv1d(tape, x, lw["qkv"], lw["qkv.b"], n, 3 * sh.h, "c_attn")
-    q, k, v = tape.alias(qkv), tape.alias(qkv), tape.alias(qkv)  # split, view, transpose
-    tape.drop(qkv)
-    keys, values = layer.update(tape, sh, k, v)
-    tape.drop(k, v)
-    out = ops.sdpa_flash(tape, q, keys, values, sh.b * sh.a * sh.s, "attn")
-    o = tape.alias(out)  # the [b, s, a, d] kernel output: reshape and transpose are views
-    tape.drop(out)
-    y = hf_gpt2.conv1d(tape, o, lw["o"], lw["o.b"], n, sh.h, "attn.c_proj")
-    tape.drop(o, q, keys, values)
-    return y
-
-
-def gpt2_forward(
-    tape: Tape, sh: R.Shape, w: R.Weights, layers: list[CacheLayer], pos: Tensor
-) -> Tensor:
-    """``GPT2LMHeadModel.forward(input_ids, position_ids=pos, cache, logits_to_keep=1)``: the
-    token and position embeddings (positions ``[b, s]``), the blocks
-    (`calc.models.hf_gpt2.block` with `gpt2_attention`), ``ln_f``, logits ``[b, V]``."""
-    n = sh.b * sh.s
-    tape.segment = "embed"
-    tok = ops.embedding(tape, w.embed, n, sh.h, "wte_out")
-    assert w.wpe is not None  # GPT-2's learned positions
-    pe = ops.embedding(tape, w.wpe, n, sh.h, "wpe_out", indices=pos)
-    x = ops.add_cast_in_formula(tape, tok, pe, "embed_out")
-    for j, (lw, layer) in enumerate(zip(w.layers, layers, strict=True)):
-        tape.segment = j
-
-        def attend(tape: Tape, sh: R.Shape, x: Tensor, lw: dict, layer: CacheLayer = layer):
-            return gpt2_attention(tape, sh, x, lw, layer)
-
-        x_next, _ = hf_gpt2.block(tape, sh, x, lw, None, True, attend)
-        x_next.storage.tag = RESIDUAL
-        tape.drop(x)
-        x = x_next
-    tape.segment = "head"
-    hid = ops.layer_norm(tape, x, w.norm, w.norm_b, n)
-    tape.drop(x, tok, pe)
     last = tape.alias(hid, numel=sh.b * sh.h)  # hidden_states[:, -1:, :]
     logits = hf.linear(tape, last, w.head, None, sh.b, sh.V, "logits")
     tape.drop(last, hid)
@@ -340,13 +298,7 @@ def replay(
     1`` tokens per layer (allocated at its first update)."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens} must be >= 1 for generate")
-    tape = Tape(inplace_accumulate=sh.device == "cuda")
-    tape.grad_enabled = False
-    w = R.Weights(tape, sh)
-    if quant is not None:
-        if compress is None:
-            raise ValueError("quant needs compress (calc.compress.lora.compress_weights)")
-        compress(tape, w, sh, None, quant, compute)
+    tape, w = no_grad_tape(sh, quant, compute, compress)
     b, s = sh.b, sh.s
     tape.existing(b * s, INT64, "input_ids", StorageKind.INPUT)
     if sh.model_type != "gpt2":  # the rotary embedding's buffers

@@ -72,7 +72,7 @@ __all__ = ["numeric_shape", "replay", "replay_hf_prefill"]
 
 def check(model: ModelSpec, job: Inference, sh: R.Shape) -> None:
     """Raise ``NotImplementedError`` for what this replay does not cover."""
-    if model.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
+    if model.model_type not in ("llama", "mistral", "qwen2", "qwen3", "gpt2"):
         raise NotImplementedError(
             f"implementation='hf' inference for {model.model_type} is not modelled yet; "
             "implementation='reference' (--implementation reference) models it"
@@ -267,6 +267,21 @@ linears by their quantized form (`calc.compress.lora.compress_weights`, passed i
 caller: compression sits above the model graphs)."""
 
 
+def no_grad_tape(
+    sh: R.Shape, quant: Quant | None, compute: str, compress: Compress | None
+) -> tuple[Tape, R.Weights]:
+    """A tape with grad mode off and the model's weights on it, the decoder linears quantized
+    by ``compress`` when ``quant`` is given."""
+    tape = Tape(inplace_accumulate=sh.device == "cuda")
+    tape.grad_enabled = False
+    w = R.Weights(tape, sh)
+    if quant is not None:
+        if compress is None:
+            raise ValueError("quant needs compress (calc.compress.lora.compress_weights)")
+        compress(tape, w, sh, None, quant, compute)
+    return tape, w
+
+
 def replay(
     sh: R.Shape,
     context: Size,
@@ -276,13 +291,7 @@ def replay(
 ) -> list[Event]:
     """The replay itself, for symbolic or int sizes (``sh.s`` prompt, ``context`` cache);
     ``quant``: quantized decoder linears, applied by ``compress``."""
-    tape = Tape(inplace_accumulate=sh.device == "cuda")
-    tape.grad_enabled = False
-    w = R.Weights(tape, sh)
-    if quant is not None:
-        if compress is None:
-            raise ValueError("quant needs compress (calc.compress.lora.compress_weights)")
-        compress(tape, w, sh, None, quant, compute)
+    tape, w = no_grad_tape(sh, quant, compute, compress)
     tape.existing(sh.b * sh.s, INT64, "input_ids", StorageKind.INPUT)
     half = sh.d // 2 if isinstance(sh.d, int) else sh.d / 2
     tape.existing(half, sh.weight_itemsize, "rotary.inv_freq", StorageKind.BUFFER)

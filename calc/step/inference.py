@@ -30,7 +30,7 @@ from calc.compress.lora import compress_weights
 from calc.config.compression import Quant
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models import hf_generate, reference, shape
+from calc.models import hf_generate, hf_gpt2_cache, reference, shape
 from calc.models.hf_inference import check as check_hf
 from calc.models.hf_inference import replay_hf_prefill
 from calc.models.shape import shape_for_inference
@@ -100,6 +100,8 @@ def replay_inference(
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
     if job.new_tokens > 0:  # HF generate: `calc.models.hf_generate`
         return replay_generate(model, job, device, n_layers)
+    if job.implementation == "hf" and model.model_type == "gpt2":  # `calc.models.hf_gpt2_cache`
+        return hf_gpt2_cache.replay_prefill(model, job, device, n_layers, compress_weights)
     if job.implementation == "hf":  # HF StaticCache prefill: `calc.models.hf_inference`
         if decode:
             raise NotImplementedError("implementation='hf' decode is not modelled yet")
@@ -130,7 +132,9 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
             f"generate for {model.model_type} with a sliding window is not modelled yet"
         )
     sh = shape_for_inference(model, job, device, n_layers)
-    _check_generate(model, job, sh)
+    # a one-token prompt into a dynamic cache takes the decode steps' path (no mask): only the
+    # static cache's one-token prefill is refused by the prefill's check
+    check_hf(model, replace(job, prompt=2, context=0) if job.cache_impl == "dynamic" else job, sh)
     return hf_generate.replay(
         sh,
         S.c,
@@ -142,21 +146,6 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         sliding=model.sliding_window is not None,
         static=job.cache_impl == "static",
     )
-
-
-def _check_generate(model: ModelSpec, job: Inference, sh: reference.Shape) -> None:
-    """The HF prefill's refusals (`calc.models.hf_inference.check`), GPT-2 admitted with a
-    dynamic cache."""
-    if model.model_type != "gpt2":
-        check_hf(model, job, sh)
-        return
-    if job.cache_impl == "static":
-        raise NotImplementedError("generate for gpt2 with cache='static' is not modelled yet")
-    if sh.attention not in ("flash", "efficient") or job.prompt_len == 1:
-        raise NotImplementedError(
-            "generate for gpt2 is modelled with attention='sdpa' (flash or efficient) and a "
-            "prompt of at least 2 tokens"
-        )
 
 
 def numeric_shape(model: ModelSpec, job: Inference, device: str) -> tuple[reference.Shape, int]:

@@ -4,6 +4,7 @@ counts."""
 
 from __future__ import annotations
 
+from calc.config.compression import Quant
 from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
 
 __all__ = ["generate_cases"]
@@ -39,6 +40,12 @@ def generate_cases() -> list[Case]:
               **hf),
         infer("gen-gpt2-fp32-one-row", GPT2, batch=1, prompt=24, new_tokens=6, precision="fp32",
               **hf),
+        infer("gen-quant-nf4-llama3-bf16", LLAMA3, batch=2, prompt=10, new_tokens=6,
+              precision="bf16", quant=Quant(method="nf4"), **hf),
+        infer("gen-llama-fp32-prompt-one", LLAMA, batch=3, prompt=1, new_tokens=5,
+              precision="fp32", **hf),
+        infer("gen-gpt2-bf16-prompt-one", GPT2, batch=2, prompt=1, new_tokens=7,
+              precision="bf16", **hf),
         # cache_implementation="static": the cache of prompt + new tokens made at the prefill
         infer("gen-static-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=3, precision="fp32",
               cache="static", **hf),
@@ -48,4 +55,6 @@ def generate_cases() -> list[Case]:
               precision="fp32", cache="static", **hf),
         infer("gen-static-mistral-bf16", MISTRAL, batch=3, prompt=16, new_tokens=5,
               precision="bf16", cache="static", **hf),
+        infer("gen-static-gpt2-bf16", GPT2, batch=4, prompt=6, new_tokens=9, precision="bf16",
+              cache="static", **hf),
     ]  # fmt: skip

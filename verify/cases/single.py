@@ -198,6 +198,9 @@ def _inference_cases() -> list[Case]:
                precision="bf16", tags=Q),
         _infer("infer-hf-qwen3-fp32-prompt", QWEN3, impl="hf", batch=1, context=128, prompt=16,
                precision="fp32"),
+        _infer("infer-hf-gpt2-fp32-prompt", GPT2, impl="hf", batch=2, context=64, prompt=24,
+               precision="fp32"),
+        _infer("infer-hf-gpt2-bf16", GPT2, impl="hf", batch=3, context=48, precision="bf16"),
         _infer("infer-hf-gpt2-eager", GPT2, impl="hf", batch=2, context=64, precision="fp32",
                attention="eager"),
     ]  # fmt: skip

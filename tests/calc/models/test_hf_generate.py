@@ -58,7 +58,7 @@ CONFIGS = [
     )
 ] + [
     (card, batch, prompt, new_tokens, precision, "static")
-    for card in CARDS[:-1]  # gpt2: a dynamic cache only
+    for card in CARDS
     for batch, prompt, new_tokens, precision in ((1, 2, 3, "fp32"), (4, 3, 20, "bf16"))
 ]  # fmt: skip
 ARGS = ("card", "batch", "prompt", "new_tokens", "precision", "cache")
@@ -117,7 +117,6 @@ SYMBOLIC = [
     for card in CARDS
     for new_tokens, cache in ((1, "dynamic"), (2, "dynamic"), (3, "dynamic"), (4, "dynamic"),
                               (9, "dynamic"), (2, "static"), (9, "static"))
-    if not (card == "gpt2" and cache == "static")  # refused
 ]  # fmt: skip
 
 
@@ -190,8 +189,8 @@ def test_context_defaults_to_prompt_plus_new_tokens():
 
 def test_generate_refusals_name_what_is_modelled():
     spec = scaled_spec("gpt2")
-    job = calc.Inference(batch=1, prompt=4, new_tokens=2, cache="static")
-    with pytest.raises(NotImplementedError, match="gpt2 with cache='static'"):
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2, attention="eager")
+    with pytest.raises(NotImplementedError, match="attention kernel 'eager'"):
         calc.estimate(spec, job, device="cpu")
     llama = scaled_spec("llama-2-7b")
     job = calc.Inference(batch=1, prompt=4, new_tokens=2, implementation="reference")

@@ -157,8 +157,8 @@ def _tracked_peak(spec: ModelSpec, job: calc.Inference) -> int:
 
 @pytest.mark.parametrize(("spec", "precision", "layers", "prompt"), [
     (LLAMA, "fp32", 2, 32), (MISTRAL, "bf16", 7, None), (QWEN2, "bf16", 6, 32),
-    (QWEN3, "fp32", 5, 16),
-], ids=["llama-2", "mistral-7", "qwen2-bf16-6", "qwen3-5"])  # fmt: skip
+    (QWEN3, "fp32", 5, 16), (GPT2, "bf16", 6, 24),
+], ids=["llama-2", "mistral-7", "qwen2-bf16-6", "qwen3-5", "gpt2-bf16-6"])  # fmt: skip
 def test_estimate_equals_the_tracked_peak(
     spec: dict, precision: str, layers: int, prompt: int | None
 ) -> None:
@@ -170,11 +170,12 @@ def test_estimate_equals_the_tracked_peak(
 
 
 @pytest.mark.parametrize(("spec", "job", "match"), [
-    (GPT2, _job(2, 32, 48, "fp32"), "gpt2"),
+    (GPT2, dataclasses.replace(_job(2, 32, 48, "fp32"), attention="eager"), "eager"),
     (LLAMA, dataclasses.replace(_job(2, 32, 48, "fp32"), attention="eager"), "eager"),
     ({**MISTRAL, "sliding_window": 48}, _job(2, 32, 48, "fp32"), "sliding window"),
     (LLAMA, _job(2, 1, 48, "fp32"), "one-token"),
-], ids=["gpt2", "eager", "window-not-longer-than-context", "one-token-prompt"])  # fmt: skip
+], ids=["gpt2-eager", "eager", "window-not-longer-than-context",
+        "one-token-prompt"])  # fmt: skip
 def test_not_modelled(spec: dict, job: calc.Inference, match: str) -> None:
     with pytest.raises(NotImplementedError, match=match):
         hf_inference.numeric_shape(ModelSpec(**spec), job, "cpu")
