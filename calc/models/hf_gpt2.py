@@ -64,7 +64,7 @@ def check(sh: Shape) -> None:
             "recompute='selective' with implementation='hf': transformers checkpoints whole "
             "layers only (gradient_checkpointing_enable); use recompute='full'"
         )
-    if sh.attention not in ("flash", "math", "eager"):
+    if sh.attention not in ("flash", "efficient", "math", "eager"):
         raise NotImplementedError(f"attention {sh.attention!r} for hf gpt2")
     if sh.attention == "math" and sh.attn_dropout <= 0:
         # the math kernel without dropout is only reachable by forcing it; not measured
@@ -269,7 +269,7 @@ def attention(
             # contiguous in [b, a, s, d], so contiguous() copies
             o = core.merge_heads(tape, sh, out)
         else:
-            out = ops.sdpa_flash(tape, qt, kt, vt, sh.b * sh.a * sh.s, "attn")
+            out = core.fused(tape, sh, qt, kt, vt, "attn")
             # the CPU flash output is laid out [b, s, a, d]: reshape, transpose, contiguous
             # and the reshape to [b, s, h] are views
             o = ops.view(tape, out)
