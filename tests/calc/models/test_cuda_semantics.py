@@ -187,3 +187,26 @@ def test_cuda_sdpa_training_is_linear_in_s_with_dropout_and_below_eager(card: st
     # or more: c*s^2 gives 3cs^2 then 12cs^2)
     assert abs((p4 - p2) - 2 * (p2 - p1)) <= 0.01 * (p4 - p2)
     assert fwd(1024, "eager") > p2
+
+
+# ------------------------------------------------------------------------- autocast lists
+@pytest.mark.parametrize(("device", "held_bytes"), [("cpu", 8192), ("cuda", 18432)])
+def test_gpt2_gelu_new_under_autocast_runs_pow_in_fp32_on_cuda_only(
+    device: str, held_bytes: int
+) -> None:
+    # autocast_mode.cpp: pow is on the CUDA key's fp32 list, not on the CPU key's (torch.amp's
+    # "autocast op reference"). x: 1024 bf16 (2048 B), fp32 tensors 4096 B.
+    # CPU: 0.5*x (2048, kept for the last mul), pow(x) saves x (pre-existing), tanh saves its
+    # output (2048), 1+tanh (2048, saved by mul), the result (2048): 8192 B held after.
+    # CUDA: x.to(float) (4096, saved by pow), then pow and everything after it in fp32: tanh's
+    # output 4096, 1+tanh 4096, the result 4096 (bf16 * fp32), plus 0.5*x 2048: 18432 B.
+    from calc.models import hf_gpt2
+
+    tape = Tape()
+    tape.autocast_enter(BF16)
+    x = tape.existing(1024, BF16, "x", "weight", leaf=True)
+    base = _live(tape)
+    sh = shape_for(GPT2XL, calc.Training(micro_batch=1, seq_len=8), device, 1)
+    out = hf_gpt2.new_gelu(tape, sh, x)
+    assert _live(tape) - base == held_bytes
+    assert out.itemsize == (FP32 if device == "cuda" else BF16)
