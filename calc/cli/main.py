@@ -321,7 +321,8 @@ def run(args: argparse.Namespace) -> int:
     model, job = cli_prune_distill.apply(args, model, job)
     stored = cli_prune_distill.storage(args, model, job)
     parallel = build_parallel(args)
-    est = estimate(model, job, parallel, device=args.device)
+    catalog_gpu = None if args.gpu_gib is not None else args.gpu  # its cuBLAS workspace size
+    est = estimate(model, job, parallel, device=args.device, gpu=catalog_gpu)
     peak = int(est.peak_bytes)
     capacity_bytes, size = capacity(args)
     fits, headroom, sentence = verdict(peak, capacity_bytes, size)

@@ -54,7 +54,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object, str]]:
     seen: list[tuple[object, object, str]] = []
 
     def fake_estimate(
-        model: object, job: object, parallel: object = None, device: str = "cuda"
+        model: object,
+        job: object,
+        parallel: object = None,
+        device: str = "cuda",
+        gpu: object = None,
     ) -> FakeEstimate:
         assert parallel is None  # no parallelism option given in these tests
         seen.append((model, job, device))
