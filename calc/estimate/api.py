@@ -4,16 +4,20 @@ replay of one GPU (`calc.estimate.core`) or of the most-loaded rank of a paralle
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 from calc.compress.lora import check_parallel
 from calc.compress.quant import check_fits
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
-from calc.estimate.core import compiled_for, evaluate
+from calc.estimate.core import CUBLAS_WORKSPACE_BYTES, compiled_for, evaluate
 from calc.estimate.ranks import estimate_parallel
+from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
-from calc.estimate.workspace import for_gpu
+from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
 
 
 def estimate(
@@ -60,7 +64,14 @@ def estimate(
         raise ValueError(f"gpu must be a catalog id or a calc GPU, got {type(gpu).__name__}")
     if parallel is not None and not parallel.is_single:
         est = estimate_parallel(model, job, parallel, device)
-    else:
-        comp, key = compiled_for(model, job, device)
-        est = evaluate(comp, key, model, job, device)
-    return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
+        return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
+    comp, key = compiled_for(model, job, device)
+    est = evaluate(comp, key, model, job, device)
+    if gpu_obj is not None:
+        est = for_gpu(est, job, gpu_obj)
+    charged = workspace_charge(job, device)
+    if not charged:
+        return est
+    size = cublas_workspace_bytes(gpu_obj)
+    handles = charged // CUBLAS_WORKSPACE_BYTES
+    return replace(est, allocator_fn=partial(allocator_stats, model, job, device, size, handles))

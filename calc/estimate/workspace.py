@@ -53,10 +53,15 @@ def cublas_workspace_bytes(gpu: GPU | None) -> int:
     return CUBLAS_WORKSPACE_BYTES if major in LARGE_WORKSPACE_MAJORS else SMALL_WORKSPACE_BYTES
 
 
+def workspace_charge(job: Training | Inference, device: str) -> int:
+    """Bytes of cuBLAS workspaces the default (Hopper) charge adds for ``job`` on ``device``."""
+    return _device_terms(job, device)[0]
+
+
 def for_gpu(est: Estimate, job: Training | Inference, gpu: GPU) -> Estimate:
     """``est`` (a ``device="cuda"`` estimate, charged Hopper's workspaces) with ``gpu``'s
     workspace size instead: every total, phase and rank peak moves by the same constant."""
-    charged, _ = _device_terms(job, est.device)
+    charged = workspace_charge(job, est.device)
     if not charged:
         return est
     handles = charged // CUBLAS_WORKSPACE_BYTES
