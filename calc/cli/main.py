@@ -29,6 +29,7 @@ from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.data.cards import list_cards
 from calc.data.gpus import DEFAULT_GPU, get_gpu
 from calc.estimate.api import estimate
+from calc.estimate.device_fit import DeviceFit, device_fits
 from calc.estimate.result import GIB, Estimate
 
 DEFAULT_TRAINING: dict[str, int] = {"micro_batch": 1, "seq_len": 2048}
@@ -187,6 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument(
         "--gpu-gib", type=float, help="GPU memory for the verdict in GiB, instead of --gpu's"
     )
+    out.add_argument(
+        "--reserved",
+        action="store_true",
+        help="also replay the CUDA caching allocator (default and expandable segments): "
+        "reserved memory and what nvidia-smi would show against --gpu's total (seconds)",
+    )
     out.add_argument("--depth", type=int, help="show the breakdown down to this depth (1 = top)")
     out.add_argument("--json", action="store_true", help="print JSON instead of a table")
     out.add_argument("--latex", action="store_true", help="also print the peak formula (LaTeX)")
@@ -305,6 +312,26 @@ def verdict(peak_bytes: int, capacity_bytes: int, size: str) -> tuple[bool, int,
     return False, headroom, f"does not fit in {size}: needs {format_gib(-headroom)} more"
 
 
+def fit_lines(rows: Sequence[DeviceFit], gpu_id: str) -> list[str]:
+    """The ``--reserved`` lines: per allocator setting, allocated, reserved and what nvidia-smi
+    would show against the GPU's total (`calc.estimate.device_fit`)."""
+    lines = []
+    for f in rows:
+        verdict_word = "fits" if f.fits else "does not fit"
+        lines.append(
+            f"{f.setting + ':':<21}allocated {format_gib(f.allocated_bytes)}, reserved "
+            f"{format_gib(f.reserved_bytes)} ({f.segments} segments) + outside PyTorch "
+            f"{format_gib(f.outside_bytes)} = {format_gib(f.shown_bytes)} of {gpu_id}'s "
+            f"{format_gib(f.total_bytes)}: {verdict_word}"
+        )
+    if rows:
+        lines.append(
+            "(allocated/reserved: modelled from PyTorch's source, not measured on a GPU; "
+            "outside PyTorch: the catalog's stated default)"
+        )
+    return lines
+
+
 def render_table(est: Estimate, depth: int | None) -> list[str]:
     """The breakdown at the peak: one row per node, indented by depth, GiB and % of peak."""
     peak = int(est.peak_bytes)
@@ -336,10 +363,12 @@ def run(args: argparse.Namespace) -> int:
     model, job = cli_prune_distill.apply(args, model, job)
     stored = cli_prune_distill.storage(args, model, job)
     parallel = build_parallel(args)
-    est = estimate(model, job, parallel, device=args.device)
+    catalog_gpu = None if args.gpu_gib is not None else args.gpu  # its cuBLAS workspace size
+    est = estimate(model, job, parallel, device=args.device, gpu=catalog_gpu)
     peak = int(est.peak_bytes)
     capacity_bytes, size = capacity(args)
     fits, headroom, sentence = verdict(peak, capacity_bytes, size)
+    fit_rows = device_fits(est, get_gpu(args.gpu)) if args.reserved else []
 
     if args.json:
         out = {
@@ -359,6 +388,11 @@ def run(args: argparse.Namespace) -> int:
             "fits": fits,
             "headroom_bytes": headroom,
         }
+        if fit_rows:
+            out["device_fit"] = [
+                {**dataclasses.asdict(f), "shown_bytes": f.shown_bytes, "fits": f.fits}
+                for f in fit_rows
+            ]
         if parallel is not None:
             out["parallel"] = dataclasses.asdict(parallel)
             out["most_loaded_rank"] = est.rank
@@ -393,6 +427,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"rank:       the most-loaded GPU is rank {est.rank} of {parallel.world_size}"
               f"{spread if len(peaks) > 1 else ' (every rank the same)'}")  # fmt: skip
     print(f"verdict:    {sentence}")
+    for line in fit_lines(fit_rows, args.gpu):
+        print(line)
     if stored is not None:
         print()
         print("\n".join(cli_prune_distill.storage_lines(stored, GIB)))

@@ -17,6 +17,9 @@ from typing import Any
 from calc.data.cards import load_gpu_catalog_data
 from calc.units import GIB
 
+_ARCH = ("compute_capability", "compute_capability_source", "gfx_arch", "gfx_arch_source")
+"""The optional architecture fields of a catalog GPU."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class GPU:
@@ -48,17 +51,21 @@ class GPU:
     """Where ``total_bytes`` comes from (a cited nvidia-smi/rocm-smi reading)."""
     marketed_source: str = ""
     """Where ``marketed`` comes from (the vendor's datasheet or product page)."""
+    compute_capability: str = ""
+    """NVIDIA's compute capability, ``major.minor`` (``9.0`` for Hopper); empty for AMD. Decides
+    PyTorch's CUDA-side defaults (`calc.estimate.workspace`)."""
+    compute_capability_source: str = ""
+    """Where ``compute_capability`` comes from (NVIDIA's CUDA GPUs page)."""
+    gfx_arch: str = ""
+    """AMD's LLVM target (``gfx942``); empty for NVIDIA."""
+    gfx_arch_source: str = ""
+    """Where ``gfx_arch`` comes from (AMD's ROCm GPU specifications)."""
 
     def __post_init__(self) -> None:
         for name in (
-            "id",
-            "name",
-            "vendor",
-            "marketed",
-            "source",
-            "marketed_source",
-            "cuda_total_source",
-        ):
+            "id", "name", "vendor", "marketed", "source", "marketed_source",
+            "cuda_total_source", *_ARCH,
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), str):
                 raise ValueError(f"{name}={getattr(self, name)!r} must be a string")
         if not self.id or self.id != self.id.lower():
@@ -74,10 +81,20 @@ class GPU:
             raise ValueError(
                 f"cuda_total_bytes={cuda!r} must be None or an integer in [1, total_bytes]"
             )
+        cc = self.compute_capability
+        if cc and not (cc.count(".") == 1 and all(p.isdigit() for p in cc.split("."))):
+            raise ValueError(f"compute_capability={cc!r} must be 'major.minor' (e.g. '9.0')")
+        if self.gfx_arch and not self.gfx_arch.startswith("gfx"):
+            raise ValueError(f"gfx_arch={self.gfx_arch!r} must be an LLVM target 'gfx...'")
         if self.reserved_bytes >= self.total_bytes:
             raise ValueError(
                 f"reserved_bytes={self.reserved_bytes} must be below total_bytes={self.total_bytes}"
             )
+
+    @property
+    def cc_major(self) -> int | None:
+        """The compute capability's major number (9 for Hopper), or None (AMD, or not given)."""
+        return int(self.compute_capability.split(".")[0]) if self.compute_capability else None
 
     @property
     def usable_bytes(self) -> int:
@@ -91,7 +108,7 @@ class GPU:
 
 
 _FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "reserved_bytes", "source")
-_OPTIONAL = ("marketed_source", "cuda_total_source")
+_OPTIONAL = ("marketed_source", "cuda_total_source", *_ARCH)
 
 
 @lru_cache(maxsize=1)

@@ -4,14 +4,20 @@ replay of one GPU (`calc.estimate.core`) or of the most-loaded rank of a paralle
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import partial
+
 from calc.compress.lora import check_parallel
 from calc.compress.quant import check_fits
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
-from calc.estimate.core import compiled_for, evaluate
+from calc.data.gpus import GPU, get_gpu
+from calc.estimate.core import CUBLAS_WORKSPACE_BYTES, compiled_for, evaluate
 from calc.estimate.ranks import estimate_parallel
+from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
+from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
 
 
 def estimate(
@@ -19,6 +25,7 @@ def estimate(
     job: Training | Inference,
     parallel: Parallelism | None = None,
     device: str = "cuda",
+    gpu: str | GPU | None = None,
 ) -> Estimate:
     """Peak bytes of ``job`` on one GPU (``device="cuda"``: ``max_memory_allocated``) or under
     verify's CPU storage tracker (``device="cpu"``), with the phases and the breakdown.
@@ -26,6 +33,10 @@ def estimate(
     With ``parallel`` (a `calc.Parallelism` over several GPUs), the estimate is the most-loaded
     rank's (``Estimate.rank``), with every rank's peak in ``Estimate.rank_peaks`` and
     ``ranks/<r>`` keys in the breakdown (`calc.estimate.ranks`).
+
+    ``gpu`` (a catalog id or `calc.data.gpus.GPU`): charge that GPU's cuBLAS workspaces
+    (`calc.estimate.workspace`, by compute capability) instead of Hopper's 32 MiB each, the
+    charge when no GPU is named. Nothing else depends on it.
 
     Raises ``ValueError`` for invalid input and ``NotImplementedError`` for a combination the
     cost model does not cover yet (the message names it).
@@ -48,7 +59,19 @@ def estimate(
     )
     if parallel is not None and not parallel.is_single and compressed:
         check_parallel(job, parallel)  # NotImplementedError for the layouts not covered
+    gpu_obj = get_gpu(gpu) if isinstance(gpu, str) else gpu
+    if gpu_obj is not None and not isinstance(gpu_obj, GPU):
+        raise ValueError(f"gpu must be a catalog id or a calc GPU, got {type(gpu).__name__}")
     if parallel is not None and not parallel.is_single:
-        return estimate_parallel(model, job, parallel, device)
+        est = estimate_parallel(model, job, parallel, device)
+        return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
     comp, key = compiled_for(model, job, device)
-    return evaluate(comp, key, model, job, device)
+    est = evaluate(comp, key, model, job, device)
+    if gpu_obj is not None:
+        est = for_gpu(est, job, gpu_obj)
+    charged = workspace_charge(job, device)
+    if not charged:
+        return est
+    size = cublas_workspace_bytes(gpu_obj)
+    handles = charged // CUBLAS_WORKSPACE_BYTES
+    return replace(est, allocator_fn=partial(allocator_stats, model, job, device, size, handles))

@@ -25,7 +25,7 @@ from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.estimate.result import Estimate
-from calc.models.attention import attention_kernel
+from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
 from calc.step.inference import replay_inference, replayed_new_tokens
@@ -119,6 +119,8 @@ class StructureKey:
     opts: ReplayOptions
     attention_kernel: str
     """The SDPA kernel the job runs (`calc.models.attention.attention_kernel`)."""
+    flash_head_pad: int
+    """The CUDA flash backward's head-dim rounding (`calc.models.attention.flash_head_pad`)."""
     job: Training | Inference
     """The job with its sizes set to 1 (``_job_structure``)."""
 
@@ -161,6 +163,7 @@ def _structure_key(
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
         attention_kernel=attention_kernel(model, job),
+        flash_head_pad=flash_head_pad(model.head_dim),
         job=_job_structure(job),
     )
 

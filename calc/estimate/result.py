@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import sympy as sp
 
+from calc.replay.caching_allocator import AllocatorConfig, AllocatorStats
 from calc.units import GIB
 
 
@@ -42,6 +43,25 @@ class Estimate:
     """The most-loaded rank (global rank; 0 for one GPU): the one this estimate describes."""
     rank_peaks: Mapping[int, int] = field(default_factory=dict)
     """Peak bytes of every rank of a parallel job (empty for one GPU)."""
+    allocator_fn: Callable[[AllocatorConfig | None], AllocatorStats] | None = None
+    """Replays the step's alloc/free stream through the CUDA caching allocator (see
+    ``reserved``); None where that is not modelled (CPU, several GPUs)."""
+
+    def reserved(self, config: AllocatorConfig | None = None) -> AllocatorStats:
+        """The caching allocator's reserved bytes, allocated bytes and segments for this step
+        (`calc.estimate.reserved`; ``config``: ``PYTORCH_CUDA_ALLOC_CONF`` settings, torch
+        2.13's defaults when None). Slow (it replays every layer): computed on demand."""
+        if self.allocator_fn is None:
+            raise NotImplementedError(
+                "reserved memory is modelled for one GPU with device='cuda' only"
+            )
+        return self.allocator_fn(config)
+
+    @property
+    def reserved_bytes(self) -> int:
+        """``torch.cuda.max_memory_reserved()`` predicted with the default allocator settings;
+        at least ``peak_bytes``."""
+        return self.reserved().reserved_bytes
 
     @property
     def breakdown(self) -> Mapping[str, int]:

@@ -210,10 +210,43 @@ def view_grad_copies(sh: Shape) -> tuple[bool, bool, bool]:
 
 def core(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str) -> Tensor:
     """The model's ``Attention.core`` for ``sh.attention``: eager, SDPA math, or a fused SDPA
-    kernel (flash/efficient, `ops.sdpa_flash`)."""
+    kernel (flash/efficient, `fused`)."""
     kind = sh.attention
     if kind == "eager":
         return eager(tape, sh, q, k, v, name)
     if kind == "math":
         return math_sdpa(tape, sh, q, k, v, name)
-    return ops.sdpa_flash(tape, q, k, v, sh.b * sh.a * sh.s, name)
+    return fused(tape, sh, q, k, v, name)
+
+
+def _round_up(n: Size, m: int) -> Size:
+    """``(n + m - 1) / m * m`` (``round_multiple`` of the CUDA kernels)."""
+    return -(-n // m) * m if isinstance(n, int) else m * sp.ceiling(n / m)
+
+
+def fused(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str) -> Tensor:
+    """SDPA's fused kernel on q [b, a, s, d], k, v [b, k, s, d] (`ops.sdpa_flash`).
+
+    CPU (the tracker): the CPU flash kernel, logsumexp [b, a, s] fp32. CUDA, ``efficient``
+    (``_efficient_attention_forward``, ``cuda/attention.cu``; meta kernel
+    ``meta__scaled_dot_product_efficient_attention`` in the 2.13 wheel): output
+    ``[b, s, a, d]``, logsumexp ``[b, a, ceil(s/32)*32]`` fp32 when ``compute_log_sumexp``
+    (an input needs grad, grad mode on), else none; its philox seed and offset are host scalars
+    outside CUDA-graph capture. Its backward's ``delta`` and workspace are not modelled yet.
+    CUDA, ``flash``: logsumexp [b, a, s] and `ops.CudaFlash`'s rng state and backward
+    temporaries (``softmax_d``, the fp32 ``dq_accum``, GQA's expanded dk, dv)."""
+    b, a, s = sh.b, sh.a, sh.s
+    if sh.device != "cuda":
+        return ops.sdpa_flash(tape, q, k, v, b * a * s, name)
+    if sh.attention == "efficient":
+        grad = tape.grad_enabled and any(tape.needs_grad(t) for t in (q, k, v))
+        return ops.sdpa_flash(tape, q, k, v, b * a * _round_up(s, 32) if grad else 0, name)
+    s_r = _round_up(s, 128)
+    temps: list[tuple[Size, int]] = [
+        (b * a * s_r, FP32),
+        (b * s_r * a * (sh.d + sh.flash_head_pad), FP32),
+    ]
+    if sp.sympify(q.numel - k.numel) != 0:  # fewer kv heads: dk_expanded, dv_expanded
+        temps += [(q.numel, q.itemsize), (q.numel, q.itemsize)]
+    cuda = ops.CudaFlash(dropout=sh.attn_dropout > 0, backward_temps=tuple(temps))
+    return ops.sdpa_flash(tape, q, k, v, b * a * s, name, cuda)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from calc.models import attention_core as core
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -256,10 +257,10 @@ def attention(
         vl2 = autocast_cast(tape, vt, "attn.v.lo")
         kl = autocast_cast(tape, kr, "attn.k.lo")
         ql = autocast_cast(tape, qr, "attn.q.lo")
-        out = ops.sdpa_flash(tape, ql, kl, vl2, sh.b * sh.a * sh.s, "attn")
+        out = core.fused(tape, sh, ql, kl, vl2, "attn")
         tape.drop(kl, ql, vl2)
     else:
-        out = ops.sdpa_flash(tape, qr, kr, vt, sh.b * sh.a * sh.s, "attn")
+        out = core.fused(tape, sh, qr, kr, vt, "attn")
     # attn_output.reshape(b, -1, s, d).transpose(1, 2).contiguous(): the CPU/flash output is
     # laid out [b, s, a, d], so contiguous() copies nothing; reshape(*input_shape, -1).
     o = ops.view(tape, out)
@@ -448,7 +449,7 @@ def forward(
         # not replayed yet: autocast's casts inside eager attention, and the sliding-window
         # mask (create_sliding_window_causal_mask builds it from more index tensors)
         raise NotImplementedError("eager attention with autocast or a sliding-window cache")
-    if sh.attention not in ("flash", "eager"):
+    if sh.attention not in ("flash", "efficient", "eager"):
         raise NotImplementedError(f"attention {sh.attention!r}")
     n = sh.b * sh.s
     if sh.autocast_itemsize:

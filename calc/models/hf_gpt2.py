@@ -66,7 +66,7 @@ def check(sh: Shape) -> None:
             "recompute='selective' with implementation='hf': transformers checkpoints whole "
             "layers only (gradient_checkpointing_enable); use recompute='full'"
         )
-    if sh.attention not in ("flash", "math", "eager"):
+    if sh.attention not in ("flash", "efficient", "math", "eager"):
         raise NotImplementedError(f"attention {sh.attention!r} for hf gpt2")
     if sh.attention == "math" and sh.attn_dropout <= 0:
         # the math kernel without dropout is only reachable by forcing it; not measured
@@ -132,13 +132,30 @@ def pow3(tape: Tape, x: Tensor, name: str) -> Tensor:
     return ops.pow2(tape, x, name)
 
 
-def new_gelu(tape: Tape, x: Tensor) -> Tensor:
+def cuda_autocast_fp32(tape: Tape, sh: Shape, x: Tensor, name: str) -> Tensor | None:
+    """Autocast's cast of ``x`` to fp32 for an op on CUDA's fp32 list, or None.
+
+    ``aten/src/ATen/autocast_mode.cpp`` registers ``pow`` (fp32 policy) and ``softmax``
+    (``fp32_set_opt_dtype``: ``dtype=float``, which ``at::softmax`` applies as
+    ``input.toType(float)`` for bf16) for the CUDA key; the CPU key's fp32 list has neither
+    (the torch.amp "autocast op reference": "CUDA Ops that can autocast to float32" lists
+    pow and softmax, "CPU Ops that can autocast to float32" does not). So under CUDA autocast
+    a 16-bit input is copied to fp32 first and the op's result is fp32."""
+    if sh.device != "cuda" or not tape.autocast_itemsize or x.itemsize >= FP32:
+        return None
+    return ops.to_dtype(tape, x, FP32, name)
+
+
+def new_gelu(tape: Tape, sh: Shape, x: Tensor) -> Tensor:
     """``NewGELUActivation.forward``:
     ``0.5 * input * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (input + 0.044715 *
     torch.pow(input, 3.0))))``, evaluated left to right; each temporary dies when its consumer
-    has run (``tanh`` saves its result; the last ``mul`` saves both operands)."""
+    has run (``tanh`` saves its result; the last ``mul`` saves both operands). On CUDA under
+    autocast ``pow`` runs in fp32 (`cuda_autocast_fp32`), which promotes everything after it."""
     half = ops.scale(tape, x, "gelu.half")  # 0.5 * input
-    cube = pow3(tape, x, "gelu.pow")  # torch.pow(input, 3.0)
+    x32 = cuda_autocast_fp32(tape, sh, x, "gelu.pow.in32")
+    cube = pow3(tape, x if x32 is None else x32, "gelu.pow")  # torch.pow(input, 3.0)
+    tape.drop(x32)
     c3 = ops.scale(tape, cube, "gelu.cube_c")  # 0.044715 * (...)
     tape.drop(cube)
     inner = ops.add(tape, x, c3, "gelu.inner")  # input + (...)
@@ -214,8 +231,9 @@ def eager_attention(
     tape.drop(prod)
     masked = ops.add_cast_in_formula(tape, sc, mask, "attn.masked")  # + attention_mask (no grad)
     tape.drop(sc)
-    probs = ops.softmax(tape, masked, "attn.probs")
-    tape.drop(masked)
+    m32 = cuda_autocast_fp32(tape, sh, masked, "attn.softmax.in32")
+    probs = ops.softmax(tape, masked if m32 is None else m32, "attn.probs")
+    tape.drop(masked, m32)
     pv = ops.to_dtype(
         tape, probs, v.itemsize, "attn.probs_cast", grad_suffix=""
     )  # .type(value.dtype)
@@ -271,7 +289,7 @@ def attention(
             # contiguous in [b, a, s, d], so contiguous() copies
             o = core.merge_heads(tape, sh, out)
         else:
-            out = ops.sdpa_flash(tape, qt, kt, vt, sh.b * sh.a * sh.s, "attn")
+            out = core.fused(tape, sh, qt, kt, vt, "attn")
             # the CPU flash output is laid out [b, s, a, d]: reshape, transpose, contiguous
             # and the reshape to [b, s, h] are views
             o = ops.view(tape, out)
@@ -287,7 +305,7 @@ def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     """``GPT2MLP.forward``: c_fc, gelu_new, c_proj, dropout."""
     n = sh.b * sh.s
     h = conv1d(tape, x, lw["fc"], lw["fc.b"], n, sh.f, "c_fc")
-    act = new_gelu(tape, h)
+    act = new_gelu(tape, sh, h)
     tape.drop(h)
     y = conv1d(tape, act, lw["proj"], lw["proj.b"], n, sh.h, "mlp.c_proj")
     tape.drop(act)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from calc import symbols as S
 from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
-from calc.models.attention import attention_kernel, cpu_backend
+from calc.models.attention import kernel_for
 from calc.replay.tape import Size, divide
 
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -53,6 +53,9 @@ class Shape:
     embed_dropout: float = 0.0
     device: str = "cpu"
     """``cpu`` (the tracker's run) or ``cuda``: decides kernels that differ (dropout masks)."""
+    flash_head_pad: int = 0
+    """``d_rounded - d`` of the CUDA flash backward's fp32 ``dq_accum``
+    (`calc.models.attention.flash_head_pad`); 0 when the head dim is a multiple of its rounding."""
     gqa: bool | None = None
     """Whether k < a (decides repeat/expand paths when sizes are symbols)."""
     tp_comm: bool = False
@@ -80,9 +83,7 @@ class Shape:
 
 def shape_for_inference(model: ModelSpec, job: Inference, device: str, n_layers: int) -> Shape:
     """The prefill's symbolic shape (``s`` is the prompt length; no dropout: eval mode)."""
-    kernel = attention_kernel(model, job)
-    if device == "cpu":
-        kernel = cpu_backend(kernel)
+    kernel = kernel_for(model, job, device, 0.0)
     w = ITEMSIZE[job.precision]
     return Shape(
         b=S.b, s=S.s, h=S.h, a=S.a, k=S.k, d=S.d, f=S.f, V=S.V, P=S.P,

@@ -217,7 +217,7 @@ class Evaluator:
 
     def _bar(self, key: object, job: Training | Inference) -> ErrorBar | None:
         if key not in self._bars:
-            self._bars[key] = error_bar(job, self.model, self.cases)
+            self._bars[key] = error_bar(job, self.model, self.cases, self.device)
         return self._bars[key]
 
     def _verdict(self, peak: int) -> tuple[int, bool, str]:

@@ -6,6 +6,11 @@ and ``error_pct``. For a job, the *nearest* verified cases are the compared case
 kind (training or inference) that share the most of ``SIMILARITY_FIELDS`` with it; the error
 bar is the largest absolute error among them. This module is pure: the report is read by
 ``calc.data.cards.load_verify_report`` and passed in.
+
+Each bar says where its figure comes from (``source``: the CPU storage tracker, or recorded GPU
+runs) and, for a CUDA estimate whose nearest cases were not measured on a GPU, which of the
+configuration's terms exist only on CUDA and so are unverified (`cuda_only_terms`): modelled
+from PyTorch's source, not measured.
 """
 
 from __future__ import annotations
@@ -15,6 +20,10 @@ from dataclasses import dataclass
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.models.attention import kernel_for
+
+SOURCES = {"cpu": "CPU storage tracker (python -m verify)", "cuda": "recorded GPU runs"}
+"""Where a verified case's measurement comes from, by its device."""
 
 SIMILARITY_FIELDS: tuple[str, ...] = (
     "implementation",
@@ -119,31 +128,73 @@ class ErrorBar:
     """What the cases measured (``cpu``: verify's CPU storage tracker; ``cuda``), so the
     reader knows which terms the evidence covers (the CPU tracker does not see CUDA-only
     terms such as cuBLAS workspaces)."""
+    source: str = ""
+    """Where the figure comes from, in words (``SOURCES``)."""
+    unverified: tuple[str, ...] = ()
+    """The configuration's CUDA-only terms no measurement covers (`cuda_only_terms`), when the
+    estimate is for CUDA and its nearest cases were not measured on a GPU."""
 
     def text(self) -> str:
-        """``verified error on similar cases ≤1.2% (3 cases, cpu tracker)``."""
+        """``verified error on similar cases ≤1.2% (3 cases, cpu tracker)``, then the
+        unverified CUDA-only terms when there are any."""
         n = len(self.cases)
         where = "cpu tracker" if self.measured_on == "cpu" else self.measured_on
-        return (
+        text = (
             f"verified error on similar cases ≤{self.max_abs_error_pct:.1f}% "
             f"({n} case{'s' if n != 1 else ''}, {where})"
         )
+        if self.unverified:
+            text += f"; unverified CUDA-only terms: {', '.join(self.unverified)}"
+        return text
+
+
+def cuda_only_terms(job: Training | Inference, model: ModelSpec | None) -> tuple[str, ...]:
+    """The terms of ``job`` on CUDA that the CPU tracker cannot see (docs/verification.md):
+    always the cuBLAS workspaces (and, asked for, the allocator's reserved memory); the SDPA
+    kernel when CUDA picks another than the CPU run; the CUDA flash kernel's own tensors;
+    1-byte dropout masks; autocast's CUDA fp32 ops in the GPT-2 graph."""
+    terms = ["cuBLAS workspaces"]
+    dropout = 0.0
+    if isinstance(job, Training):
+        p = job.dropout
+        dropout = p if p is not None else (model.attention_dropout if model is not None else 0.0)
+    if model is not None and job.attention != "eager":
+        cuda = kernel_for(model, job, "cuda", dropout)
+        if cuda != kernel_for(model, job, "cpu", dropout):
+            terms.append(f"SDPA kernel ({cuda} on CUDA)")
+        if cuda == "flash":
+            terms.append("flash kernel tensors")
+    if dropout > 0:
+        terms.append("dropout masks")
+    amp = job.precision.startswith("amp-")
+    if amp and model is not None and model.model_type == "gpt2":
+        terms.append("autocast fp32 ops")
+    return tuple(terms)
 
 
 def error_bar(
-    job: Training | Inference, model: ModelSpec | None, cases: Sequence[VerifiedCase]
+    job: Training | Inference,
+    model: ModelSpec | None,
+    cases: Sequence[VerifiedCase],
+    device: str = "cuda",
 ) -> ErrorBar | None:
-    """The error bar of ``job``: the largest error over the nearest verified cases
-    (``nearest_cases``; ``cases`` from ``verified_cases(calc.data.cards.load_verify_report())``);
-    None when no compared case is of the job's kind."""
+    """The error bar of ``job`` on ``device``: the largest error over the nearest verified
+    cases (``nearest_cases``; ``cases`` from
+    ``verified_cases(calc.data.cards.load_verify_report())``), with its source and, for CUDA,
+    the CUDA-only terms no GPU measurement among them covers; None when no compared case is of
+    the job's kind."""
     near, shared = nearest_cases(job, model, cases)
     if not near:
         return None
     mine = {f: getattr(job, f, None) for f in SIMILARITY_FIELDS}
     mine["model_type"] = model.model_type if model is not None else None
+    devices = sorted({c.device for c in near})
+    gpu_measured = "cuda" in devices
     return ErrorBar(
         max_abs_error_pct=max(c.abs_error_pct for c in near),
         cases=tuple(c.name for c in near),
         similarity=", ".join(f"{f}={mine[f]}" for f in shared) or "same kind of job",
-        measured_on=", ".join(sorted({c.device for c in near})),
+        measured_on=", ".join(devices),
+        source="; ".join(SOURCES.get(d, d) for d in devices),
+        unverified=cuda_only_terms(job, model) if device == "cuda" and not gpu_measured else (),
     )

@@ -16,7 +16,7 @@ from calc.compress.lora import compress_weights
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, reference
-from calc.models.attention import attention_kernel, cpu_backend
+from calc.models.attention import flash_head_pad, kernel_for
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
@@ -37,7 +37,7 @@ def shape_for(
     """The replay's symbolic shape: sizes are the symbols of `calc.symbols`. ``tp_comm``: the
     model is one tensor-parallel rank's (`calc.parallel.tensor`), with its all-reduces."""
     p_attn = model.attention_dropout if job.dropout is None else job.dropout
-    kernel = cpu_backend(attention_kernel(model, job), p_attn)
+    kernel = kernel_for(model, job, device, p_attn)
     p_hidden = model.hidden_dropout if job.dropout is None else job.dropout
     p_embed = model.embedding_dropout if job.dropout is None else job.dropout
     w = WEIGHT_ITEMSIZE[job.precision]
@@ -57,6 +57,7 @@ def shape_for(
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
         attention=kernel, recompute=job.recompute,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
+        flash_head_pad=flash_head_pad(model.head_dim),
         gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab, sp=sp,
     )  # fmt: skip
 

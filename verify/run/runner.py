@@ -211,8 +211,10 @@ class CudaMeter:
         rec.measured_phases = phases
         rec.measured_peak = max(phases.values())
         rec.measured_peak_phase = max(phases, key=phases.__getitem__)
+        free, total = torch.cuda.mem_get_info()  # after the step, before empty_cache
         rec.extra = {"stat_peaks": {k: max(v[k] for v in self.phase_peaks.values())
                                     for k in next(iter(self.phase_peaks.values()))},
+                     "mem_get_info": [int(free), int(total)],
                      **cuda_environment()}  # fmt: skip
 
 

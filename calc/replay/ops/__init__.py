@@ -14,13 +14,13 @@ its end. Views allocate nothing. Every graph (`calc.models`, `calc.parallel`, `c
   `neg`, `softmax`, `pow2`, `rsqrt`, `mean_last`, `masked_fill`, `dropout`, `numel_ge`;
 - ``matmul``: `linear`, `bmm`, `matmul`, `embedding`;
 - ``norm``: `layer_norm`;
-- ``attention``: `sdpa_flash`, `causal_bias`;
+- ``attention``: `sdpa_flash` (with `CudaFlash`, the CUDA kernel's own tensors), `causal_bias`;
 - ``loss``: `cross_entropy`, `log_softmax`.
 """
 
 from __future__ import annotations
 
-from calc.replay.ops.attention import causal_bias, sdpa_flash
+from calc.replay.ops.attention import CudaFlash, causal_bias, sdpa_flash
 from calc.replay.ops.casts import autocast_cast, to_dtype
 from calc.replay.ops.elementwise import (
     add,
@@ -55,6 +55,7 @@ from calc.replay.ops.views import (
 )
 
 __all__ = [
+    "CudaFlash",
     "add",
     "add_cast_in_formula",
     "autocast_cast",

@@ -20,6 +20,7 @@ import pytest
 import calc
 from calc.cli import main as cli
 from calc.cli import model_source
+from calc.data.gpus import get_gpu
 from tests.hub_cache import TINY, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -57,7 +58,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[object, object, str]]:
     seen: list[tuple[object, object, str]] = []
 
     def fake_estimate(
-        model: object, job: object, parallel: object = None, device: str = "cuda"
+        model: object,
+        job: object,
+        parallel: object = None,
+        device: str = "cuda",
+        gpu: object = None,
     ) -> FakeEstimate:
         assert parallel is None  # no parallelism option given in these tests
         seen.append((model, job, device))
@@ -470,3 +475,26 @@ def test_the_default_verdict_uses_the_h100s_usable_memory_like_the_app(capsys) -
     from webapp.widgets import _default_gpu
 
     assert _default_gpu({"h100-80gb": None, "t4-16gb": None}) == "h100-80gb"  # type: ignore[dict-item]
+
+
+def test_reserved_flag_shows_both_allocator_settings_against_the_total(capsys) -> None:
+    # --reserved: per allocator setting, reserved (>= the peak) + the catalog's outside-PyTorch
+    # bytes against the GPU's total; the library's own numbers, compared here with the JSON.
+    argv = ["--card", "gpt2", "--micro-batch", "1", "--seq-len", "64", "--gpu", "a10-24gb"]
+    code, out, _ = run_cli([*argv, "--reserved", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    rows = {r["setting"]: r for r in data["device_fit"]}
+    assert set(rows) == {"default", "expandable_segments"}
+    gpu = get_gpu("a10-24gb")
+    est = calc.estimate(
+        calc.load_card("gpt2"), calc.Training(micro_batch=1, seq_len=64), gpu="a10-24gb"
+    )
+    assert data["peak_bytes"] == est.peak_bytes
+    for r in rows.values():
+        assert r["reserved_bytes"] >= r["allocated_bytes"] >= est.peak_bytes
+        assert r["shown_bytes"] == r["reserved_bytes"] + gpu.reserved_bytes
+        assert r["fits"] == (r["shown_bytes"] <= gpu.total_bytes)
+    assert rows["default"]["reserved_bytes"] == est.reserved_bytes
+    code, text, _ = run_cli([*argv, "--reserved"], capsys)
+    assert code == 0 and "expandable_segments:" in text and "does not fit" not in text

@@ -175,9 +175,9 @@ def test_throughput_proxy_by_hand() -> None:
 def test_changes_to_fit_fit_when_re_estimated() -> None:
     job = calc.Training(micro_batch=4, seq_len=8, precision="fp32", optimizer="adamw",
                         implementation="reference")  # fmt: skip
-    everything = _plan(1 << 40)
-    peaks = sorted(e.peak_bytes for e in everything.fitting)
-    usable = peaks[len(peaks) // 3]
+    # a GPU 40 KiB short of the job: some single changes fit (a smaller micro-batch), others
+    # not (full recomputation alone saves less on this tiny model)
+    usable = _peak(job) - 40 * 1024
     assert _peak(job) > usable
     gpu = _gpu(usable)
     knobs = ("precision", "recompute", "micro_batch")  # a small grid keeps the test short

@@ -1,0 +1,124 @@
+"""`verify.gpu_check` and scripts/gpu_check.sh up to the CUDA calls, on the CPU.
+
+Synthetic measurement files are written to pytest's tmp_path only (marked ``"synthetic":
+true``), never to verify/measurements/. Their measured values are chosen by hand to land inside
+or outside a tolerance, not taken from calc.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from verify import gpu_check as G
+from verify.cases.single import select
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_selection_names_existing_cases_and_covers_every_category() -> None:
+    names = {c.name for c in select(impl="all", substring=None, quick=False)}
+    assert set(G.CASES) <= names
+    for category, fragments in G.CATEGORIES.items():
+        assert any(f in n for n in G.CASES for f in fragments), category
+
+
+def _record(name: str, **kw: object) -> dict:
+    case = select(impl="all", substring=name, quick=False)[0]
+    rec = {
+        "name": case.name, "device": "cuda", "status": "ok", "kind": case.kind,
+        "spec": asdict(case.spec()),
+        "job": {k: getattr(case.job, k) for k in case.job.__slots__},
+        "tolerance_pct": 1e9, "measured_peak": 1 << 30,
+    }  # fmt: skip
+    rec.update(kw)
+    return rec
+
+
+def _report(recs: list[dict], stat_peaks: dict | None = None) -> dict:
+    extra = {"stat_peaks": stat_peaks or {}, "mem_get_info": [1, 2], "torch": "2.13.0+cu130",
+             "cuda": "13.0", "capability": [9, 0]}  # fmt: skip
+    return {"meta": {"date": "2026-12-04", "torch": "2.13.0+cu130"},
+            "cases": [{**r, "extra": extra} for r in recs]}  # fmt: skip
+
+
+def test_merge_writes_the_schema_from_both_runs() -> None:
+    peaks = {"allocated_bytes": 5, "reserved_bytes": 7}
+    data = G.merge(
+        _report([_record("prec-bf16-llama")], peaks), _report([_record("prec-bf16-llama")], peaks),
+        "NVIDIA H200, 570.86.15, 143771 MiB", synthetic=True,
+    )  # fmt: skip
+    assert data["schema"] == G.SCHEMA and data["synthetic"] is True
+    assert (data["gpu"], data["driver"], data["memory_total_mib"]) == (
+        "NVIDIA H200",
+        "570.86.15",
+        143771,
+    )
+    assert (data["torch"], data["cuda"], data["capability"], data["date"]) == (
+        "2.13.0+cu130", "13.0", [9, 0], "2026-12-04",
+    )  # fmt: skip
+    assert [c["alloc"] for c in data["cases"]] == ["default", "expandable"]
+    assert data["cases"][0]["reserved_peak"] == 7 and data["cases"][0]["mem_get_info"] == [1, 2]
+    assert G.file_name(data) == "nvidia-h200-2026-12-04.json"
+    with pytest.raises(ValueError, match="nvidia-smi"):
+        G.merge(_report([]), _report([]), "NVIDIA H200")
+
+
+def _write(tmp_path: Path, cases: list[dict], **top: object) -> Path:
+    data = {"schema": G.SCHEMA, "synthetic": True, "gpu": "NVIDIA H200", "driver": "x",
+            "torch": "2.13.0", "date": "2026-12-04", "cases": cases, **top}  # fmt: skip
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_check_file_accepts_within_tolerance_and_flags_outside(tmp_path: Path) -> None:
+    ok = [_record("prec-bf16-llama", alloc=a) for a in ("default", "expandable")]
+    assert G.check_file(_write(tmp_path, ok)) == []
+    # 1 byte measured with a 1 % tolerance: any prediction is far off; reserved likewise
+    off = _record("prec-bf16-llama", alloc="expandable", tolerance_pct=1.0, measured_peak=1)
+    problems = G.check_file(_write(tmp_path, [off]))
+    assert len(problems) == 1 and "allocated" in problems[0]
+    off_reserved = _record("prec-bf16-llama", alloc="default", reserved_peak=1)
+    problems = G.check_file(_write(tmp_path, [off_reserved]))
+    assert len(problems) == 1 and "reserved" in problems[0]
+    skipped = _record("prec-bf16-llama", status="oom", measured_peak=1, tolerance_pct=0.0)
+    assert G.check_file(_write(tmp_path, [skipped])) == []
+
+
+def test_check_file_names_missing_schema_fields(tmp_path: Path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"gpu": "x", "cases": []}))
+    assert G.check_file(path) == ["bad.json: missing driver, torch, date"]
+
+
+def test_cases_command_prints_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
+    assert G.main(["cases"]) == 0
+    assert capsys.readouterr().out.strip().split(",") == list(G.CASES)
+
+
+def test_merge_command_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for name in ("d.json", "e.json"):
+        (tmp_path / name).write_text(json.dumps(_report([_record("prec-bf16-llama")])))
+    dest = tmp_path / "out"
+    assert G.main(["merge", str(tmp_path / "d.json"), str(tmp_path / "e.json"),
+                   "NVIDIA A100-SXM4-80GB, 550.54, 81920 MiB", str(dest)]) == 0  # fmt: skip
+    written = Path(capsys.readouterr().out.strip())
+    assert written == dest / "nvidia-a100-sxm4-80gb-2026-12-04.json"
+    assert json.loads(written.read_text())["memory_total_mib"] == 81920
+
+
+def test_script_dry_run_runs_both_allocator_settings_then_merges() -> None:
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run"], capture_output=True, text=True, cwd=ROOT,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "--cuda-alloc default" in lines[0] and "--cuda-alloc expandable" in lines[1]
+    assert all("--device cuda" in line and ",".join(G.CASES) in line for line in lines[:2])
+    assert "verify.gpu_check merge" in lines[2] and "verify/measurements" in lines[2]

@@ -1,0 +1,183 @@
+"""The first GPU run, prepared: which cases, how the two allocator runs merge into one recorded
+measurement file, and how calc is checked against every recorded file.
+
+``bash scripts/gpu_check.sh`` runs ``python -m verify --device cuda --cases <CASES>`` once per
+allocator setting (``--cuda-alloc default`` and ``expandable``), then ``python -m
+verify.gpu_check merge`` writes ``verify/measurements/<gpu>-<date>.json``:
+
+    {"schema": "vramplan-gpu-check/1", "synthetic": false,
+     "gpu": "...", "driver": "...", "memory_total_mib": N, "capability": [9, 0],
+     "torch": "...", "cuda": "...", "date": "YYYY-MM-DD",
+     "cases": [<verify's case record> + {"alloc": "default"|"expandable",
+                "allocated_peak": B, "reserved_peak": B, "mem_get_info": [free, total]}, ...]}
+
+Each case record is verify's own (``spec``, ``job``, ``measured_peak`` =
+``max_memory_allocated``, ``tolerance_pct``, ``status``); the stat peaks come from its
+``extra``. `check_file` compares calc with a recorded file: with expandable segments the
+allocated peak is calc's ``peak_bytes`` (every block is split to its rounded size); with the
+default allocator it is the allocator model's allocated peak (unsplit blocks included), and the
+reserved peak the model's reserved bytes, within ``RESERVED_TOLERANCE_PCT``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import calc
+from calc.replay.caching_allocator import AllocatorConfig
+
+SCHEMA = "vramplan-gpu-check/1"
+CASES = (
+    # SDPA kernels (with and without dropout) and eager attention
+    "attn-sdpa-llama3", "attn-flash-llama3", "attn-efficient-llama3", "attn-math-llama3",
+    "attn-eager-llama3", "dropout-on-llama-sdpa", "dropout-off-gpt2", "dropout-card-gpt2-math",
+    "dropout-on-gpt2-eager", "act-long-seq-llama3",
+    # every precision recipe
+    "prec-fp32-llama", "prec-amp-bf16-llama", "prec-amp-fp16-llama", "prec-bf16-llama",
+    "prec-bf16-master-llama",
+    # optimizers: 8-bit Adam, fused and foreach AdamW
+    "opt-adam8bit", "opt-adamw-fused", "opt-adamw-foreach",
+    # NF4 (QLoRA training, inference)
+    "qlora-nf4-bf16-llama", "quant-nf4-infer-qwen3",
+    # KV cache and inference
+    "kv-int8-infer-llama", "kv-fp8-infer-mistral", "infer-llama-bf16", "infer-hf-mistral-bf16",
+    # Hugging Face models (GPT-2 under autocast: its CUDA fp32 ops)
+    "hf-gpt2-fp32", "hf-llama3-amp-bf16", "hf-qwen2-amp-long",
+)  # fmt: skip
+"""The most informative single-process cases (names of `verify.cases.single`)."""
+CATEGORIES = {
+    "sdpa": ("attn-sdpa", "attn-flash", "attn-efficient"),
+    "dropout": ("dropout-on",),
+    "eager": ("eager",),
+    "precision": ("prec-",),
+    "adam8bit": ("adam8bit",),
+    "nf4": ("nf4",),
+    "kv_cache": ("kv-",),
+    "inference": ("infer-",),
+}
+"""What the selection must cover (issue 14), as name fragments."""
+ALLOC = {"default": AllocatorConfig(), "expandable": AllocatorConfig(expandable_segments=True)}
+RESERVED_TOLERANCE_PCT = 5.0
+"""The first bar for reserved memory (no measurement yet: to be tightened by the first one)."""
+REQUIRED = ("gpu", "driver", "torch", "date", "cases")
+
+
+def merge(
+    default_report: dict, expandable_report: dict, smi_line: str, synthetic: bool = False
+) -> dict[str, Any]:
+    """One measurement file from the two runs' report.json and ``nvidia-smi --query-gpu=name,
+    driver_version,memory.total --format=csv,noheader`` (``"NVIDIA H200, 570.86.15, 143771
+    MiB"``)."""
+    parts = [p.strip() for p in smi_line.split(",")]
+    if len(parts) != 3:
+        raise ValueError(f"nvidia-smi line {smi_line!r}: expected 'name, driver, total MiB'")
+    name, driver, total = parts
+    cases = []
+    env: dict[str, Any] = {}
+    for alloc, report in (("default", default_report), ("expandable", expandable_report)):
+        for rec in report.get("cases", []):
+            extra = rec.get("extra") or {}
+            env = env or {k: extra.get(k) for k in ("torch", "cuda", "capability")}
+            peaks = extra.get("stat_peaks") or {}
+            cases.append({
+                **rec, "alloc": alloc,
+                "allocated_peak": peaks.get("allocated_bytes"),
+                "reserved_peak": peaks.get("reserved_bytes"),
+                "mem_get_info": extra.get("mem_get_info"),
+            })  # fmt: skip
+    return {
+        "schema": SCHEMA,
+        "synthetic": synthetic,
+        "gpu": name,
+        "driver": driver,
+        "memory_total_mib": int(total.split()[0]),
+        "capability": env.get("capability"),
+        "torch": env.get("torch") or default_report.get("meta", {}).get("torch"),
+        "cuda": env.get("cuda"),
+        "date": default_report.get("meta", {}).get("date"),
+        "cases": cases,
+    }
+
+
+def file_name(data: dict) -> str:
+    """``<gpu>-<date>.json``, the GPU name in lower case with runs of other characters as ``-``."""
+    gpu = re.sub(r"[^a-z0-9]+", "-", str(data["gpu"]).lower()).strip("-")
+    return f"{gpu}-{data['date']}.json"
+
+
+def _estimate(rec: dict) -> calc.Estimate:
+    model = calc.ModelSpec(**rec["spec"])
+    job_cls = calc.Training if rec["kind"] == "training" else calc.Inference
+    return calc.estimate(model, job_cls(**rec["job"]), device="cuda")
+
+
+def _pct(predicted: int, measured: int) -> float:
+    return (predicted - measured) / measured * 100
+
+
+def check_record(rec: dict) -> list[str]:
+    """What is off in one recorded case (empty when calc agrees within the tolerances)."""
+    if rec.get("device") != "cuda" or rec.get("status") not in ("ok", "fail"):
+        return []
+    name = f"{rec['name']} ({rec.get('alloc', '?')})"
+    est = _estimate(rec)
+    problems = []
+    config = ALLOC.get(rec.get("alloc", "expandable"), ALLOC["expandable"])
+    expandable = config.expandable_segments
+    stats = None if expandable else est.reserved(config)
+    predicted = est.peak_bytes if stats is None else stats.allocated_bytes
+    err = _pct(predicted, rec["measured_peak"])
+    if abs(err) > rec["tolerance_pct"]:
+        problems.append(f"{name}: allocated {err:+.2f}% (tolerance {rec['tolerance_pct']}%)")
+    if rec.get("reserved_peak"):
+        reserved = (stats or est.reserved(config)).reserved_bytes
+        err = _pct(reserved, rec["reserved_peak"])
+        if abs(err) > RESERVED_TOLERANCE_PCT:
+            problems.append(f"{name}: reserved {err:+.2f}% (tolerance {RESERVED_TOLERANCE_PCT}%)")
+    return problems
+
+
+def check_file(path: Path) -> list[str]:
+    """Every problem of one recorded file: a schema field missing, or a case off."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    missing = [k for k in REQUIRED if k not in data]
+    if missing:
+        return [f"{path.name}: missing {', '.join(missing)}"]
+    return [p for rec in data["cases"] for p in check_record(rec)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m verify.gpu_check cases`` prints the selection (comma-separated);
+    ``merge DEFAULT_JSON EXPANDABLE_JSON SMI_LINE DEST_DIR`` writes the measurement file and
+    prints its path."""
+    p = argparse.ArgumentParser(prog="python -m verify.gpu_check")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("cases")
+    m = sub.add_parser("merge")
+    m.add_argument("default_json", type=Path)
+    m.add_argument("expandable_json", type=Path)
+    m.add_argument("smi_line")
+    m.add_argument("dest", type=Path)
+    args = p.parse_args(argv)
+    if args.cmd == "cases":
+        print(",".join(CASES))
+        return 0
+    reports = [
+        json.loads(f.read_text(encoding="utf-8")) for f in (args.default_json, args.expandable_json)
+    ]
+    data = merge(reports[0], reports[1], args.smi_line)
+    args.dest.mkdir(parents=True, exist_ok=True)
+    path = args.dest / file_name(data)
+    path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
