@@ -119,7 +119,8 @@ TRAINING: tuple[FormField, ...] = (
               help="amp-*: autocast over fp32 weights; bf16: everything bf16; "
               "bf16-master: bf16 weights and grads, fp32 master weights and states"),
     FormField(task="train", name="optimizer", label="optimizer", kind="choice",
-              default=_default(T, "optimizer"), choices=jobs.OPTIMIZERS),
+              default=_default(T, "optimizer"), choices=(*jobs.OPTIMIZERS, "none"),
+              help="none: forward and backward alone (no optimizer states, no step)"),
     FormField(task="train", name="recompute", label="recompute", kind="choice",
               default=_default(T, "recompute"), choices=jobs.RECOMPUTES,
               help="activation recomputation: selective = attention core, full = every layer"),
@@ -143,6 +144,18 @@ TRAINING: tuple[FormField, ...] = (
     FormField(task="train", name="zero_grad", label="zero_grad", kind="choice",
               default=_default(T, "zero_grad"), choices=jobs.ZERO_GRADS, section="advanced",
               help="where zero_grad(set_to_none=True) runs"),
+    FormField(task="train", name="loop", label="training loop", kind="choice",
+              default=_default(T, "loop"), choices=jobs.LOOPS, section="advanced",
+              help="drop-output: loss = model(...).loss (HF Trainer); hold-output: out = "
+              "model(...) kept until the next forward; del-logits: the loop computes the loss "
+              "and deletes the logits (torchtitan)"),
+    FormField(task="train", name="loss", label="loss", kind="choice",
+              default=_default(T, "loss"), choices=jobs.LOSSES, section="advanced",
+              help="cross-entropy: the model's own; chunked-ce: torchtune-style chunks, each "
+              "upcast in turn; sum: logits.sum() (benchmarks)"),
+    FormField(task="train", name="loss_chunks", label="loss chunks", kind="int",
+              default=_default(T, "loss_chunks"), high=jobs.MAX_LOSS_CHUNKS, section="advanced",
+              help="chunks of the chunked cross-entropy"),
 )  # fmt: skip
 
 INFERENCE: tuple[FormField, ...] = (
@@ -343,7 +356,13 @@ def _distill(v: Mapping[str, object]) -> calc.Distill | None:
     )
 
 
+def _optimizer(v: Mapping[str, object]) -> object:
+    """``none`` in the form is ``optimizer=None``: forward and backward alone."""
+    return None if v["optimizer"] == NONE else v["optimizer"]
+
+
 OBJECT_BUILDERS: dict[str, Callable[[Mapping[str, object]], object]] = {
+    "optimizer": _optimizer,
     "lora": _lora,
     "quant": _quant,
     "kv_quant": _kv_quant,

@@ -49,6 +49,9 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "weight_decay",
     "dropout",
     "zero_grad",
+    "loop",
+    "loss",
+    "loss_chunks",
 )
 INFERENCE_FIELDS: tuple[str, ...] = (
     "batch",
@@ -105,7 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--seq-len", type=int, help=f"tokens per sequence (default {DEFAULT_TRAINING['seq_len']})"
     )
-    train.add_argument("--optimizer", help=f"{_choices(jobs.OPTIMIZERS)} (default adamw)")
+    train.add_argument(
+        "--optimizer",
+        help=f"{_choices(jobs.OPTIMIZERS)}, or none for forward and backward alone (default adamw)",
+    )
     train.add_argument(
         "--optimizer-impl", help=f"{_choices(jobs.OPTIMIZER_IMPLS)} (default foreach)"
     )
@@ -118,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--dropout", type=float, help="dropout probability everywhere (default: the config's)"
     )
     train.add_argument("--zero-grad", help=f"{_choices(jobs.ZERO_GRADS)} (default after_step)")
+    train.add_argument(
+        "--loop", help=f"who holds the model's output: {_choices(jobs.LOOPS)} (default drop-output)"
+    )
+    train.add_argument("--loss", help=f"{_choices(jobs.LOSSES)} (default cross-entropy)")
+    train.add_argument("--loss-chunks", type=int, help="chunks of --loss chunked-ce (default 8)")
     cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 
     infer = p.add_argument_group("inference (--task infer)")
@@ -196,6 +207,8 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
         names = ", ".join("--" + f.replace("_", "-") for f in stray)
         raise ValueError(f"task={args.task!r} does not take {names}")
     kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
+    if kwargs.get("optimizer") == "none":  # forward and backward alone
+        kwargs["optimizer"] = None
     if args.task == "train":
         return cli_compression.apply(args, Training(**{**DEFAULT_TRAINING, **kwargs}))
     return cli_compression.apply(args, Inference(**{**DEFAULT_INFERENCE, **kwargs}))

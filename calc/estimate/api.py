@@ -41,6 +41,12 @@ def estimate(
         job.pruning.modules_for(model)  # ValueError for a module the model lacks
     if isinstance(job, Training) and job.distill is not None:
         job.distill.check_student(model)
+    if isinstance(job, Training) and job.loss == "chunked-ce":
+        tokens = job.micro_batch * job.seq_len
+        if tokens % job.loss_chunks:  # calc.models.head: equal chunks of the flattened tokens
+            raise ValueError(
+                f"loss_chunks={job.loss_chunks} must divide micro_batch * seq_len = {tokens}"
+            )
     if job.quant is not None:  # the group size must divide every quantized linear
         check_fits(model, job.quant)
     compressed = isinstance(job, Training) and any(

@@ -505,6 +505,10 @@ class OptimizerTail:
             tape.zero_grad()
             return
         job = self.job
+        if job.optimizer is None:  # forward and backward alone: no states, no step
+            if job.zero_grad == "after_step":
+                tape.zero_grad()
+            return
         self.states = optimizer_step(
             tape, self.params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=first_step, weight_decay=job.weight_decay,

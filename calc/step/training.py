@@ -7,7 +7,7 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from calc import symbols as S
@@ -17,6 +17,7 @@ from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, reference
 from calc.models.attention import attention_kernel, cpu_backend
+from calc.models.head import Head
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
@@ -127,9 +128,26 @@ def check_supported(
         )
     if job.distill is not None:
         distill.check(job)
+    _check_head(job, sh, tp_comm)
     if dp is not None and dp.fsdp and (job.recompute == "selective" or path is ForwardPath.HF_GPT2):
         raise NotImplementedError(
             "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
+        )
+
+
+def _check_head(job: Training, sh: reference.Shape, tp_comm: bool) -> None:
+    """Refuse the loops and losses (`calc.models.head`) where they are not modelled."""
+    if Head.of(job).default:
+        return
+    what = f"loop={job.loop!r} with loss={job.loss!r}"
+    if tp_comm or job.distill is not None or job.lora is not None or job.pruning is not None:
+        raise NotImplementedError(
+            f"{what} is modelled without tensor parallelism, distillation, LoRA and pruning"
+        )
+    if job.loss == "sum" and sh.autocast_itemsize:
+        raise NotImplementedError(
+            "loss='sum' under autocast is not modelled (CUDA's autocast runs sum in fp32: a "
+            "cast copy of the logits); use precision 'bf16' or 'fp32'"
         )
 
 
@@ -161,6 +179,8 @@ class StepSetup:
     opt_params: list[Tensor]
     shapes: list
     fsdp: Fsdp | None
+    held: list[Tensor] = field(default_factory=list)
+    """What the loop holds of the last forward's output (``loop="hold-output"``)."""
 
 
 def build_step(
@@ -209,17 +229,19 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
     """One micro-batch's forward, to the loss, on the path the model takes."""
     tape, sh, w = setup.tape, setup.sh, setup.w
     use_cache = job.recompute == "none"
+    head, held = Head.of(job), setup.held
     if setup.path is ForwardPath.HF_GPT2:  # enters and leaves autocast itself
-        return hf_gpt2.forward(tape, sh, w, use_cache=use_cache)
+        return hf_gpt2.forward(tape, sh, w, use_cache=use_cache, head=head, held=held)
     if setup.path is ForwardPath.HF:  # hf.forward enters and leaves autocast itself
-        loss = hf.forward(tape, sh, w, use_cache=use_cache, sliding_layers=setup.sliding_layers)
+        loss = hf.forward(tape, sh, w, use_cache=use_cache, sliding_layers=setup.sliding_layers,
+                          head=head, held=held)  # fmt: skip
         if setup.fsdp is not None:
             setup.fsdp.end_forward(tape)
         return loss
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:
-        loss = reference.forward(tape, sh, w, setup.cos, setup.sin)
+        loss = reference.forward(tape, sh, w, setup.cos, setup.sin, head, held)
     else:
         loss = distill.forward(tape, sh, w, setup.cos, setup.sin, setup.teacher)
     if setup.fsdp is not None:

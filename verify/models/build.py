@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verify.models import compress, distill, pruning
+from verify.models import compress, distill, loops, pruning
 from verify.models import hf as hf_model
 from verify.models.reference import ReferenceLM
 
@@ -97,6 +97,8 @@ def build_model(
         if job.implementation != "reference":
             raise NotRunnable("distillation runs with implementation='reference' only")
         loss_fn = distill.wrap(model, job, seed=seed, device=device)
+    if hasattr(job, "loop") and not loops.is_default(job):  # another loop or loss
+        loss_fn = loops.Loop(model, job)
     return model, loss_fn
 
 
@@ -116,6 +118,8 @@ class OptBundle:
 
     fallback: torch.optim.Optimizer | None = None
     scaler: Any | None = None
+    model: torch.nn.Module | None = None
+    """Without an optimizer (``optimizer=None``): the model whose gradients ``zero_grad`` drops."""
     external: Any | None = None
     """The bundle ``verify.models.optimizers.build`` returned."""
     module: Any | None = None
@@ -138,6 +142,8 @@ class OptBundle:
         """One optimizer step (through the scaler for ``amp-fp16``)."""
         if self.module is not None:
             self.module.step(self.external)
+        elif self.model is not None:
+            return  # forward and backward alone
         elif self.scaler is not None:
             self.scaler.step(self.fallback)
             self.scaler.update()
@@ -148,6 +154,8 @@ class OptBundle:
         """``zero_grad(set_to_none=True)``."""
         if self.module is not None:
             self.module.zero_grad(self.external)
+        elif self.model is not None:
+            self.model.zero_grad(set_to_none=True)
         else:
             self.fallback.zero_grad(set_to_none=True)
 
@@ -167,6 +175,8 @@ def impl_kwargs(impl: str) -> dict[str, bool]:
 
 def build_optimizer(model: torch.nn.Module, job: Training, device: str = "cpu") -> OptBundle:
     """The job's optimizer over ``model.parameters()``, implementation pinned."""
+    if job.optimizer is None:  # forward and backward alone: no optimizer, no scaler
+        return OptBundle(model=model)
     ext = OPTIMIZERS
     if ext is not None and all(hasattr(ext, f) for f in ("build", "step", "zero_grad")):
         external = ext.build(model, job)
