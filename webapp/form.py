@@ -38,7 +38,14 @@ from calc.config.compression import (
     SCALE_DTYPES,
 )
 from calc.config.distill import MAX_TEMPERATURE, TEACHER_PRECISIONS
-from calc.config.parallelism import MAX_DEGREE, OFFLOADS, PIPELINE_SCHEDULES, ZERO_PARTITIONS
+from calc.config.parallelism import (
+    FSDP_PARAM_DTYPES,
+    FSDP_REDUCE_DTYPES,
+    MAX_DEGREE,
+    OFFLOADS,
+    PIPELINE_SCHEDULES,
+    ZERO_PARTITIONS,
+)
 from calc.config.pruning import GPT2_MODULES, LLAMA_MODULES, PRUNING_KINDS, Pruning
 from calc.plan import planner as plan
 from calc.plan.axes import AXES
@@ -209,6 +216,12 @@ PARALLELISM: tuple[FormField, ...] = (
               help="model chunks per pipeline rank (interleaved-1f1b)"),
     FormField(task="train", name="offload", label="CPU offload", kind="choice", default="none",
               choices=OFFLOADS, section="parallelism", of=_PAR),
+    FormField(task="train", name="fsdp_param_dtype", label="FSDP2 param_dtype", kind="choice",
+              default="none", choices=FSDP_PARAM_DTYPES, section="parallelism", of=_PAR,
+              help="MixedPrecisionPolicy: bf16 all-gathers of fp32 shards (precision fp32)"),
+    FormField(task="train", name="fsdp_reduce_dtype", label="FSDP2 reduce_dtype",
+              kind="choice", default="none", choices=FSDP_REDUCE_DTYPES, section="parallelism",
+              of=_PAR, help="MixedPrecisionPolicy: the reduce-scatter's dtype"),
     FormField(task="train", name="ddp_bucket_mib", label="DDP bucket (MiB)",
               kind="optional_int", default=None, high=1 << 20, section="parallelism", of=_PAR,
               help="bucket_cap_mb; empty = PyTorch's (1 MiB first bucket, then 25 MiB)"),

@@ -158,6 +158,14 @@ def build_parser() -> argparse.ArgumentParser:
         par.add_argument(flag, type=int, help=hlp)
     par.add_argument("--pp-schedule", help=f"{_choices(PIPELINE_SCHEDULES)} (default 1f1b)")
     par.add_argument("--offload", help=f"{_choices(OFFLOADS)} (default none)")
+    par.add_argument(
+        "--fsdp-param-dtype",
+        help="FSDP2 MixedPrecisionPolicy param_dtype: none, bf16 (default none)",
+    )
+    par.add_argument(
+        "--fsdp-reduce-dtype",
+        help="FSDP2 MixedPrecisionPolicy reduce_dtype: none, fp32, bf16 (default none)",
+    )
     for flag, hlp in (
         ("--sp", "sequence parallelism with --tp"),
         ("--fsdp", "PyTorch FSDP2 fully_shard per layer (ZeRO-3 sharding)"),
@@ -217,6 +225,7 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
 PARALLEL_FIELDS: tuple[str, ...] = (
     "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
     "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
+    "fsdp_param_dtype", "fsdp_reduce_dtype",
 )  # fmt: skip
 
 

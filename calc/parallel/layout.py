@@ -87,6 +87,10 @@ def global_rank(parallel: Parallelism, dp: int = 0, pp: int = 0, cp: int = 0, tp
     return ((dp * parallel.pp + pp) * parallel.cp + cp) * parallel.tp + tp
 
 
+MP_ITEMSIZE = {"none": 0, "bf16": 2, "fp32": 4}
+"""Bytes per element of an FSDP2 ``MixedPrecisionPolicy`` dtype (0: no policy)."""
+
+
 def rank_classes(
     model: ModelSpec, parallel: Parallelism, trainable_numels: Sequence[int] | None = None
 ) -> list[RankClass]:
@@ -119,6 +123,8 @@ def rank_classes(
         shard_states="dp-sharded" in s and not fsdp,
         shard_grads=zero2,
         offload=parallel.offload,
+        param_itemsize=MP_ITEMSIZE[parallel.fsdp_param_dtype],
+        reduce_itemsize=MP_ITEMSIZE[parallel.fsdp_reduce_dtype],
     )
     if plan.shard_states:
         notes.append(

@@ -7,7 +7,7 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from calc import symbols as S
@@ -81,11 +81,31 @@ def replay_training(
     The story: `check_supported` refuses what the cost model does not cover, `build_step`
     lays out what exists before the first forward, `run_steps` replays the loop."""
     sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
+    if dp is not None and dp.param_itemsize:  # FSDP2 MixedPrecisionPolicy: bf16 compute
+        _check_mixed_precision(job, dp)
+        sh = replace(sh, weight_itemsize=dp.param_itemsize, act_itemsize=dp.param_itemsize)
     check_supported(model, job, sh, tp_comm, dp)
     setup = build_step(model, job, sh, device, dp)
     if grad_order is not None:
         setup.tape.grad_hook = _recording(setup.tape.grad_hook, grad_order)
     return run_steps(job, setup, device, dp, size_values=values_for(model, job))
+
+
+def _check_mixed_precision(job: Training, dp: ReplayPlan) -> None:
+    """Refuse what the FSDP2 ``MixedPrecisionPolicy`` replay (`calc.parallel.fsdp`) does not
+    cover: it models an fp32 model (``precision='fp32'``) cast by the policy."""
+    if job.precision != "fp32":
+        raise ValueError(
+            f"fsdp_param_dtype with precision={job.precision!r}: the policy casts an fp32 "
+            "model (fp32 shards and optimizer states); use precision='fp32'"
+        )
+    others = (job.lora, job.quant, job.pruning, job.distill)
+    if job.recompute != "none" or any(x is not None for x in others) or dp.offload != "none":
+        raise NotImplementedError(
+            "FSDP2 mixed precision is modelled without recomputation, compression and offload"
+        )
+    if not Head.of(job).default:
+        raise NotImplementedError("FSDP2 mixed precision with another loop or loss")
 
 
 def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
@@ -205,8 +225,9 @@ def build_step(
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
     rope = rope and not hf_path  # HF computes cos/sin inside each forward
-    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
-    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
+    buf = 4 if dp is not None and dp.param_itemsize else sh.weight_itemsize  # fp32 under MP
+    cos = tape.existing(sh.s * sh.d, buf, "rope_cos", "buffer") if rope else None
+    sin = tape.existing(sh.s * sh.d, buf, "rope_sin", "buffer") if rope else None
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
     opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
     if dp is not None and dp.optimizer_params is not None:
@@ -215,7 +236,8 @@ def build_step(
         opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
     fsdp = None
     if dp is not None and dp.fsdp:
-        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
+        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
+                    mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize)  # fmt: skip
         if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
             fsdp.install(tape, [*w.parameters(), *params], [*w.shapes(sh), *shapes])
         else:

@@ -117,6 +117,18 @@ CASES: tuple[DistCase, ...] = (
           + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-fp32reduce-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
+          "reduce_dtype=fp32) on an fp32 model. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-bf16reduce-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
+          tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
+          "reduce_dtype=bf16): the bf16 gradient shards cast to fp32. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-hf-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
+          note="Hugging Face LlamaForCausalLM under the mixed-precision policy. " + GLOO_ASYNC_NOTE),
     # LoRA / QLoRA under DDP: the frozen base (requires_grad=False) is not in the reducer's
     # buckets; the buckets hold the adapters' gradients only.
     _case("dist-lora-ddp-2", "ddp", Parallelism(dp=2), lora=LoRA(rank=8), tags=Q,
