@@ -160,6 +160,10 @@ TRAINING: tuple[FormField, ...] = (
               default=_default(T, "loss"), choices=jobs.LOSSES, section="advanced",
               help="cross-entropy: the model's own; chunked-ce: torchtune-style chunks, each "
               "upcast in turn; sum: logits.sum() (benchmarks)"),
+    FormField(task="train", name="optimizer_in_backward", label="optimizer in backward",
+              kind="bool", default=False, section="advanced",
+              help="torchtune's optimizer_in_bwd: each parameter stepped once its gradient "
+              "is ready"),
     FormField(task="train", name="loss_chunks", label="loss chunks", kind="int",
               default=_default(T, "loss_chunks"), high=jobs.MAX_LOSS_CHUNKS, section="advanced",
               help="chunks of the chunked cross-entropy"),

@@ -52,6 +52,7 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "loop",
     "loss",
     "loss_chunks",
+    "optimizer_in_backward",
 )
 INFERENCE_FIELDS: tuple[str, ...] = (
     "batch",
@@ -129,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("--loss", help=f"{_choices(jobs.LOSSES)} (default cross-entropy)")
     train.add_argument("--loss-chunks", type=int, help="chunks of --loss chunked-ce (default 8)")
+    train.add_argument(
+        "--optimizer-in-backward",
+        action="store_true",
+        default=None,
+        help="step each parameter as soon as its gradient is ready (torchtune optimizer_in_bwd)",
+    )
     cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 
     infer = p.add_argument_group("inference (--task infer)")

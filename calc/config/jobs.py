@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from calc.config.checks import check_choice, check_fraction, check_size
+from calc.config.checks import check_bool, check_choice, check_fraction, check_size
 from calc.config.compression import KVQuant, LoRA, Quant, check_kv_quant, check_lora_quant
 from calc.config.distill import Distill
 from calc.config.pruning import Pruning
@@ -98,6 +98,10 @@ class Training:
     plain ``logits.sum()``, as benchmark scripts do)."""
     loss_chunks: int = 8
     """Chunks of ``loss="chunked-ce"`` (torchtune's ``num_output_chunks``, default 8)."""
+    optimizer_in_backward: bool = False
+    """torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped by a
+    post-accumulate-grad hook as soon as its gradient is ready, then ``zero_grad`` (the
+    gradients never all exist together)."""
 
     def __post_init__(self) -> None:
         check_size("micro_batch", self.micro_batch, 1, 1 << 20)
@@ -108,6 +112,9 @@ class Training:
         check_choice("loop", self.loop, LOOPS)
         check_choice("loss", self.loss, LOSSES)
         check_size("loss_chunks", self.loss_chunks, 1, MAX_LOSS_CHUNKS)
+        check_bool("optimizer_in_backward", self.optimizer_in_backward)
+        if self.optimizer_in_backward and self.optimizer is None:
+            raise ValueError("optimizer_in_backward=True needs an optimizer (not None)")
         check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_choice("recompute", self.recompute, RECOMPUTES)
         check_choice("attention", self.attention, ATTENTIONS)

@@ -149,6 +149,14 @@ def check_supported(
     if job.distill is not None:
         distill.check(job)
     _check_head(job, sh, tp_comm)
+    if job.optimizer_in_backward and (
+        dp is not None or tp_comm or job.grad_accum != 1
+        or job.precision in ("amp-fp16", "bf16-master") or job.optimizer == "adam8bit"
+    ):  # fmt: skip
+        raise NotImplementedError(
+            "optimizer_in_backward is modelled on one GPU, with grad_accum=1 (torchtune refuses "
+            "accumulation with it), without GradScaler or master weights, with torch.optim"
+        )
     if dp is not None and dp.fsdp and (job.recompute == "selective" or path is ForwardPath.HF_GPT2):
         raise NotImplementedError(
             "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
@@ -301,6 +309,8 @@ def run_steps(
         offloaded=dp is not None and dp.offload != "none",
     )  # fmt: skip
     scaler: list = []
+    if job.optimizer_in_backward:  # each gradient steps its parameter as soon as it is ready
+        tape.grad_hook = stepper.in_backward
     for step in (1, 2):
         for mb in range(replayed_micro_batches(job)):
             tape.phase = f"step{step}/forward"

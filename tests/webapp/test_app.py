@@ -41,6 +41,10 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.weight_decay": 0.1,
     "train.dropout": 0.1,
     "train.zero_grad": "before_backward",
+    "train.loop": "hold-output",
+    "train.loss": "chunked-ce",
+    "train.loss_chunks": 4,
+    "train.optimizer_in_backward": True,
 }
 INFER_CHANGES: dict[str, object] = {
     "infer.batch": 4,
@@ -167,7 +171,8 @@ def test_every_widget_changes_the_job_as_calc_estimate_sees_it(
         name = key.split(".", 1)[1]
         kwargs[name] = value
         _check_page(at, model, job_class(**kwargs), "h100-80gb")
-        assert _query_value(at, name) == str(value), f"{name} not in the link"
+        text = str(value).lower() if isinstance(value, bool) else str(value)  # BOOL_TEXT
+        assert _query_value(at, name) == text, f"{name} not in the link"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +247,13 @@ CASES: tuple[Case, ...] = (
                               "pp_microbatches": 2})),
     Case("fsdp", ({"train.dp": 2, "train.fsdp": True, "train.reshard_after_forward": False}, {},
                   {"dp": 2, "fsdp": True, "reshard_after_forward": False})),
+    Case("fsdp-mixed-precision", ({"train.precision": "fp32", "train.implementation": "reference",
+                                   "train.dp": 2, "train.fsdp": True,
+                                   "train.fsdp_param_dtype": "bf16",
+                                   "train.fsdp_reduce_dtype": "bf16"},
+                                  {"precision": "fp32", "implementation": "reference"},
+                                  {"dp": 2, "fsdp": True, "fsdp_param_dtype": "bf16",
+                                   "fsdp_reduce_dtype": "bf16"})),
     Case("ddp-buckets", ({"train.dp": 2, "train.ddp_bucket_mib": 4,
                           "train.gradient_as_bucket_view": True}, {},
                          {"dp": 2, "ddp_bucket_mib": 4, "gradient_as_bucket_view": True})),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from calc.config.compression import Quant
+from calc.config.compression import LoRA, Quant
 from calc.config.distill import Distill
 from calc.config.pruning import Pruning
 from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q
@@ -207,6 +207,18 @@ def _loop_cases() -> list[Case]:
                tags=("loop",), **v, **hf),
         _train("loop-noopt-hold-hf-gpt2", GPT2, optimizer=None, loop="hold-output",
                tags=("loop",), **v, **hf, **g2),
+        _train("loop-noopt-lora-llama-bf16", LLAMA, optimizer=None, precision="bf16",
+               lora=LoRA(rank=8), tags=("loop",), **v),
+        _train("loop-noopt-qlora-hf-qwen2", QWEN2, optimizer=None, precision="bf16",
+               lora=LoRA(rank=8), quant=Quant(method="nf4"), tags=("loop",), **v, **hf),
+        _train("opt-in-bwd-adamw-llama-fp32", LLAMA, optimizer_in_backward=True,
+               tags=("loop",), **v),
+        _train("opt-in-bwd-adamw-hf-qwen2-bf16", QWEN2, optimizer_in_backward=True,
+               precision="bf16", tags=("loop",), **v, **hf),
+        _train("opt-in-bwd-sgdm-gpt2-fp32", GPT2, optimizer_in_backward=True,
+               optimizer="sgd-momentum", tags=("loop",), **v, **g2),
+        _train("opt-in-bwd-lora-llama-bf16", LLAMA, optimizer_in_backward=True,
+               precision="bf16", lora=LoRA(rank=8), tags=("loop",), **v),
         _train("loss-sum-llama-bf16", LLAMA, loss="sum", precision="bf16", tags=("loss",), **v),
         _train("loss-sum-hold-hf-qwen2-fp32", QWEN2, loss="sum", loop="hold-output",
                tags=("loss",), **v, **hf),
