@@ -148,7 +148,7 @@ def check_supported(
         )
     if job.distill is not None:
         distill.check(job)
-    _check_head(job, sh, tp_comm)
+    _check_head(job, sh, tp_comm or dp is not None)
     if job.optimizer_in_backward and (
         dp is not None or tp_comm or job.grad_accum != 1
         or job.precision in ("amp-fp16", "bf16-master") or job.optimizer == "adam8bit"
@@ -163,14 +163,17 @@ def check_supported(
         )
 
 
-def _check_head(job: Training, sh: reference.Shape, tp_comm: bool) -> None:
-    """Refuse the loops and losses (`calc.models.head`) where they are not modelled."""
+def _check_head(job: Training, sh: reference.Shape, parallel: bool) -> None:
+    """Refuse the loops and losses (`calc.models.head`) where they are not modelled (verified
+    on one GPU: the distributed engines of verify run the model's own loss)."""
+    if job.optimizer is None and parallel:
+        raise NotImplementedError("optimizer=None is modelled on one GPU")
     if Head.of(job).default:
         return
     what = f"loop={job.loop!r} with loss={job.loss!r}"
-    if tp_comm or job.distill is not None or job.lora is not None or job.pruning is not None:
+    if parallel or job.distill is not None or job.lora is not None or job.pruning is not None:
         raise NotImplementedError(
-            f"{what} is modelled without tensor parallelism, distillation, LoRA and pruning"
+            f"{what} is modelled on one GPU, without distillation, LoRA and pruning"
         )
     if job.loss == "sum" and sh.autocast_itemsize:
         raise NotImplementedError(
