@@ -139,6 +139,12 @@ def rank_classes(
             "gradients leave the GPU after the backward"
             + ("; parameter shards on the CPU, gathered per layer" if fsdp else "")
         )
+    if fsdp and parallel.fsdp_param_dtype != "none":
+        reduce = parallel.fsdp_reduce_dtype if parallel.fsdp_reduce_dtype != "none" else "bf16"
+        notes.append(
+            f"FSDP2 MixedPrecisionPolicy(param_dtype={parallel.fsdp_param_dtype}, "
+            f"reduce_dtype={reduce}): fp32 shards, gradients and optimizer states"
+        )
     if fsdp:
         notes.append(
             f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="
