@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--gradient-as-bucket-view", "DDP gradient_as_bucket_view=True"),
         ("--vocab-parallel", "with --tp: vocabulary-parallel embedding and loss"),
         ("--no-reshard-after-forward", "FSDP2 reshard_after_forward=False"),
+        ("--no-fsdp-cast-forward-inputs", "FSDP2 MixedPrecisionPolicy cast_forward_inputs=False"),
     ):
         par.add_argument(flag, action="store_true", default=None, help=hlp)
 
@@ -242,6 +243,8 @@ def build_parallel(args: argparse.Namespace) -> Parallelism | None:
     kwargs = {f: getattr(args, f) for f in PARALLEL_FIELDS if getattr(args, f) is not None}
     if args.no_reshard_after_forward:
         kwargs["reshard_after_forward"] = False
+    if args.no_fsdp_cast_forward_inputs:
+        kwargs["fsdp_cast_forward_inputs"] = False
     if not kwargs:
         return None
     if args.task != "train":

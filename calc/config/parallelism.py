@@ -93,6 +93,11 @@ class Parallelism:
     fsdp_reduce_dtype: FsdpDtype = "none"
     """FSDP2 ``MixedPrecisionPolicy(reduce_dtype=...)``: the reduce-scatter's dtype, ``fp32`` or
     ``bf16``; ``none``: the gradients' (``param_dtype``)."""
+    fsdp_cast_forward_inputs: bool = True
+    """FSDP2 ``MixedPrecisionPolicy(cast_forward_inputs=...)``: each sharded module casts its
+    floating-point inputs to ``param_dtype``. Same bytes either way here (the reference
+    model's fp32 RoPE tables are cast per layer at its entry, or by ``.to(q.dtype)`` inside
+    the attention; measured both ways)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp"):
@@ -101,6 +106,7 @@ class Parallelism:
             "sp",
             "fsdp",
             "reshard_after_forward",
+            "fsdp_cast_forward_inputs",
             "gradient_as_bucket_view",
             "vocab_parallel",
         ):

@@ -125,6 +125,11 @@ CASES: tuple[DistCase, ...] = (
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
           tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
           "reduce_dtype=bf16): the bf16 gradient shards cast to fp32. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-nocast-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32",
+                      fsdp_cast_forward_inputs=False),
+          tolerance_pct=GLOO_ASYNC_PCT, note="cast_forward_inputs=False: the fp32 RoPE tables "
+          "reach the attention, cast there by rope[0].to(q.dtype). " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mp-hf-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
           implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,

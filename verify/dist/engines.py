@@ -94,15 +94,19 @@ _MP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def _mp_policy(case: DistCase) -> dict[str, Any]:
-    """``mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype)`` from the case's
-    ``fsdp_param_dtype``/``fsdp_reduce_dtype`` (none: no policy)."""
+    """``mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs)`` from
+    the case's ``fsdp_*`` fields (``fsdp_param_dtype`` none: no policy)."""
     par = case.parallel
     if par.fsdp_param_dtype == "none":
         return {}
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     reduce = _MP_DTYPES.get(par.fsdp_reduce_dtype)
-    policy = MixedPrecisionPolicy(param_dtype=_MP_DTYPES[par.fsdp_param_dtype], reduce_dtype=reduce)
+    policy = MixedPrecisionPolicy(
+        param_dtype=_MP_DTYPES[par.fsdp_param_dtype],
+        reduce_dtype=reduce,
+        cast_forward_inputs=par.fsdp_cast_forward_inputs,
+    )
     return {"mp_policy": policy}
 
 
