@@ -52,7 +52,3 @@ def test_validation() -> None:
     bf16 = calc.Training(micro_batch=1, seq_len=8, precision="bf16", implementation="reference")
     with pytest.raises(ValueError, match="precision='fp32'"):
         calc.estimate(tiny_llama64(), bf16, par)
-    accum = calc.Training(micro_batch=1, seq_len=8, precision="fp32", implementation="reference",
-                          grad_accum=2)  # fmt: skip
-    with pytest.raises(NotImplementedError, match="gradient accumulation"):
-        calc.estimate(tiny_llama64(), accum, par)
