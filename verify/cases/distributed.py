@@ -10,7 +10,7 @@ from typing import Any
 
 from calc.config.compression import LoRA, Quant
 from calc.config.parallelism import Parallelism
-from verify.cases.case import LLAMA, DistCase, Q, pairs, training_job
+from verify.cases.case import LLAMA, QWEN2, DistCase, Q, pairs, training_job
 
 SMALL = {"layers": 2}
 
@@ -144,6 +144,10 @@ CASES: tuple[DistCase, ...] = (
           note="two micro-batches under the policy: every rank and step measured at calc's "
           "value except one rank in one step, 30,208 B above (which one changes from run to "
           "run). " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-qwen2-tied-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          card=QWEN2, tolerance_pct=GLOO_ASYNC_PCT,
+          note="tied embedding and head, qkv biases, under the policy. " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mp-hf-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
           implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
