@@ -38,7 +38,14 @@ from calc.config.compression import (
     SCALE_DTYPES,
 )
 from calc.config.distill import MAX_TEMPERATURE, TEACHER_PRECISIONS
-from calc.config.parallelism import MAX_DEGREE, OFFLOADS, PIPELINE_SCHEDULES, ZERO_PARTITIONS
+from calc.config.parallelism import (
+    FSDP_PARAM_DTYPES,
+    FSDP_REDUCE_DTYPES,
+    MAX_DEGREE,
+    OFFLOADS,
+    PIPELINE_SCHEDULES,
+    ZERO_PARTITIONS,
+)
 from calc.config.pruning import GPT2_MODULES, LLAMA_MODULES, PRUNING_KINDS, Pruning
 from calc.plan import planner as plan
 from calc.plan.axes import AXES
@@ -120,7 +127,8 @@ TRAINING: tuple[FormField, ...] = (
               help="amp-*: autocast over fp32 weights; bf16: everything bf16; "
               "bf16-master: bf16 weights and grads, fp32 master weights and states"),
     FormField(task="train", name="optimizer", label="optimizer", kind="choice",
-              default=_default(T, "optimizer"), choices=jobs.OPTIMIZERS),
+              default=_default(T, "optimizer"), choices=(*jobs.OPTIMIZERS, "none"),
+              help="none: forward and backward alone (no optimizer states, no step)"),
     FormField(task="train", name="recompute", label="recompute", kind="choice",
               default=_default(T, "recompute"), choices=jobs.RECOMPUTES,
               help="activation recomputation: selective = attention core, full = every layer"),
@@ -144,6 +152,22 @@ TRAINING: tuple[FormField, ...] = (
     FormField(task="train", name="zero_grad", label="zero_grad", kind="choice",
               default=_default(T, "zero_grad"), choices=jobs.ZERO_GRADS, section="advanced",
               help="where zero_grad(set_to_none=True) runs"),
+    FormField(task="train", name="loop", label="training loop", kind="choice",
+              default=_default(T, "loop"), choices=jobs.LOOPS, section="advanced",
+              help="drop-output: loss = model(...).loss (HF Trainer); hold-output: out = "
+              "model(...) kept until the next forward; del-logits: the loop computes the loss "
+              "and deletes the logits (torchtitan)"),
+    FormField(task="train", name="loss", label="loss", kind="choice",
+              default=_default(T, "loss"), choices=jobs.LOSSES, section="advanced",
+              help="cross-entropy: the model's own; chunked-ce: torchtune-style chunks, each "
+              "upcast in turn; sum: logits.sum() (benchmarks)"),
+    FormField(task="train", name="optimizer_in_backward", label="optimizer in backward",
+              kind="bool", default=False, section="advanced",
+              help="torchtune's optimizer_in_bwd: each parameter stepped once its gradient "
+              "is ready"),
+    FormField(task="train", name="loss_chunks", label="loss chunks", kind="int",
+              default=_default(T, "loss_chunks"), high=jobs.MAX_LOSS_CHUNKS, section="advanced",
+              help="chunks of the chunked cross-entropy"),
 )  # fmt: skip
 
 INFERENCE: tuple[FormField, ...] = (
@@ -205,6 +229,15 @@ PARALLELISM: tuple[FormField, ...] = (
               help="model chunks per pipeline rank (interleaved-1f1b)"),
     FormField(task="train", name="offload", label="CPU offload", kind="choice", default="none",
               choices=OFFLOADS, section="parallelism", of=_PAR),
+    FormField(task="train", name="fsdp_param_dtype", label="FSDP2 param_dtype", kind="choice",
+              default="none", choices=FSDP_PARAM_DTYPES, section="parallelism", of=_PAR,
+              help="MixedPrecisionPolicy: bf16 all-gathers of fp32 shards (precision fp32)"),
+    FormField(task="train", name="fsdp_reduce_dtype", label="FSDP2 reduce_dtype",
+              kind="choice", default="none", choices=FSDP_REDUCE_DTYPES, section="parallelism",
+              of=_PAR, help="MixedPrecisionPolicy: the reduce-scatter's dtype"),
+    FormField(task="train", name="fsdp_cast_forward_inputs", label="FSDP2 cast_forward_inputs",
+              kind="bool", default=True, section="parallelism", of=_PAR,
+              help="MixedPrecisionPolicy: cast each module's float inputs to param_dtype"),
     FormField(task="train", name="ddp_bucket_mib", label="DDP bucket (MiB)",
               kind="optional_int", default=None, high=1 << 20, section="parallelism", of=_PAR,
               help="bucket_cap_mb; empty = PyTorch's (1 MiB first bucket, then 25 MiB)"),
@@ -352,7 +385,13 @@ def _distill(v: Mapping[str, object]) -> calc.Distill | None:
     )
 
 
+def _optimizer(v: Mapping[str, object]) -> object:
+    """``none`` in the form is ``optimizer=None``: forward and backward alone."""
+    return None if v["optimizer"] == NONE else v["optimizer"]
+
+
 OBJECT_BUILDERS: dict[str, Callable[[Mapping[str, object]], object]] = {
+    "optimizer": _optimizer,
     "lora": _lora,
     "quant": _quant,
     "kv_quant": _kv_quant,

@@ -51,6 +51,10 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "weight_decay",
     "dropout",
     "zero_grad",
+    "loop",
+    "loss",
+    "loss_chunks",
+    "optimizer_in_backward",
 )
 INFERENCE_FIELDS: tuple[str, ...] = (
     "batch",
@@ -110,7 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--seq-len", type=int, help=f"tokens per sequence (default {DEFAULT_TRAINING['seq_len']})"
     )
-    train.add_argument("--optimizer", help=f"{_choices(jobs.OPTIMIZERS)} (default adamw)")
+    train.add_argument(
+        "--optimizer",
+        help=f"{_choices(jobs.OPTIMIZERS)}, or none for forward and backward alone (default adamw)",
+    )
     train.add_argument(
         "--optimizer-impl", help=f"{_choices(jobs.OPTIMIZER_IMPLS)} (default foreach)"
     )
@@ -123,6 +130,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--dropout", type=float, help="dropout probability everywhere (default: the config's)"
     )
     train.add_argument("--zero-grad", help=f"{_choices(jobs.ZERO_GRADS)} (default after_step)")
+    train.add_argument(
+        "--loop", help=f"who holds the model's output: {_choices(jobs.LOOPS)} (default drop-output)"
+    )
+    train.add_argument("--loss", help=f"{_choices(jobs.LOSSES)} (default cross-entropy)")
+    train.add_argument("--loss-chunks", type=int, help="chunks of --loss chunked-ce (default 8)")
+    train.add_argument(
+        "--optimizer-in-backward",
+        action="store_true",
+        default=None,
+        help="step each parameter as soon as its gradient is ready (torchtune optimizer_in_bwd)",
+    )
     cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 
     infer = p.add_argument_group("inference (--task infer)")
@@ -161,12 +179,21 @@ def build_parser() -> argparse.ArgumentParser:
         par.add_argument(flag, type=int, help=hlp)
     par.add_argument("--pp-schedule", help=f"{_choices(PIPELINE_SCHEDULES)} (default 1f1b)")
     par.add_argument("--offload", help=f"{_choices(OFFLOADS)} (default none)")
+    par.add_argument(
+        "--fsdp-param-dtype",
+        help="FSDP2 MixedPrecisionPolicy param_dtype: none, bf16 (default none)",
+    )
+    par.add_argument(
+        "--fsdp-reduce-dtype",
+        help="FSDP2 MixedPrecisionPolicy reduce_dtype: none, fp32, bf16 (default none)",
+    )
     for flag, hlp in (
         ("--sp", "sequence parallelism with --tp"),
         ("--fsdp", "PyTorch FSDP2 fully_shard per layer (ZeRO-3 sharding)"),
         ("--gradient-as-bucket-view", "DDP gradient_as_bucket_view=True"),
         ("--vocab-parallel", "with --tp: vocabulary-parallel embedding and loss"),
         ("--no-reshard-after-forward", "FSDP2 reshard_after_forward=False"),
+        ("--no-fsdp-cast-forward-inputs", "FSDP2 MixedPrecisionPolicy cast_forward_inputs=False"),
     ):
         par.add_argument(flag, action="store_true", default=None, help=hlp)
 
@@ -216,6 +243,8 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
         names = ", ".join("--" + f.replace("_", "-") for f in stray)
         raise ValueError(f"task={args.task!r} does not take {names}")
     kwargs = {f: getattr(args, f) for f in own if getattr(args, f) is not None}
+    if kwargs.get("optimizer") == "none":  # forward and backward alone
+        kwargs["optimizer"] = None
     if args.task == "train":
         return cli_compression.apply(args, Training(**{**DEFAULT_TRAINING, **kwargs}))
     # generate: the context follows from --prompt and --new-tokens (calc.Inference)
@@ -226,6 +255,7 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
 PARALLEL_FIELDS: tuple[str, ...] = (
     "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
     "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
+    "fsdp_param_dtype", "fsdp_reduce_dtype",
 )  # fmt: skip
 
 
@@ -235,6 +265,8 @@ def build_parallel(args: argparse.Namespace) -> Parallelism | None:
     kwargs = {f: getattr(args, f) for f in PARALLEL_FIELDS if getattr(args, f) is not None}
     if args.no_reshard_after_forward:
         kwargs["reshard_after_forward"] = False
+    if args.no_fsdp_cast_forward_inputs:
+        kwargs["fsdp_cast_forward_inputs"] = False
     if not kwargs:
         return None
     if args.task != "train":

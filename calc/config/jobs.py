@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from calc.config.checks import check_choice, check_fraction, check_size
+from calc.config.checks import check_bool, check_choice, check_fraction, check_size
 from calc.config.compression import KVQuant, LoRA, Quant, check_kv_quant, check_lora_quant
 from calc.config.distill import Distill
 from calc.config.pruning import Pruning
@@ -23,6 +23,8 @@ Recompute = Literal["none", "selective", "full"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
 Implementation = Literal["hf", "reference"]
 ZeroGrad = Literal["after_step", "before_backward"]
+Loop = Literal["drop-output", "hold-output", "del-logits"]
+Loss = Literal["cross-entropy", "chunked-ce", "sum"]
 InferencePrecision = Literal["fp32", "bf16", "fp16"]
 CacheImpl = Literal["dynamic", "static"]
 Device = Literal["cuda", "cpu"]
@@ -34,6 +36,10 @@ RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
+LOOPS: tuple[str, ...] = get_args(Loop)
+LOSSES: tuple[str, ...] = get_args(Loss)
+MAX_LOSS_CHUNKS = 1024
+"""Most chunks ``loss="chunked-ce"`` takes."""
 INFERENCE_PRECISIONS: tuple[str, ...] = get_args(InferencePrecision)
 DEVICES: tuple[str, ...] = get_args(Device)
 CACHE_IMPLS: tuple[str, ...] = get_args(CacheImpl)
@@ -51,8 +57,9 @@ class Training:
     """``fp32``; ``amp-bf16``/``amp-fp16`` (torch.autocast over fp32 weights, grads and states;
     GradScaler for fp16); ``bf16`` (weights, grads and states in bf16); ``bf16-master`` (bf16
     weights and grads, fp32 master weights and fp32 optimizer states)."""
-    optimizer: Optimizer = "adamw"
-    """Optimizer; its states and step-time temporaries are terms of the peak."""
+    optimizer: Optimizer | None = "adamw"
+    """Optimizer; its states and step-time temporaries are terms of the peak. ``None``:
+    forward and backward alone (no optimizer, no states, no step; ``zero_grad`` still runs)."""
     optimizer_impl: OptimizerImpl = "foreach"
     """PyTorch's multi-tensor (``foreach``, the CUDA default), ``fused`` or per-tensor loop."""
     recompute: Recompute = "none"
@@ -79,12 +86,37 @@ class Training:
     for structured pruning use ``calc.pruned_spec`` on the model instead."""
     distill: Distill | None = None
     """Knowledge distillation from a frozen teacher (``calc.Distill``); ``None``: plain CE."""
+    loop: Loop = "drop-output"
+    """Who holds the model's output: ``drop-output`` (``loss = model(...).loss``, Hugging Face
+    Trainer: the output object dies before backward); ``hold-output`` (``out = model(...);
+    out.loss.backward()``: the output, logits and cache included, lives until the next
+    forward returns, through backward and the optimizer step); ``del-logits`` (torchtitan:
+    the model returns logits, the loop computes the loss and ``del``s them before backward)."""
+    loss: Loss = "cross-entropy"
+    """``cross-entropy`` (the model's own: Hugging Face's ``ForCausalLMLoss``, the reference
+    model's ``F.cross_entropy``; under ``del-logits`` torchtitan's upcast-then-CE);
+    ``chunked-ce`` (torchtune's ``CEWithChunkedOutputLoss`` style: the head's logits in
+    ``loss_chunks`` chunks over the sequence, each upcast and reduced in turn); ``sum`` (a
+    plain ``logits.sum()``, as benchmark scripts do)."""
+    loss_chunks: int = 8
+    """Chunks of ``loss="chunked-ce"`` (torchtune's ``num_output_chunks``, default 8)."""
+    optimizer_in_backward: bool = False
+    """torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped by a
+    post-accumulate-grad hook as soon as its gradient is ready, then ``zero_grad`` (the
+    gradients never all exist together)."""
 
     def __post_init__(self) -> None:
         check_size("micro_batch", self.micro_batch, 1, 1 << 20)
         check_size("seq_len", self.seq_len, 1, 1 << 24)
         check_choice("precision", self.precision, PRECISIONS)
-        check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.optimizer is not None:
+            check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        check_choice("loop", self.loop, LOOPS)
+        check_choice("loss", self.loss, LOSSES)
+        check_size("loss_chunks", self.loss_chunks, 1, MAX_LOSS_CHUNKS)
+        check_bool("optimizer_in_backward", self.optimizer_in_backward)
+        if self.optimizer_in_backward and self.optimizer is None:
+            raise ValueError("optimizer_in_backward=True needs an optimizer (not None)")
         check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_choice("recompute", self.recompute, RECOMPUTES)
         check_choice("attention", self.attention, ATTENTIONS)
@@ -96,11 +128,21 @@ class Training:
             raise ValueError(f"weight_decay={wd!r} must be a finite number >= 0")
         if self.dropout is not None:
             check_fraction("dropout", self.dropout)
-        if self.optimizer_impl == "fused" and self.optimizer not in (
-            "adam",
-            "adamw",
-            "sgd",
-            "sgd-momentum",
+        if self.optimizer is None and self.precision in ("amp-fp16", "bf16-master"):
+            raise ValueError(
+                f"optimizer=None with precision={self.precision!r}: the GradScaler and the fp32 "
+                "master weights belong to an optimizer step; use 'fp32', 'bf16' or 'amp-bf16'"
+            )
+        if (
+            self.optimizer is not None
+            and self.optimizer_impl == "fused"
+            and self.optimizer
+            not in (
+                "adam",
+                "adamw",
+                "sgd",
+                "sgd-momentum",
+            )
         ):
             raise ValueError(
                 f"optimizer_impl='fused' is not available for optimizer={self.optimizer!r}: "

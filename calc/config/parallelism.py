@@ -28,10 +28,13 @@ from calc.config.model_spec import ModelSpec
 PipelineSchedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Offload = Literal["none", "optimizer", "optimizer+params"]
 ZeroPartition = Literal["shard", "by-parameter"]
+FsdpDtype = Literal["none", "bf16", "fp32"]
 
 PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_PARTITIONS: tuple[str, ...] = get_args(ZeroPartition)
+FSDP_PARAM_DTYPES: tuple[str, ...] = ("none", "bf16")
+FSDP_REDUCE_DTYPES: tuple[str, ...] = get_args(FsdpDtype)
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 MAX_DEGREE = 1 << 20
@@ -83,6 +86,18 @@ class Parallelism:
     vocab_parallel: bool = False
     """With tp: the embedding split over the vocabulary and a vocabulary-parallel loss (else the
     embedding and the head are replicated on every tp rank)."""
+    fsdp_param_dtype: FsdpDtype = "none"
+    """FSDP2 ``MixedPrecisionPolicy(param_dtype=...)``: ``bf16`` all-gathers the fp32 sharded
+    parameters as bf16 (forward and backward in bf16; fp32 shards, gradients and optimizer
+    states); ``none``: no policy (the parameters' own dtype)."""
+    fsdp_reduce_dtype: FsdpDtype = "none"
+    """FSDP2 ``MixedPrecisionPolicy(reduce_dtype=...)``: the reduce-scatter's dtype, ``fp32`` or
+    ``bf16``; ``none``: the gradients' (``param_dtype``)."""
+    fsdp_cast_forward_inputs: bool = True
+    """FSDP2 ``MixedPrecisionPolicy(cast_forward_inputs=...)``: each sharded module casts its
+    floating-point inputs to ``param_dtype``. Same bytes either way here (the reference
+    model's fp32 RoPE tables are cast per layer at its entry, or by ``.to(q.dtype)`` inside
+    the attention; measured both ways)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp"):
@@ -91,6 +106,7 @@ class Parallelism:
             "sp",
             "fsdp",
             "reshard_after_forward",
+            "fsdp_cast_forward_inputs",
             "gradient_as_bucket_view",
             "vocab_parallel",
         ):
@@ -109,6 +125,20 @@ class Parallelism:
             )
         if self.ddp_bucket_mib is not None:
             check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
+        check_choice("fsdp_param_dtype", self.fsdp_param_dtype, FSDP_PARAM_DTYPES)
+        check_choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, FSDP_REDUCE_DTYPES)
+        if (self.fsdp_param_dtype != "none" or self.fsdp_reduce_dtype != "none") and not (
+            self.fsdp
+        ):
+            raise ValueError(
+                "fsdp_param_dtype/fsdp_reduce_dtype set an FSDP2 MixedPrecisionPolicy: they "
+                "need fsdp=True"
+            )
+        if self.fsdp_reduce_dtype != "none" and self.fsdp_param_dtype == "none":
+            raise ValueError(
+                f"fsdp_reduce_dtype={self.fsdp_reduce_dtype!r} without fsdp_param_dtype is not "
+                "modelled: set fsdp_param_dtype='bf16'"
+            )
         if self.fsdp and self.zero not in (0, 3):
             raise ValueError(
                 f"zero={self.zero} with fsdp=True: FSDP2 fully_shard shards parameters, "

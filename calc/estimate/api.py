@@ -48,10 +48,8 @@ def estimate(
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
     if parallel is not None and not isinstance(parallel, Parallelism):
         raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
-    if isinstance(job, Training) and job.pruning is not None:
-        job.pruning.modules_for(model)  # ValueError for a module the model lacks
-    if isinstance(job, Training) and job.distill is not None:
-        job.distill.check_student(model)
+    if isinstance(job, Training):
+        _check_training(model, job)
     if job.quant is not None:  # the group size must divide every quantized linear
         check_fits(model, job.quant)
     compressed = isinstance(job, Training) and any(
@@ -75,3 +73,18 @@ def estimate(
     size = cublas_workspace_bytes(gpu_obj)
     handles = charged // CUBLAS_WORKSPACE_BYTES
     return replace(est, allocator_fn=partial(allocator_stats, model, job, device, size, handles))
+
+
+def _check_training(model: ModelSpec, job: Training) -> None:
+    """``ValueError`` for a training job that does not fit ``model``: a pruned module it lacks,
+    a distillation student that does not match, loss chunks that do not divide the tokens."""
+    if job.pruning is not None:
+        job.pruning.modules_for(model)  # ValueError for a module the model lacks
+    if job.distill is not None:
+        job.distill.check_student(model)
+    if job.loss == "chunked-ce":
+        tokens = job.micro_batch * job.seq_len
+        if tokens % job.loss_chunks:  # calc.models.head: equal chunks of the flattened tokens
+            raise ValueError(
+                f"loss_chunks={job.loss_chunks} must divide micro_batch * seq_len = {tokens}"
+            )

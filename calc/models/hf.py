@@ -31,6 +31,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from calc.models import attention_core as core
+from calc.models.head import Head, finish
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -437,13 +438,15 @@ def causal_lm_loss(tape: Tape, sh: Shape, logits: Tensor) -> Tensor:
 
 
 def forward(
-    tape: Tape, sh: Shape, w: Weights, use_cache: bool = True, sliding_layers: int = 0
-) -> Tensor:
+    tape: Tape, sh: Shape, w: Weights, use_cache: bool = True, sliding_layers: int = 0,
+    head: Head | None = None, held: list[Tensor] | None = None,
+) -> Tensor:  # fmt: skip
     """``LlamaForCausalLM.forward(input_ids=ids, labels=ids).loss``; returns the loss tensor.
 
     The output object (holding the logits and the cache) dies before this returns, as in
     ``loss = model(...).loss``. With ``sh.autocast_itemsize`` the forward runs under
     ``torch.autocast`` (fp32 weights), which is left right after (its cast cache dies).
+    ``head``/``held``: another loop or loss (`calc.models.head.finish`).
     """
     if sh.attention == "eager" and (sh.autocast_itemsize or sliding_layers):
         # not replayed yet: autocast's casts inside eager attention, and the sliding-window
@@ -456,6 +459,15 @@ def forward(
         tape.autocast_enter(sh.autocast_itemsize)
     hid, cache = model(tape, sh, w, use_cache, sliding_layers)
     tape.segment = "head"
+    if head is not None and not head.default:  # the loop's head and loss: calc.models.head
+        loss = finish(
+            tape, sh, head, hid, cache, lambda t, x, rows, name: linear(
+                t, x, w.head, None, rows, sh.V, name), lambda t, lg: causal_lm_loss(t, sh, lg),
+            [] if held is None else held,
+        )  # fmt: skip
+        if sh.autocast_itemsize:
+            tape.autocast_exit()
+        return loss
     logits = linear(tape, hid, w.head, None, n, sh.V, "logits")  # lm_head(hidden)
     loss = causal_lm_loss(tape, sh, logits)
     tape.drop(hid, logits, *cache)

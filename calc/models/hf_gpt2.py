@@ -49,6 +49,7 @@ from collections.abc import Callable
 
 from calc.models import attention_core as core
 from calc.models import hf
+from calc.models.head import Head, finish
 from calc.models.reference import Shape, Weights
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
@@ -387,7 +388,10 @@ def lm_head(tape: Tape, sh: Shape, x: Tensor, w: Tensor) -> Tensor:
     return hf.linear(tape, x, w, None, n, sh.V, "logits")
 
 
-def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor:
+def forward(
+    tape: Tape, sh: Shape, w: Weights, use_cache: bool = True,
+    head: Head | None = None, held: list[Tensor] | None = None,
+) -> Tensor:  # fmt: skip
     """``GPT2LMHeadModel.forward(input_ids=ids, labels=targets).loss``; returns the loss.
 
     With ``sh.autocast_itemsize`` the forward runs under ``torch.autocast`` (fp32 weights),
@@ -398,6 +402,15 @@ def forward(tape: Tape, sh: Shape, w: Weights, use_cache: bool = True) -> Tensor
         tape.autocast_enter(sh.autocast_itemsize)
     hid, cache = model(tape, sh, w, use_cache)
     tape.segment = "head"
+    if head is not None and not head.default:  # the loop's head and loss: calc.models.head
+        loss = finish(
+            tape, sh, head, hid, cache, lambda t, x, rows, name: hf.linear(
+                t, x, w.head, None, rows, sh.V, name), lambda t, lg: hf.causal_lm_loss(t, sh, lg),
+            [] if held is None else held,
+        )  # fmt: skip
+        if sh.autocast_itemsize:
+            tape.autocast_exit()
+        return loss
     sl = ops.view(tape, hid)  # slice_logits_to_keep(hidden, 0): hidden[:, 0:, :] (an alias)
     tape.drop(hid)
     logits = lm_head(tape, sh, sl, w.head)

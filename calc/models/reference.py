@@ -7,6 +7,7 @@ in order, and the moment each Python local dies. Change the model, change this f
 from __future__ import annotations
 
 from calc.models import attention_core
+from calc.models.head import Head, finish
 from calc.models.shape import Shape
 from calc.parallel import sequence as sequence_parallel
 from calc.parallel import tensor as tensor_parallel
@@ -291,9 +292,20 @@ def block(
     return x3
 
 
-def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
-    """``ReferenceLM.forward(ids, targets)``; returns the loss tensor."""
+def forward(
+    tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None,
+    head: Head | None = None, held: list[Tensor] | None = None,
+) -> Tensor:  # fmt: skip
+    """``ReferenceLM.forward(ids, targets)``; returns the loss tensor. ``head``/``held``:
+    another loop or loss (`calc.models.head.finish`; the model's cross-entropy is
+    ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``)."""
     n = sh.b * sh.s
+    if head is not None and not head.default:
+        return finish(
+            tape, sh, head, hidden(tape, sh, w, cos, sin), None,
+            lambda t, x, rows, name: ops.linear(t, x, w.head, None, rows, sh.V, name),
+            lambda t, lg: _cross_entropy(t, sh, lg), [] if held is None else held,
+        )  # fmt: skip
     out = logits(tape, sh, w, cos, sin)
     flat = ops.view(tape, out)
     if sh.tp_vocab:  # loss_parallel's cross entropy over the vocabulary shards
@@ -301,6 +313,14 @@ def forward(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor |
     else:
         loss = ops.cross_entropy(tape, flat, n, sh.V, out.itemsize)
     tape.drop(flat, out)
+    return loss
+
+
+def _cross_entropy(tape: Tape, sh: Shape, logits: Tensor) -> Tensor:
+    """``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``."""
+    flat = ops.view(tape, logits)
+    loss = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, logits.itemsize)
+    tape.drop(flat)
     return loss
 
 
@@ -324,6 +344,28 @@ def embed_no_grad(tape: Tape, sh: Shape, w: Weights) -> tuple[Tensor, Tensor | N
 def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
     """``F.linear(ReferenceLM.hidden_states(ids), head_weight())``: the logits ``[b*s, V]``
     (what ``forward`` feeds the loss; distillation's student, `calc.compress.distill`)."""
+    n = sh.b * sh.s
+    hid = hidden(tape, sh, w, cos, sin)
+    if sh.sp > 1:  # ColwiseParallel(input_layouts=Shard(1)) head, logits all-gathered
+        g = sequence_parallel.gather(tape, hid, n * sh.h, "sp.head_in", grad="reduce_scatter")
+        if sh.tp_vocab:  # logits stay vocabulary-sharded for loss_parallel
+            out = ops.linear(tape, g, w.head, None, n, sh.V, "logits")
+            tape.drop(hid, g)
+            return out
+        part = ops.linear(tape, g, w.head, None, n, divide(sh.V, sh.sp), "logits.local")
+        out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
+        tape.drop(part, hid, g)
+        return out
+    if sh.tp_vocab:  # ColwiseParallel head: logits [n, V / tp]
+        out = tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
+    else:
+        out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    tape.drop(hid)
+    return out
+
+
+def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
+    """``ReferenceLM.hidden_states(ids)``: the final norm's output (this rank's rows)."""
     n = sh.b * sh.s
     tape.segment = "embed"
     if sh.model_type == "gpt2":
@@ -368,19 +410,4 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | 
     tape.segment = "head"
     hid = norm(tape, sh, x, w.norm, w.norm_b, sh.local_rows)
     tape.drop(x)
-    if sh.sp > 1:  # ColwiseParallel(input_layouts=Shard(1)) head, logits all-gathered
-        g = sequence_parallel.gather(tape, hid, n * sh.h, "sp.head_in", grad="reduce_scatter")
-        if sh.tp_vocab:  # logits stay vocabulary-sharded for loss_parallel
-            out = ops.linear(tape, g, w.head, None, n, sh.V, "logits")
-            tape.drop(hid, g)
-            return out
-        part = ops.linear(tape, g, w.head, None, n, divide(sh.V, sh.sp), "logits.local")
-        out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
-        tape.drop(part, hid, g)
-        return out
-    if sh.tp_vocab:  # ColwiseParallel head: logits [n, V / tp]
-        out = tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
-    else:
-        out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
-    tape.drop(hid)
-    return out
+    return hid

@@ -57,6 +57,12 @@ class ReplayPlan:
     """ZeRO-2: each gradient is reduce-scattered once ready; its shard is kept."""
     offload: str = "none"
     """``optimizer``: states and the step on the CPU; ``optimizer+params``: shards too."""
+    param_itemsize: int = 0
+    """FSDP2 ``MixedPrecisionPolicy``: bytes per element of the all-gathered parameters (2 for
+    bf16), or 0 without a policy."""
+    reduce_itemsize: int = 0
+    """FSDP2 ``MixedPrecisionPolicy``: bytes per element of the reduce-scatter (0: the
+    gradients' own)."""
 
 
 def bucket_limits(parallel: Parallelism) -> tuple[int, int]:

@@ -1,8 +1,8 @@
 """Parameter, gradient and optimizer-state sharding on one rank: FSDP2 (ZeRO-3) and ZeRO-1/2.
 
 **FSDP2** (``fully_shard`` on every decoder layer, then on the root; PyTorch 2.13,
-``torch/distributed/fsdp/_fully_shard/``), replayed event by event on the tape, N ranks, no
-mixed-precision policy:
+``torch/distributed/fsdp/_fully_shard/``), replayed event by event on the tape, N ranks,
+without or with a ``MixedPrecisionPolicy`` (last item):
 
 * at rest each parameter is its dim-0 shard, padded to a multiple of N
   (``_get_dim0_padded_size``): ``ceil(dim0 / N) * rest`` elements (``new_zeros`` at init);
@@ -21,6 +21,17 @@ mixed-precision policy:
   its own (``sum(padded unsharded)`` elements), frees the unsharded gradients, and allocates
   the reduce-scatter output (``sum(padded shard)``), of which the sharded gradients are views.
   The root's post-backward runs in the final callback, which then frees the last input.
+* ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32|bf16)`` on an fp32 model: the
+  shards stay fp32 (``orig_dtype``, ``_fsdp_param.py`` ``init_dtype_attrs`` l. 586-599) and the
+  optimizer steps them (fp32 states); each all-gather first casts the group's shards into one
+  flat bf16 buffer (``_fsdp_collectives.py`` ``_get_param_all_gather_inputs``, ``torch.empty``
+  l. 419 and ``_foreach_copy_``), freed after the copy-in (``del param_all_gather_inputs``
+  l. 361), then gathers bf16; forward and backward run in bf16 (bf16 unsharded gradients); the
+  reduce-scatter input and output are in ``reduce_dtype`` (``foreach_reduce`` l. 597, 612),
+  and a bf16 output is cast to an fp32 copy (``_to_dtype_if_needed`` l. 696) of which the
+  sharded gradients are views. ``cast_forward_inputs`` (``_fsdp_state.py`` l. 312) casts the
+  reference model's fp32 RoPE tables at each layer's entry (the replay casts them in the
+  attention, as ``rope[0].to(q.dtype)`` does: same bytes, measured exact).
 
 **ZeRO-1/2 with sharded states** (Rajbhandari et al. 2020, §5.1-5.2; analytic, no PyTorch engine
 runs it): the optimizer steps each parameter's dim-0 shard (states ``1/N``); with ZeRO-2 each
@@ -35,6 +46,9 @@ from dataclasses import dataclass, field
 import sympy as sp
 
 from calc.replay.tape import Size, Storage, Tape, Tensor, round_block
+
+SHARD_ITEMSIZE = 4
+"""Bytes per element of the sharded parameters under a mixed-precision policy (an fp32 model)."""
 
 
 def shard_numel(shape: Sequence[Size], n: int) -> Size:
@@ -81,6 +95,13 @@ class Fsdp:
     pads: dict = field(default_factory=dict)  # leaf storage id -> padding storage
     sharded_grads: dict = field(default_factory=dict)  # leaf storage id -> view of its shard
     reduced: set = field(default_factory=set)  # tags whose post-backward ran in this backward
+    mixed: bool = False
+    """``MixedPrecisionPolicy(param_dtype=bf16)``: the leaves are the bf16 unsharded parameters,
+    the shards (``shards``) stay fp32 (`SHARD_ITEMSIZE`), the optimizer steps them."""
+    reduce_itemsize: int = 0
+    """``MixedPrecisionPolicy(reduce_dtype=...)``: the reduce-scatter's bytes per element (0:
+    the gradients')."""
+    shards: dict = field(default_factory=dict)  # leaf storage id -> fp32 shard (mixed)
 
     # ------------------------------------------------------------------ setup
 
@@ -103,12 +124,18 @@ class Fsdp:
                 st.refs = 1
                 self.pads[id(p.storage)] = st
             if self.offload != "optimizer+params":
-                tape.existing(numel, p.itemsize, f"shard:{p.name}", "weight", tag=p.storage.tag)
+                item = SHARD_ITEMSIZE if self.mixed else p.itemsize
+                sh = tape.existing(numel, item, f"shard:{p.name}", "weight", tag=p.storage.tag)
+                if self.mixed:
+                    self.shards[id(p.storage)] = sh
             tape.hide(p.storage, p.name)
         tape.segment_hook = self.on_segment
 
     def optimizer_params(self, tape: Tape, params: Sequence[Tensor]) -> list[Tensor]:
-        """The sharded parameters the optimizer steps (views of each leaf, shard-sized)."""
+        """The sharded parameters the optimizer steps (views of each leaf, shard-sized; the
+        fp32 shards themselves under a mixed-precision policy)."""
+        if self.mixed:
+            return [self.shards[id(p.storage)] for p in params]
         out = []
         for p in params:
             tag = p.storage.tag if isinstance(p.storage.tag, int) else "root"
@@ -119,8 +146,16 @@ class Fsdp:
     # ------------------------------------------------------------------ collectives
 
     def _all_gather(self, tape: Tape, g: Group) -> None:
+        # Mixed precision: ``_get_param_all_gather_inputs`` casts the fp32 shards into one
+        # flat bf16 buffer (``torch.empty`` + ``_foreach_copy_``) before the all-gather output
+        # is allocated; it dies after the copy-in (``del param_all_gather_inputs``,
+        # _fsdp_collectives.py ``foreach_all_gather``).
+        cast = None
+        if self.mixed:
+            cast = tape.new(g.shard_total, g.itemsize, f"fsdp.all_gather_in[{g.tag}]", tag=g.tag)
         g.ag_out = tape.new(self.n * g.shard_total, g.itemsize, f"fsdp.all_gather[{g.tag}]",
                             tag=g.tag)  # fmt: skip
+        tape.drop(cast)
 
     def _copy_out(self, tape: Tape, g: Group, keep: bool) -> None:
         if g.tag in self.unsharded:
@@ -175,12 +210,17 @@ class Fsdp:
         # Only the parameters with a gradient are reduce-scattered (``fsdp_params_with_grad``):
         # all of them in full training, the adapters alone under LoRA (frozen base).
         total = sp.Add(*[n for n, gr in zip(g.shard_numels, grads, strict=True) if gr is not None])
-        rs_in = tape.new(self.n * total, g.itemsize, f"fsdp.reduce_scatter_in[{g.tag}]",
+        red = self.reduce_itemsize or g.itemsize  # foreach_reduce: reduce_dtype or the grads'
+        rs_in = tape.new(self.n * total, red, f"fsdp.reduce_scatter_in[{g.tag}]",
                          tag=g.tag)  # fmt: skip
         tape.drop(*[gr for _, gr in have])
-        out = tape.new(total, g.itemsize, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
+        out = tape.new(total, red, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
+        if self.mixed and red != SHARD_ITEMSIZE:  # _to_dtype_if_needed(reduce_output, orig)
+            cast = tape.new(total, SHARD_ITEMSIZE, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
+            tape.drop(out)
+            out = cast
         for p, _ in have:
-            key = id(p.storage)
+            key = id(self.shards[id(p.storage)].storage) if self.mixed else id(p.storage)
             if self.offload == "none" and key not in self.sharded_grads:
                 self.sharded_grads[key] = tape.alias(out)  # else accumulated, or sent to host
         tape.drop(out)  # the sharded gradients are views of it (accumulating: a temporary)

@@ -87,6 +87,10 @@ def global_rank(parallel: Parallelism, dp: int = 0, pp: int = 0, cp: int = 0, tp
     return ((dp * parallel.pp + pp) * parallel.cp + cp) * parallel.tp + tp
 
 
+MP_ITEMSIZE = {"none": 0, "bf16": 2, "fp32": 4}
+"""Bytes per element of an FSDP2 ``MixedPrecisionPolicy`` dtype (0: no policy)."""
+
+
 def rank_classes(
     model: ModelSpec, parallel: Parallelism, trainable_numels: Sequence[int] | None = None
 ) -> list[RankClass]:
@@ -119,6 +123,8 @@ def rank_classes(
         shard_states="dp-sharded" in s and not fsdp,
         shard_grads=zero2,
         offload=parallel.offload,
+        param_itemsize=MP_ITEMSIZE[parallel.fsdp_param_dtype],
+        reduce_itemsize=MP_ITEMSIZE[parallel.fsdp_reduce_dtype],
     )
     if plan.shard_states:
         notes.append(
@@ -132,6 +138,12 @@ def rank_classes(
             f"offload={parallel.offload} (analytic): optimizer states and step on the CPU; "
             "gradients leave the GPU after the backward"
             + ("; parameter shards on the CPU, gathered per layer" if fsdp else "")
+        )
+    if fsdp and parallel.fsdp_param_dtype != "none":
+        reduce = parallel.fsdp_reduce_dtype if parallel.fsdp_reduce_dtype != "none" else "bf16"
+        notes.append(
+            f"FSDP2 MixedPrecisionPolicy(param_dtype={parallel.fsdp_param_dtype}, "
+            f"reduce_dtype={reduce}): fp32 shards, gradients and optimizer states"
         )
     if fsdp:
         notes.append(

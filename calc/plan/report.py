@@ -214,6 +214,7 @@ def describe(job: Training | Inference) -> str:
         parts.append(f"LoRA r={job.lora.rank} on {','.join(job.lora.modules)}")
     if job.precision == "bf16-master":
         parts.append("fp32 master weights")
-    parts.append({"adamw": "AdamW", "adam8bit": "8-bit Adam"}.get(job.optimizer, job.optimizer))
+    opt = job.optimizer or "no optimizer"
+    parts.append({"adamw": "AdamW", "adam8bit": "8-bit Adam"}.get(opt, opt))
     parts.append("full recompute" if job.recompute == "full" else "no recompute")
     return ", ".join(parts)

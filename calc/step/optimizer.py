@@ -498,6 +498,9 @@ class OptimizerTail:
     offloaded: bool = False
     states: OptimizerStates | None = None
     """The states after the last step (``None`` before the first)."""
+    in_backward_states: dict = field(default_factory=dict)
+    """``optimizer_in_backward``: each parameter's own optimizer states (storage id ->
+    `OptimizerStates`)."""
 
     def step(self, tape: Tape, *, first_step: bool) -> None:
         """Replay the step on ``tape``, in the phase the caller set."""
@@ -505,6 +508,10 @@ class OptimizerTail:
             tape.zero_grad()
             return
         job = self.job
+        if job.optimizer is None or job.optimizer_in_backward:  # nothing (left) to step
+            if job.zero_grad == "after_step":
+                tape.zero_grad()
+            return
         self.states = optimizer_step(
             tape, self.params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=first_step, weight_decay=job.weight_decay,
@@ -513,6 +520,24 @@ class OptimizerTail:
         )  # fmt: skip
         if job.zero_grad == "after_step":
             tape.zero_grad()
+
+    def in_backward(self, tape: Tape, leaf: Tensor) -> None:
+        """torchtune's ``optimizer_in_bwd`` (``register_optim_in_bwd_hooks``): the hook after
+        ``leaf``'s gradient is accumulated steps the leaf's own optimizer (its states made at
+        its first step) and ``zero_grad``s it: the gradient is dropped at once."""
+        idx = next((i for i, p in enumerate(self.params) if p.storage is leaf.storage), None)
+        if idx is None:
+            return
+        job, key = self.job, id(leaf.storage)
+        prev = self.in_backward_states.get(key)
+        assert job.optimizer is not None  # Training refuses optimizer_in_backward without one
+        self.in_backward_states[key] = optimizer_step(
+            tape, [self.params[idx]], optimizer=job.optimizer, impl=job.optimizer_impl,
+            precision=job.precision, first_step=prev is None, weight_decay=job.weight_decay,
+            device=self.device, states=prev, size_values=self.size_values,
+            shapes=None if self.shapes is None else [self.shapes[idx]],
+        )  # fmt: skip
+        tape.drop(tape.grads.pop(key))
 
 
 def _slots(tape: Tape, params: Sequence[Tensor], shapes: Sequence[tuple] | None) -> list[_Slot]:

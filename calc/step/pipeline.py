@@ -129,6 +129,10 @@ def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> No
         )
     if job.grad_accum != 1 or job.recompute != "none":
         raise NotImplementedError("pipeline parallelism with grad_accum > 1 or recomputation")
+    if job.loop != "drop-output" or job.loss != "cross-entropy" or job.optimizer_in_backward:
+        raise NotImplementedError(
+            "pipeline parallelism with another loop or loss, or optimizer_in_backward"
+        )
 
 
 def stage_plans(model: ModelSpec, job: Training, parallel: Parallelism) -> list[StagePlan]:

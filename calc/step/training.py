@@ -7,7 +7,7 @@ micro-batch, forward (under autocast for ``amp-*``) and backward; then the optim
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from calc import symbols as S
@@ -17,6 +17,7 @@ from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, reference
 from calc.models.attention import flash_head_pad, kernel_for
+from calc.models.head import Head
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
@@ -81,11 +82,32 @@ def replay_training(
     The story: `check_supported` refuses what the cost model does not cover, `build_step`
     lays out what exists before the first forward, `run_steps` replays the loop."""
     sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
+    if dp is not None and dp.param_itemsize:  # FSDP2 MixedPrecisionPolicy: bf16 compute
+        _check_mixed_precision(job, dp)
+        sh = replace(sh, weight_itemsize=dp.param_itemsize, act_itemsize=dp.param_itemsize)
     check_supported(model, job, sh, tp_comm, dp)
     setup = build_step(model, job, sh, device, dp)
     if grad_order is not None:
         setup.tape.grad_hook = _recording(setup.tape.grad_hook, grad_order)
     return run_steps(job, setup, device, dp, size_values=values_for(model, job))
+
+
+def _check_mixed_precision(job: Training, dp: ReplayPlan) -> None:
+    """Refuse what the FSDP2 ``MixedPrecisionPolicy`` replay (`calc.parallel.fsdp`) does not
+    cover: it models an fp32 model (``precision='fp32'``) cast by the policy."""
+    if job.precision != "fp32":
+        raise ValueError(
+            f"fsdp_param_dtype with precision={job.precision!r}: the policy casts an fp32 "
+            "model (fp32 shards and optimizer states); use precision='fp32'"
+        )
+    others = (job.lora, job.quant, job.pruning, job.distill)
+    if job.recompute == "selective" or any(x is not None for x in others) or dp.offload != "none":
+        raise NotImplementedError(
+            "FSDP2 mixed precision is modelled without selective recomputation, compression "
+            "and offload"
+        )
+    if not Head.of(job).default:
+        raise NotImplementedError("FSDP2 mixed precision with another loop or loss")
 
 
 def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
@@ -128,9 +150,37 @@ def check_supported(
         )
     if job.distill is not None:
         distill.check(job)
+    _check_head(job, sh, tp_comm or dp is not None)
+    if job.optimizer_in_backward and (
+        dp is not None or tp_comm or job.grad_accum != 1
+        or job.precision in ("amp-fp16", "bf16-master") or job.optimizer == "adam8bit"
+    ):  # fmt: skip
+        raise NotImplementedError(
+            "optimizer_in_backward is modelled on one GPU, with grad_accum=1 (torchtune refuses "
+            "accumulation with it), without GradScaler or master weights, with torch.optim"
+        )
     if dp is not None and dp.fsdp and (job.recompute == "selective" or path is ForwardPath.HF_GPT2):
         raise NotImplementedError(
             "FSDP2 with selective recomputation or Hugging Face GPT-2 is not modelled yet"
+        )
+
+
+def _check_head(job: Training, sh: reference.Shape, parallel: bool) -> None:
+    """Refuse the loops and losses (`calc.models.head`) where they are not modelled (verified
+    on one GPU: the distributed engines of verify run the model's own loss)."""
+    if job.optimizer is None and parallel:
+        raise NotImplementedError("optimizer=None is modelled on one GPU")
+    if Head.of(job).default:
+        return
+    what = f"loop={job.loop!r} with loss={job.loss!r}"
+    if parallel or job.distill is not None or job.lora is not None or job.pruning is not None:
+        raise NotImplementedError(
+            f"{what} is modelled on one GPU, without distillation, LoRA and pruning"
+        )
+    if job.loss == "sum" and sh.autocast_itemsize:
+        raise NotImplementedError(
+            "loss='sum' under autocast is not modelled (CUDA's autocast runs sum in fp32: a "
+            "cast copy of the logits); use precision 'bf16' or 'fp32'"
         )
 
 
@@ -162,6 +212,8 @@ class StepSetup:
     opt_params: list[Tensor]
     shapes: list
     fsdp: Fsdp | None
+    held: list[Tensor] = field(default_factory=list)
+    """What the loop holds of the last forward's output (``loop="hold-output"``)."""
 
 
 def build_step(
@@ -186,8 +238,9 @@ def build_step(
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
     rope = rope and not hf_path  # HF computes cos/sin inside each forward
-    cos = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_cos", "buffer") if rope else None
-    sin = tape.existing(sh.s * sh.d, sh.weight_itemsize, "rope_sin", "buffer") if rope else None
+    buf = 4 if dp is not None and dp.param_itemsize else sh.weight_itemsize  # fp32 under MP
+    cos = tape.existing(sh.s * sh.d, buf, "rope_cos", "buffer") if rope else None
+    sin = tape.existing(sh.s * sh.d, buf, "rope_sin", "buffer") if rope else None
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
     opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
     if dp is not None and dp.optimizer_params is not None:
@@ -196,7 +249,8 @@ def build_step(
         opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
     fsdp = None
     if dp is not None and dp.fsdp:
-        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload)
+        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
+                    mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize)  # fmt: skip
         if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
             fsdp.install(tape, [*w.parameters(), *params], [*w.shapes(sh), *shapes])
         else:
@@ -210,17 +264,19 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
     """One micro-batch's forward, to the loss, on the path the model takes."""
     tape, sh, w = setup.tape, setup.sh, setup.w
     use_cache = job.recompute == "none"
+    head, held = Head.of(job), setup.held
     if setup.path is ForwardPath.HF_GPT2:  # enters and leaves autocast itself
-        return hf_gpt2.forward(tape, sh, w, use_cache=use_cache)
+        return hf_gpt2.forward(tape, sh, w, use_cache=use_cache, head=head, held=held)
     if setup.path is ForwardPath.HF:  # hf.forward enters and leaves autocast itself
-        loss = hf.forward(tape, sh, w, use_cache=use_cache, sliding_layers=setup.sliding_layers)
+        loss = hf.forward(tape, sh, w, use_cache=use_cache, sliding_layers=setup.sliding_layers,
+                          head=head, held=held)  # fmt: skip
         if setup.fsdp is not None:
             setup.fsdp.end_forward(tape)
         return loss
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:
-        loss = reference.forward(tape, sh, w, setup.cos, setup.sin)
+        loss = reference.forward(tape, sh, w, setup.cos, setup.sin, head, held)
     else:
         loss = distill.forward(tape, sh, w, setup.cos, setup.sin, setup.teacher)
     if setup.fsdp is not None:
@@ -258,6 +314,8 @@ def run_steps(
         offloaded=dp is not None and dp.offload != "none",
     )  # fmt: skip
     scaler: list = []
+    if job.optimizer_in_backward:  # each gradient steps its parameter as soon as it is ready
+        tape.grad_hook = stepper.in_backward
     for step in (1, 2):
         for mb in range(replayed_micro_batches(job)):
             tape.phase = f"step{step}/forward"

@@ -129,7 +129,9 @@ def _values(field: str, kind: type) -> set[str]:
     ("field", "kind", "allowed"),
     [
         ("precision", Training, jobs.PRECISIONS),
-        ("optimizer", Training, jobs.OPTIMIZERS),
+        ("optimizer", Training, (*jobs.OPTIMIZERS, None)),
+        ("loop", Training, jobs.LOOPS),
+        ("loss", Training, jobs.LOSSES),
         ("optimizer_impl", Training, jobs.OPTIMIZER_IMPLS),
         ("recompute", Training, jobs.RECOMPUTES),
         ("attention", Training, jobs.ATTENTIONS),

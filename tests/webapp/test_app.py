@@ -43,6 +43,10 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.weight_decay": 0.1,
     "train.dropout": 0.1,
     "train.zero_grad": "before_backward",
+    "train.loop": "hold-output",
+    "train.loss": "chunked-ce",
+    "train.loss_chunks": 4,
+    "train.optimizer_in_backward": True,
 }
 INFER_CHANGES: tuple[tuple[str, object], ...] = (
     ("infer.batch", 4),
@@ -179,7 +183,8 @@ def test_every_widget_changes_the_job_as_calc_estimate_sees_it(
             kwargs["context"] = 0
         _check_page(at, model, job_class(**kwargs), "h100-80gb")
         default = next(f.default for f in form.FIELDS if f.key == key)
-        in_link = None if value == default else str(value)  # a link leaves defaults out
+        text = str(value).lower() if isinstance(value, bool) else str(value)  # BOOL_TEXT
+        in_link = None if value == default else text  # a link leaves defaults out
         assert _query_value(at, name) == in_link, f"{name} not in the link"
 
 
@@ -255,6 +260,15 @@ CASES: tuple[Case, ...] = (
                               "pp_microbatches": 2})),
     Case("fsdp", ({"train.dp": 2, "train.fsdp": True, "train.reshard_after_forward": False}, {},
                   {"dp": 2, "fsdp": True, "reshard_after_forward": False})),
+    Case("fsdp-mixed-precision", ({"train.precision": "fp32", "train.implementation": "reference",
+                                   "train.dp": 2, "train.fsdp": True,
+                                   "train.fsdp_param_dtype": "bf16",
+                                   "train.fsdp_reduce_dtype": "bf16",
+                                   "train.fsdp_cast_forward_inputs": False},
+                                  {"precision": "fp32", "implementation": "reference"},
+                                  {"dp": 2, "fsdp": True, "fsdp_param_dtype": "bf16",
+                                   "fsdp_reduce_dtype": "bf16",
+                                   "fsdp_cast_forward_inputs": False})),
     Case("ddp-buckets", ({"train.dp": 2, "train.ddp_bucket_mib": 4,
                           "train.gradient_as_bucket_view": True}, {},
                          {"dp": 2, "ddp_bucket_mib": 4, "gradient_as_bucket_view": True})),

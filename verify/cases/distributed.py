@@ -10,7 +10,7 @@ from typing import Any
 
 from calc.config.compression import LoRA, Quant
 from calc.config.parallelism import Parallelism
-from verify.cases.case import LLAMA, DistCase, Q, pairs, training_job
+from verify.cases.case import LLAMA, QWEN2, DistCase, Q, pairs, training_job
 
 SMALL = {"layers": 2}
 
@@ -117,6 +117,41 @@ CASES: tuple[DistCase, ...] = (
           + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-accum-2", "fsdp2", Parallelism(dp=2, fsdp=True), grad_accum=2,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-fp32reduce-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
+          "reduce_dtype=fp32) on an fp32 model. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-bf16reduce-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
+          tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
+          "reduce_dtype=bf16): the bf16 gradient shards cast to fp32. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-nocast-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32",
+                      fsdp_cast_forward_inputs=False),
+          tolerance_pct=GLOO_ASYNC_PCT, note="cast_forward_inputs=False: the fp32 RoPE tables "
+          "reach the attention, cast there by rope[0].to(q.dtype). " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-recompute-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          recompute="full", tolerance_pct=GLOO_ASYNC_PCT,
+          note="the policy with activation checkpointing inside FSDP2 units. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-hf-recompute-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
+          implementation="hf", recompute="full", tolerance_pct=GLOO_ASYNC_PCT,
+          note="Hugging Face LlamaForCausalLM, checkpointed, bf16 reduce. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-accum-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          grad_accum=2, tolerance_pct=GLOO_ASYNC_PCT,
+          note="two micro-batches under the policy: every rank and step measured at calc's "
+          "value except one rank in one step, 30,208 B above (which one changes from run to "
+          "run). " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-qwen2-tied-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          card=QWEN2, tolerance_pct=GLOO_ASYNC_PCT,
+          note="tied embedding and head, qkv biases, under the policy. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-hf-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
+          note="Hugging Face LlamaForCausalLM under the mixed-precision policy. " + GLOO_ASYNC_NOTE),
     # LoRA / QLoRA under DDP: the frozen base (requires_grad=False) is not in the reducer's
     # buckets; the buckets hold the adapters' gradients only.
     _case("dist-lora-ddp-2", "ddp", Parallelism(dp=2), lora=LoRA(rank=8), tags=Q,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from calc.config.compression import Quant
+from calc.config.compression import LoRA, Quant
 from calc.config.distill import Distill
 from calc.config.pruning import Pruning
 from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q
@@ -187,6 +187,53 @@ def _hf_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+def _loop_cases() -> list[Case]:
+    """The loop around the model and the loss (``loop``, ``loss``, ``optimizer=None``):
+    vocab 4096 so that the logits the loop holds, or does not, weigh."""
+    v = {"scale": {"vocab": 4096}, "micro_batch": 2, "seq_len": 64}
+    hf, g2 = {"impl": "hf"}, {"dropout": 0.0}
+    return [
+        _train("loop-hold-llama-fp32", LLAMA, loop="hold-output", tags=(*Q, "loop"), **v),
+        _train("loop-hold-hf-qwen2-bf16", QWEN2, loop="hold-output", precision="bf16",
+               tags=("loop",), **v, **hf),
+        _train("loop-hold-hf-gpt2-fp32", GPT2, loop="hold-output", tags=("loop",), **v, **hf,
+               **g2),
+        _train("loop-hold-hf-llama-amp", LLAMA, loop="hold-output", precision="amp-bf16",
+               tags=("loop",), **v, **hf),
+        _train("loop-del-logits-hf-qwen2-bf16", QWEN2, loop="del-logits", precision="bf16",
+               tags=("loop",), **v, **hf),
+        _train("loop-del-logits-gpt2-fp32", GPT2, loop="del-logits", tags=("loop",), **v, **g2),
+        _train("loop-noopt-llama-fp32", LLAMA, optimizer=None, tags=("loop",), **v),
+        _train("loop-noopt-hf-qwen2-bf16", QWEN2, optimizer=None, precision="bf16",
+               tags=("loop",), **v, **hf),
+        _train("loop-noopt-hold-hf-gpt2", GPT2, optimizer=None, loop="hold-output",
+               tags=("loop",), **v, **hf, **g2),
+        _train("loop-noopt-lora-llama-bf16", LLAMA, optimizer=None, precision="bf16",
+               lora=LoRA(rank=8), tags=("loop",), **v),
+        _train("loop-noopt-qlora-hf-qwen2", QWEN2, optimizer=None, precision="bf16",
+               lora=LoRA(rank=8), quant=Quant(method="nf4"), tags=("loop",), **v, **hf),
+        _train("opt-in-bwd-adamw-llama-fp32", LLAMA, optimizer_in_backward=True,
+               tags=("loop",), **v),
+        _train("opt-in-bwd-adamw-hf-qwen2-bf16", QWEN2, optimizer_in_backward=True,
+               precision="bf16", tags=("loop",), **v, **hf),
+        _train("opt-in-bwd-sgdm-gpt2-fp32", GPT2, optimizer_in_backward=True,
+               optimizer="sgd-momentum", tags=("loop",), **v, **g2),
+        _train("opt-in-bwd-lora-llama-bf16", LLAMA, optimizer_in_backward=True,
+               precision="bf16", lora=LoRA(rank=8), tags=("loop",), **v),
+        _train("loss-sum-llama-bf16", LLAMA, loss="sum", precision="bf16", tags=("loss",), **v),
+        _train("loss-sum-hold-hf-qwen2-fp32", QWEN2, loss="sum", loop="hold-output",
+               tags=("loss",), **v, **hf),
+        _train("loss-chunked-llama-bf16", LLAMA, loss="chunked-ce", precision="bf16",
+               tags=("loss",), **v),
+        _train("loss-chunked-hf-qwen2-amp", QWEN2, loss="chunked-ce", precision="amp-bf16",
+               tags=("loss",), **v, **hf),
+        _train("loss-chunked-hf-gpt2-fp32", GPT2, loss="chunked-ce", loss_chunks=4,
+               tags=("loss",), **v, **hf, **g2),
+        _train("loss-chunked-hold-hf-llama-bf16", LLAMA, loss="chunked-ce", loop="hold-output",
+               precision="bf16", tags=("loss",), **v, **hf),
+    ]  # fmt: skip
+
+
 def _inference_cases() -> list[Case]:
     return [
         _infer("infer-llama-bf16", LLAMA, batch=2, context=64, precision="bf16", tags=Q),
@@ -346,6 +393,7 @@ def _all() -> tuple[Case, ...]:
         *_accum_cases(),
         *_size_cases(),
         *_hf_cases(),
+        *_loop_cases(),
         *_inference_cases(),
         *generate_cases(),  # HF generate's decode loop
         *compression_cases(),  # quantization, LoRA, QLoRA

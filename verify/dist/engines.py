@@ -6,7 +6,8 @@
 * ``zero1``: DDP plus ``torch.distributed.optim.ZeroRedundancyOptimizer`` (optimizer states
   sharded over ranks: ZeRO stage 1);
 * ``fsdp2``: ``fully_shard`` on every layer, then on the root (ZeRO-3 sharding), with
-  ``reshard_after_forward`` from the case.
+  ``reshard_after_forward`` and the ``MixedPrecisionPolicy`` (``fsdp_param_dtype``,
+  ``fsdp_reduce_dtype``) from the case.
 
 Each builder runs inside the rank's tracker, so what the wrapper allocates at construction
 counts (DDP's buckets are allocated in C++ then).
@@ -89,15 +90,36 @@ def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     )
 
 
+_MP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def _mp_policy(case: DistCase) -> dict[str, Any]:
+    """``mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs)`` from
+    the case's ``fsdp_*`` fields (``fsdp_param_dtype`` none: no policy)."""
+    par = case.parallel
+    if par.fsdp_param_dtype == "none":
+        return {}
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    reduce = _MP_DTYPES.get(par.fsdp_reduce_dtype)
+    policy = MixedPrecisionPolicy(
+        param_dtype=_MP_DTYPES[par.fsdp_param_dtype],
+        reduce_dtype=reduce,
+        cast_forward_inputs=par.fsdp_cast_forward_inputs,
+    )
+    return {"mp_policy": policy}
+
+
 def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     """``fully_shard`` on each layer and on the root; the optimizer over the DTensor shards."""
     from torch.distributed.fsdp import fully_shard
 
     model, _ = case_model(case, spec, ctx)
     reshard = case.parallel.reshard_after_forward
+    kw = {"reshard_after_forward": reshard, **_mp_policy(case)}
     layers = model.blocks if hasattr(model, "blocks") else model.model.layers
     for layer in layers:
-        fully_shard(layer, reshard_after_forward=reshard)
-    fully_shard(model, reshard_after_forward=reshard)
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
     bundle = build_optimizer(model, case.job, device=ctx.device)
     return built_from(model, _call(model, case), bundle)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verify.models import compress, distill, pruning
+from verify.models import compress, distill, loops, pruning
 from verify.models import hf as hf_model
 from verify.models.reference import ReferenceLM
 
@@ -97,6 +97,8 @@ def build_model(
         if job.implementation != "reference":
             raise NotRunnable("distillation runs with implementation='reference' only")
         loss_fn = distill.wrap(model, job, seed=seed, device=device)
+    if hasattr(job, "loop") and not loops.is_default(job):  # another loop or loss
+        loss_fn = loops.Loop(model, job)
     return model, loss_fn
 
 
@@ -116,6 +118,8 @@ class OptBundle:
 
     fallback: torch.optim.Optimizer | None = None
     scaler: Any | None = None
+    model: torch.nn.Module | None = None
+    """Without an optimizer (``optimizer=None``): the model whose gradients ``zero_grad`` drops."""
     external: Any | None = None
     """The bundle ``verify.models.optimizers.build`` returned."""
     module: Any | None = None
@@ -138,6 +142,8 @@ class OptBundle:
         """One optimizer step (through the scaler for ``amp-fp16``)."""
         if self.module is not None:
             self.module.step(self.external)
+        elif self.model is not None:
+            return  # forward and backward alone
         elif self.scaler is not None:
             self.scaler.step(self.fallback)
             self.scaler.update()
@@ -148,6 +154,8 @@ class OptBundle:
         """``zero_grad(set_to_none=True)``."""
         if self.module is not None:
             self.module.zero_grad(self.external)
+        elif self.model is not None:
+            self.model.zero_grad(set_to_none=True)
         else:
             self.fallback.zero_grad(set_to_none=True)
 
@@ -165,8 +173,40 @@ def impl_kwargs(impl: str) -> dict[str, bool]:
     ]
 
 
+def _torch_optimizer(params: list[torch.Tensor], job: Training) -> torch.optim.Optimizer:
+    """The ``torch.optim`` optimizer of ``job`` over ``params``, implementation pinned."""
+    wd, kw, name = job.weight_decay, impl_kwargs(job.optimizer_impl), job.optimizer
+    if name in ("sgd", "sgd-momentum"):
+        momentum = SGD_MOMENTUM if name == "sgd-momentum" else 0.0
+        return torch.optim.SGD(params, lr=LEARNING_RATE, momentum=momentum, weight_decay=wd, **kw)
+    classes = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW,
+               "adafactor": torch.optim.Adafactor}  # fmt: skip
+    if name not in classes:
+        raise NotRunnable(f"optimizer={name!r} needs verify.models.optimizers")
+    return classes[name](params, lr=LEARNING_RATE, weight_decay=wd, **kw)
+
+
+def _optimizer_in_backward(model: torch.nn.Module, job: Training) -> None:
+    """One optimizer per trainable parameter, stepped then zeroed by a post-accumulate-grad
+    hook (torchtune/training/memory.py ``register_optim_in_bwd_hooks``)."""
+    optims = {p: _torch_optimizer([p], job) for p in model.parameters() if p.requires_grad}
+
+    def step(param: torch.Tensor) -> None:
+        optims[param].step()
+        optims[param].zero_grad(set_to_none=True)
+
+    for p in optims:
+        p.register_post_accumulate_grad_hook(step)
+    model._optimizers_in_backward = optims  # type: ignore[assignment]  # kept alive with it
+
+
 def build_optimizer(model: torch.nn.Module, job: Training, device: str = "cpu") -> OptBundle:
     """The job's optimizer over ``model.parameters()``, implementation pinned."""
+    if job.optimizer is None:  # forward and backward alone: no optimizer, no scaler
+        return OptBundle(model=model)
+    if job.optimizer_in_backward:  # torchtune's optimizer_in_bwd: steps run in the backward
+        _optimizer_in_backward(model, job)
+        return OptBundle(model=model)
     ext = OPTIMIZERS
     if ext is not None and all(hasattr(ext, f) for f in ("build", "step", "zero_grad")):
         external = ext.build(model, job)
@@ -175,18 +215,4 @@ def build_optimizer(model: torch.nn.Module, job: Training, device: str = "cpu") 
     if job.precision == "bf16-master":
         raise NotRunnable("bf16-master needs verify.models.optimizers (fp32 master weights)")
     params = [p for p in model.parameters() if p.requires_grad]
-    wd = job.weight_decay
-    kw = impl_kwargs(job.optimizer_impl)
-    name = job.optimizer
-    if name in ("sgd", "sgd-momentum"):
-        momentum = SGD_MOMENTUM if name == "sgd-momentum" else 0.0
-        opt = torch.optim.SGD(params, lr=LEARNING_RATE, momentum=momentum, weight_decay=wd, **kw)
-    elif name == "adam":
-        opt = torch.optim.Adam(params, lr=LEARNING_RATE, weight_decay=wd, **kw)
-    elif name == "adamw":
-        opt = torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=wd, **kw)
-    elif name == "adafactor":
-        opt = torch.optim.Adafactor(params, lr=LEARNING_RATE, weight_decay=wd, **kw)
-    else:
-        raise NotRunnable(f"optimizer={name!r} needs verify.models.optimizers")
-    return OptBundle(fallback=opt, scaler=scaler)
+    return OptBundle(fallback=_torch_optimizer(params, job), scaler=scaler)

@@ -10,6 +10,10 @@
             mark("step{n}/backward"); loss.backward(); del loss
         mark("step{n}/optimizer"); optimizer step; zero_grad == "after_step": zero_grad(...)
 
+``model(ids, targets)`` is the model's own loss, or, for another ``loop``/``loss``,
+`verify.models.loops.Loop` (which may hold the output until the next forward returns); with
+``optimizer=None`` the step does nothing and ``zero_grad`` is ``model.zero_grad``.
+
 Inputs are built before measuring starts; model and optimizer are built inside the meter (the
 caller's job, see `verify.run.runner`). A meter is anything with ``mark(phase)``: the CPU
 `verify.measure.tracker.StorageTracker` or the CUDA meter of `verify.run.runner`.
