@@ -450,7 +450,8 @@ def test_help_names_the_subcommands(capsys) -> None:
     [
         (["--card", "mistral-7b-v0.1", "--task", "infer", "--batch", "1", "--context", "8192"],
          "--implementation reference"),
-        (["--card", "gpt2", "--task", "infer", "--batch", "1", "--context", "64"], "--implementation reference"),
+        (["--card", "gpt2", "--task", "infer", "--batch", "1", "--context", "64", "--attention", "eager"],
+         "attention='sdpa'"),
         (["--card", "llama-3.1-8b", "--task", "infer", "--batch", "1", "--context", "64", "--attention", "eager"],
          "attention='sdpa'"),
         (["--card", "llama-3.1-8b", "--seq-len", "64", "--attention", "eager"], "precision='bf16'"),
