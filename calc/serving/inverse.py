@@ -61,7 +61,7 @@ def utilization_for(
     if per_request is None:  # no block at all even at 1.0: the non-KV terms alone overflow
         return None
     blocks = math.ceil(concurrency * round(per_request))
-    needed = est.budget_bytes - est.kv_cache_bytes + blocks * est.page_bytes * est.layers_per_rank
+    needed = est.budget_bytes - est.kv_cache_bytes + blocks * est.block_bytes
     util = math.ceil(needed / est.total_bytes * 1000) / 1000
     return util if util <= 1.0 else None
 
