@@ -103,7 +103,7 @@ def log_lines(est: ServeEstimate) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, label = model_source.load_model(args)
+    model, label = model_source.load_config(args)
     serving = serving_from(args)
     total = None if args.total_gib is None else round(args.total_gib * GIB)
     gpu = args.gpu if total is None else None
