@@ -154,5 +154,5 @@ def test_config_errors_name_the_key() -> None:
         ServingArch.from_hf_config({**TINY_MIXTRAL, "num_local_experts": "8"})
     with pytest.raises(ValueError, match="model_type"):
         ServingArch.from_hf_config({**TINY_MIXTRAL, "model_type": "mamba"})
-    with pytest.raises(ValueError, match="config.json dict"):
+    with pytest.raises(ValueError, match=r"config\.json dict"):
         calc.serve(["not", "a", "config"], calc.Serving(), total_bytes=2**34)  # type: ignore[arg-type]
