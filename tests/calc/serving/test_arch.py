@@ -5,6 +5,9 @@ cards' published parameter counts."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 import calc
@@ -156,3 +159,20 @@ def test_config_errors_name_the_key() -> None:
         ServingArch.from_hf_config({**TINY_MIXTRAL, "model_type": "mamba"})
     with pytest.raises(ValueError, match=r"config\.json dict"):
         calc.serve(["not", "a", "config"], calc.Serving(), total_bytes=2**34)  # type: ignore[arg-type]
+
+
+def _weights_only_records() -> list[dict]:
+    data = json.loads(
+        (Path(__file__).resolve().parents[2] / "data" / "vllm_startup_logs.json").read_text()
+    )
+    return list(data["weights_only"])
+
+
+@pytest.mark.parametrize("rec", _weights_only_records(), ids=lambda r: r["id"])
+def test_weights_match_published_logs(rec: dict) -> None:
+    # "Model loading took X GiB" printed to 0.0001 GiB; calc's per-rank weights of the card's
+    # config within 0.01 GiB (vllm #17469, Qwen3-30B-A3B on 4 x A10: 14.2474 GiB logged).
+    serving = calc.Serving(vllm_version=rec["vllm_version"], **rec["serving"])
+    arch = ServingArch.from_hf_config(calc.load_card_config(rec["card"]))
+    got = W.stage_weight_bytes(arch, serving, 0) / 2**30
+    assert got == pytest.approx(rec["logged"]["weights_gib"], abs=0.01)
