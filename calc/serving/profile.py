@@ -173,18 +173,21 @@ def _attention_elems(arch: ServingArch, tp: int, tokens: int) -> int:
     return tokens * (heads + 2 * kv + heads) * arch.head_dim
 
 
-def _mlp_elems(arch: ServingArch, tp: int, tokens: int, sparse: bool) -> int:
+def _mlp_elems(
+    arch: ServingArch, tp: int, tokens: int, sparse: bool, expert_parallel: bool = False
+) -> int:
     """Live MLP activations per rank (elements). Dense: ``gate_up`` ``[T, 2f]`` and
     ``SiluAndMul``'s ``[T, f]``. Sparse (``fused_moe.py`` ``fused_experts_impl``): the shared
     ``intermediate_cache13`` of ``M * top_k * max(2 I, h)``, ``intermediate_cache2`` ``[M top_k,
     I]`` with ``M = min(T, FUSED_MOE_CHUNK_TOKENS)``, the output ``[T, h]``, the router logits
     ``[T, E]`` and the top-k weights and ids (fp32/int32, counted as two elements each); a shared
-    expert's output ``[T, h]`` stays alive beside them."""
+    expert's output ``[T, h]`` stays alive beside them. With expert parallelism every rank sees
+    all ``T`` tokens and the caches are sized for whole experts (``I`` not split)."""
     if not sparse:
         return tokens * 3 * (arch.ffn // tp)
     assert arch.moe is not None
     moe = arch.moe
-    inter = moe.expert_ffn // tp
+    inter = moe.expert_ffn if expert_parallel else moe.expert_ffn // tp
     m = min(tokens, FUSED_MOE_CHUNK_TOKENS)
     routed = m * moe.top_k * (max(2 * inter, arch.hidden) + inter)
     routed += tokens * (arch.hidden + moe.n_experts + 4 * moe.top_k)
@@ -199,7 +202,8 @@ def analytic_forward_bytes(arch: ServingArch, serving: Serving, tokens: int) -> 
     ``dtype``. An estimate from vLLM's layer code, not a replay: allocator rounding, the
     attention backend's workspace and torch.compile's fusions are not modelled."""
     tp = serving.tensor_parallel
-    mlp = max(_mlp_elems(arch, tp, tokens, sparse) for sparse in set(arch.moe_layers))
+    ep = serving.expert_parallel
+    mlp = max(_mlp_elems(arch, tp, tokens, sparse, ep) for sparse in set(arch.moe_layers))
     widest = max(_attention_elems(arch, tp, tokens), mlp)
     return (2 * tokens * arch.hidden + widest) * DTYPE_BYTES[serving.dtype]
 

@@ -29,7 +29,7 @@ The other families (`calc.serving.arch`), as their vLLM model classes build them
 * MoE layers: ``FusedMoE`` (``vllm/model_executor/layers/fused_moe/layer.py``,
   ``UnquantizedFusedMoEMethod.create_weights``): ``w13_weight [E, 2 I / tp, h]`` and
   ``w2_weight [E, h, I / tp]`` (tensor parallelism splits each expert's intermediate size;
-  expert parallelism is not modelled); the router ``gate`` ``[E, h]`` (``ReplicatedLinear`` /
+  with ``--enable-expert-parallel`` a rank holds ``cdiv(E, tp)`` whole experts instead); the router ``gate`` ``[E, h]`` (``ReplicatedLinear`` /
   ``GateLinear``, unquantized, replicated); DeepSeek's ``e_score_correction_bias`` ``[E]`` fp32;
   shared experts (``DeepseekV2MLP`` of ``moe_intermediate_size * n_shared_experts``, Qwen2-MoE's
   ``shared_expert``) as a tensor-parallel gated MLP, Qwen2-MoE's ``shared_expert_gate`` ``[1, h]``
@@ -169,13 +169,31 @@ def moe_bytes(arch: ServingArch, serving: Serving) -> int:
     assert arch.moe is not None
     moe, h = arch.moe, arch.hidden
     itemsize = DTYPE_BYTES[serving.dtype]
-    inter = _div(moe.expert_ffn, serving.tensor_parallel, "expert intermediate size")
+    inter = expert_ffn_per_rank(arch, serving)
     expert = linear_bytes(Linear(2 * inter, h, 2, 0), serving) + linear_bytes(
         Linear(h, inter, 1, 0), serving
     )
     router = moe.n_experts * h * itemsize + (4 * moe.n_experts if moe.router_bias else 0)
     gate = h * itemsize if moe.shared_gate else 0
-    return moe.n_experts * expert + router + gate
+    return local_experts(arch, serving) * expert + router + gate
+
+
+def expert_ffn_per_rank(arch: ServingArch, serving: Serving) -> int:
+    """An expert's intermediate size on one rank: ``I / tp``, whole with expert parallelism."""
+    assert arch.moe is not None
+    if serving.expert_parallel:
+        return arch.moe.expert_ffn
+    return _div(arch.moe.expert_ffn, serving.tensor_parallel, "expert intermediate size")
+
+
+def local_experts(arch: ServingArch, serving: Serving) -> int:
+    """Experts on the most loaded rank: all of them, or with ``--enable-expert-parallel`` (EP
+    size = tp, ``FusedMoEParallelConfig``) ``cdiv(E, tp)`` (``determine_expert_map`` gives the
+    remainder to the first ranks)."""
+    assert arch.moe is not None
+    if not serving.expert_parallel:
+        return arch.moe.n_experts
+    return -(-arch.moe.n_experts // serving.tensor_parallel)
 
 
 def norm_params(arch: ServingArch) -> int:

@@ -176,3 +176,17 @@ def test_weights_match_published_logs(rec: dict) -> None:
     arch = ServingArch.from_hf_config(calc.load_card_config(rec["card"]))
     got = W.stage_weight_bytes(arch, serving, 0) / 2**30
     assert got == pytest.approx(rec["logged"]["weights_gib"], abs=0.01)
+
+
+def test_expert_parallel_weights_by_hand() -> None:
+    # 3 experts, tp = 2. Shared per layer: qkv 96, o 32, router 3 x 8 = 24, norms 16 = 168;
+    # outside the layers: embed 256 + head 256 + norm 8 + rope 128 = 648.
+    # TP: each expert split, 3 x (2*8*8 + 8*8) = 576 -> (168 + 576) x 2 + 648 = 2136 elements.
+    # EP: cdiv(3, 2) = 2 whole experts, 2 x (2*16*8 + 8*16) = 768 -> (168 + 768) x 2 + 648 =
+    # 2520 elements.
+    arch = ServingArch.from_hf_config({**TINY_MIXTRAL, "num_local_experts": 3})
+    assert W.stage_weight_bytes(arch, calc.Serving(tensor_parallel=2), 0) == 2 * 2136
+    ep = calc.Serving(tensor_parallel=2, expert_parallel=True)
+    assert W.stage_weight_bytes(arch, ep, 0) == 2 * 2520
+    with pytest.raises(ValueError, match="expert_parallel"):
+        calc.Serving(expert_parallel="yes")  # type: ignore[arg-type]
