@@ -192,6 +192,12 @@ def serve(
     assert best is not None
     blocks, stage, weights, act, avail, graphs, layout = best
     notes = _notes(cfg, serving, tokens, rows, spec is None, layout)
+    if arch.checkpoint_quant is not None and serving.quant is None:
+        notes += (
+            f"config.json declares quantization_config (quant_method={arch.checkpoint_quant}): "
+            "vLLM loads the checkpoint quantized; weights here are in dtype unless quant= "
+            "(--quantization) names the format",
+        )
     if cfg.engine == "v0":
         kv_tokens = blocks * serving.block_size
         concurrency = kv_tokens / cfg.max_model_len

@@ -142,6 +142,8 @@ class ServingArch:
     """GPT-2's ``wpe`` instead of rotary embeddings."""
     rope_tables: int = 1
     """Distinct rotary ``cos_sin_cache`` buffers (Gemma-3: local and global)."""
+    checkpoint_quant: str | None = None
+    """``quantization_config.quant_method`` of the config (e.g. DeepSeek-V3's ``fp8``)."""
 
     def __post_init__(self) -> None:
         for name in ("hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab",
@@ -389,4 +391,13 @@ def _from_config(c: Mapping[str, object], model_type: str, name: str) -> Serving
         ),
         tied_embeddings=_bool(c, "tie_word_embeddings", gemma or model_type == "granite"),
         rope_tables=2 if model_type == "gemma3_text" else 1,
+        checkpoint_quant=_quant_method(c),
     )
+
+
+def _quant_method(c: Mapping[str, object]) -> str | None:
+    quant = c.get("quantization_config")
+    if not isinstance(quant, Mapping):
+        return None
+    method = quant.get("quant_method")
+    return method if isinstance(method, str) else None

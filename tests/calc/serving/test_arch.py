@@ -190,3 +190,10 @@ def test_expert_parallel_weights_by_hand() -> None:
     assert W.stage_weight_bytes(arch, ep, 0) == 2 * 2520
     with pytest.raises(ValueError, match="expert_parallel"):
         calc.Serving(expert_parallel="yes")  # type: ignore[arg-type]
+
+
+def test_declared_checkpoint_quantization_is_read() -> None:
+    # DeepSeek-V3's config.json ships its fp8 quantization_config (block-wise fp8 weights)
+    arch = ServingArch.from_hf_config(calc.load_card_config("deepseek-v3"))
+    assert arch.checkpoint_quant == "fp8"
+    assert ServingArch.from_hf_config(TINY_MIXTRAL).checkpoint_quant is None
