@@ -96,11 +96,7 @@ def test_hybrid_groups_gemma3_pattern() -> None:
 
 def test_hybrid_group_size_heuristic() -> None:
     # 3 full + 4 sliding: 4 < 1.5 * 3, so the group size is 4 (001cabc1): one group each.
-    layers = (LayerKV("full"),) * 3 + (LayerKV("sliding", 64),) * 4
-    arch = ServingArch(
-        name="t", model_type="gemma2", hidden=8, n_heads=2, n_kv_heads=1, head_dim=4, ffn=16,
-        vocab=64, max_positions=512, layers=layers, moe_layers=(False,) * 7,
-    )  # fmt: skip
+    arch = _tiny_hybrid("FFFSSSS")
     groups = kv.kv_groups(arch, hybrid=True)
     assert [len(members) for _, members in groups] == [3, 4]
 
@@ -197,3 +193,37 @@ def test_declared_checkpoint_quantization_is_read() -> None:
     arch = ServingArch.from_hf_config(calc.load_card_config("deepseek-v3"))
     assert arch.checkpoint_quant == "fp8"
     assert ServingArch.from_hf_config(TINY_MIXTRAL).checkpoint_quant is None
+
+
+def _tiny_hybrid(pattern: str) -> ServingArch:
+    layers = tuple(LayerKV("full") if c == "F" else LayerKV("sliding", 64) for c in pattern)
+    return ServingArch(
+        name="t", model_type="gemma2", hidden=8, n_heads=2, n_kv_heads=1, head_dim=4, ffn=16,
+        vocab=64, max_positions=512, layers=layers, moe_layers=(False,) * len(layers),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pattern", "pages_available", "blocks"),
+    [
+        # hybrid model + PP: worker 0 holds 2 full layers, worker 1 2 sliding ones; each worker
+        # has page x 2 x 10 bytes -> num_blocks = 10 (groups of 2 layers)
+        ("FFSS", 20, 10),
+        # "the number of layers per group is similar": each worker 1 full + 2 sliding, page x 10
+        # bytes -> groups (full x 2), (sliding x 2), (sliding x 2), one layer of each per worker:
+        # num_blocks = 10
+        ("FSSFSS", 10, 10),
+    ],
+)
+def test_hybrid_blocks_match_vllms_own_test(
+    pattern: str, pages_available: int, blocks: int
+) -> None:
+    """vLLM's tests/v1/core/test_kv_cache_utils.py ``test_get_kv_cache_configs_multiple_workers``
+    (commit 002f10e0): two pipeline stages, the expected ``num_blocks`` is vLLM's."""
+    arch = _tiny_hybrid(pattern)
+    serving = calc.Serving(pipeline_parallel=2)
+    for stage in (0, 1):
+        layers = W.stage_layer_indices(arch.n_layers, 2, stage)
+        layout = kv.kv_layout(arch, serving, "v1", layers, 512, 256)
+        assert kv.num_blocks(pages_available * layout.page_bytes, layout.page_bytes,
+                             layout.group_size) == blocks  # fmt: skip
