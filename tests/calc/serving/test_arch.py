@@ -227,3 +227,26 @@ def test_hybrid_blocks_match_vllms_own_test(
         layout = kv.kv_layout(arch, serving, "v1", layers, 512, 256)
         assert kv.num_blocks(pages_available * layout.page_bytes, layout.page_bytes,
                              layout.group_size) == blocks  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pattern", "pages_available", "blocks", "version"),
+    [
+        ("FS", 2 * 32, 64, "0.19.0"),  # full + sliding, hybrid manager: groups of 1 layer
+        ("FS", 2 * 32, 32, "0.9.2"),  # the same without it: one group of 2 full layers
+        ("FFSSSS", 2 * 32, 32, "0.19.0"),  # 2 full + 4 sliding, 2 layers per group
+        ("FFFSSSSSSS", 3 * 32, 32, "0.19.0"),  # 3 full + 7 sliding, padded to 3 + 9
+        ("FFFFFFSSSSS", 6 * 32, 32, "0.19.0"),  # 6 full + 5 sliding, padded to 6 + 6 (1.5 rule)
+    ],
+)
+def test_hybrid_blocks_one_worker_match_vllms_own_test(
+    pattern: str, pages_available: int, blocks: int, version: str
+) -> None:
+    """vLLM's tests/v1/core/test_kv_cache_utils.py ``test_get_kv_cache_config_one_worker``
+    (commit 002f10e0): available memory in units of one layer's page, vLLM's ``num_blocks``
+    (its disable_hybrid_kv_cache_manager case stands for the releases before the manager)."""
+    arch = _tiny_hybrid(pattern)
+    serving = calc.Serving(vllm_version=version)
+    layout = kv.kv_layout(arch, serving, "v1", range(arch.n_layers), 512, 256)
+    got = kv.num_blocks(pages_available * layout.page_bytes, layout.page_bytes, layout.group_size)
+    assert got == blocks
