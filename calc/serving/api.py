@@ -121,8 +121,9 @@ def _total(total_bytes: int | None, gpu: str | None) -> tuple[int, GPU | None]:
     return total_bytes, None
 
 
-def _resolve_model(model: object) -> tuple[ModelSpec | None, ServingArch]:
-    """(the ModelSpec calc replays, or None; the serving view)."""
+def resolve_model(model: object) -> tuple[ModelSpec | None, ServingArch]:
+    """(the `calc.ModelSpec` calc replays, or None for a family it cannot replay; the serving
+    view) of a ModelSpec or a config.json dict; ``ValueError`` for anything else."""
     if isinstance(model, ModelSpec):
         # TODO(h-derive): once ModelSpec carries ``hf_config`` (the config JSON) for any
         # model_type, read it here: ``ServingArch.from_hf_config(json.loads(model.hf_config))``
@@ -150,7 +151,7 @@ def serve(
     the profiling activation peak, CUDA graphs, the KV cache, its blocks, tokens and the
     maximum concurrency, per GPU (the rank with the fewest blocks; vLLM uses that many on every
     rank). Sources: ``calc.serving.profile``, ``kv_cache``, ``weights``, ``engine``, ``arch``."""
-    spec, arch = _resolve_model(model)
+    spec, arch = resolve_model(model)
     if not isinstance(serving, Serving):
         raise ValueError(f"serving must be a calc.Serving, got {type(serving).__name__}")
     total, card = _total(total_bytes, gpu)

@@ -6,11 +6,13 @@ cards' published parameter counts."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import calc
+from calc.serving import inverse
 from calc.serving import kv_cache as kv
 from calc.serving import profile as prof
 from calc.serving import weights as W
@@ -250,3 +252,19 @@ def test_hybrid_blocks_one_worker_match_vllms_own_test(
     layout = kv.kv_layout(arch, serving, "v1", range(arch.n_layers), 512, 256)
     got = kv.num_blocks(pages_available * layout.page_bytes, layout.page_bytes, layout.group_size)
     assert got == blocks
+
+
+def test_inverse_questions_take_a_config() -> None:
+    # the longest context at which 4 requests fit: 4x at it, below 4x one token longer
+    cfg = calc.load_card_config("qwen3-30b-a3b")
+    serving = calc.Serving(tensor_parallel=2)
+    total = 40 * 2**30
+    length = inverse.largest_max_model_len(cfg, serving, 4.0, total_bytes=total)
+    assert 0 < length < 40960
+    at = calc.serve(cfg, replace(serving, max_model_len=length), total_bytes=total)
+    past = calc.serve(cfg, replace(serving, max_model_len=length + 1), total_bytes=total)
+    assert at.max_concurrency >= 4 > past.max_concurrency
+    # 56.9 GiB of bf16 weights exceed 0.9 x 40 GiB on one GPU; half of them (28.5 GiB) leave
+    # ~7 GiB for the KV cache, far more than one 4096-token request needs: tp = 2
+    assert inverse.fewest_tensor_parallel(cfg, calc.Serving(max_model_len=4096), 1.0,
+                                          total_bytes=total) == 2  # fmt: skip
