@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from calc.config.model_spec import ModelSpec
-from calc.data.cards import load_card
+from calc.data.cards import load_card, load_card_config
 from calc.data.hub import load_hub_config
 
 DEFAULT_CARD = "qwen2.5-32b"
@@ -55,15 +55,35 @@ def load_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
         spec = ModelSpec.from_hf_config(hub_config.config, name=hub_config.repo_id)
         return spec, hub_config.repo_id
     if args.config is not None:
-        path: Path = args.config
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"config={str(path)!r} cannot be read: {exc.strerror}") from exc
-        try:
-            config = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"config={str(path)!r} is malformed JSON: {exc}") from exc
-        return ModelSpec.from_hf_config(config), str(path)
+        return ModelSpec.from_hf_config(read_config(args.config)), str(args.config)
     card = args.card if args.card is not None else DEFAULT_CARD
     return load_card(card), card
+
+
+def read_config(path: Path) -> dict:
+    """A ``config.json`` file as a dict; ``ValueError`` if it cannot be read or is not JSON."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"config={str(path)!r} cannot be read: {exc.strerror}") from exc
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"config={str(path)!r} is malformed JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"config={str(path)!r} must hold a JSON object")
+    return config
+
+
+def load_config(args: argparse.Namespace) -> tuple[dict, str]:
+    """The Hugging Face config dict the arguments name (as `load_model`, without building a
+    ``ModelSpec``: for commands that read any model_type, such as ``serve``), and a label."""
+    if getattr(args, "model", None) is not None:
+        hub_config = load_hub_config(args.model)
+        if hub_config.notice is not None:
+            print(f"note: {hub_config.notice}", file=sys.stderr)
+        return dict(hub_config.config), hub_config.repo_id
+    if args.config is not None:
+        return read_config(args.config), str(args.config)
+    card = args.card if args.card is not None else DEFAULT_CARD
+    return load_card_config(card), card

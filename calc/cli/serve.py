@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quantization", "-q", help=", ".join(QUANTIZATIONS))
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument(
+        "--enable-expert-parallel", action="store_true", help="MoE experts over the TP ranks"
+    )
     p.add_argument("--entrypoint", default="serve", help="serve (vllm serve) or llm (vllm.LLM)")
     p.add_argument("--sampler", default="auto", help="auto, pytorch, flashinfer")
     p.add_argument("--json", action="store_true", help="print JSON instead of the log lines")
@@ -76,6 +79,7 @@ def serving_from(args: argparse.Namespace) -> Serving:
         quant=None if quant is None else _choice("quantization", quant, QUANTIZATIONS),  # type: ignore[arg-type]
         block_size=args.block_size,
         enforce_eager=args.enforce_eager,
+        expert_parallel=args.enable_expert_parallel,
         entrypoint=args.entrypoint,
         sampler=args.sampler,
     )
@@ -103,7 +107,7 @@ def log_lines(est: ServeEstimate) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    model, label = model_source.load_model(args)
+    model, label = model_source.load_config(args)
     serving = serving_from(args)
     total = None if args.total_gib is None else round(args.total_gib * GIB)
     gpu = args.gpu if total is None else None

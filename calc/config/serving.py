@@ -105,6 +105,9 @@ class Serving:
     """``--block-size``: tokens per KV-cache block."""
     enforce_eager: bool = False
     """``--enforce-eager``: no CUDA graphs (none captured, none accounted)."""
+    expert_parallel: bool = False
+    """``--enable-expert-parallel``: MoE experts spread over the tensor-parallel ranks (each
+    rank holds ``E / tp`` whole experts) instead of each expert split over them."""
     entrypoint: Entrypoint = "serve"
     """How vLLM is started: ``serve`` (OpenAI server, ``UsageContext.OPENAI_API_SERVER``) or
     ``llm`` (the ``vllm.LLM`` class, ``UsageContext.LLM_CLASS``); the defaults differ."""
@@ -139,6 +142,7 @@ class Serving:
                 f"block_size={self.block_size!r} is not one of {', '.join(map(str, BLOCK_SIZES))}"
             )
         check_bool("enforce_eager", self.enforce_eager)
+        check_bool("expert_parallel", self.expert_parallel)
         check_choice("entrypoint", self.entrypoint, ENTRYPOINTS)
         check_choice("sampler", self.sampler, SAMPLERS)
 

@@ -5,20 +5,28 @@ The accounting (``calc.serving.profile`` cites vLLM's source for each step):
 ``kv_cache_bytes = total * gpu_memory_utilization - weights - non_torch - activation_peak
 [- cuda_graphs, from 0.21]``; ``gpu_blocks = kv_cache_bytes // page_bytes // layers``, the
 smallest over all ranks; ``kv_cache_tokens = gpu_blocks * block_size``; ``max_concurrency`` as
-vLLM's ``get_max_concurrency_for_kv_cache_config``.
+vLLM's ``get_max_concurrency_for_kv_cache_config``. Hybrid models (full and sliding layers) and
+MLA follow ``calc.serving.kv_cache``'s groups and pages.
+
+``serve`` takes a `calc.ModelSpec` or a Hugging Face ``config.json`` dict: the five ModelSpec
+types are replayed as before, the other families of `calc.serving.arch` (Mixtral, Qwen2/3-MoE,
+DeepSeek-V2/V3, Gemma-2/3, Phi-3/4, OLMo-2, Granite) use the analytic forward term of
+``calc.serving.profile``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from calc.config.model_spec import ModelSpec
+from calc.config.model_spec import MODEL_TYPES, ModelSpec
 from calc.config.serving import Serving
 from calc.data.gpus import GPU, get_gpu
 from calc.serving import engine as eng
 from calc.serving import kv_cache as kv
 from calc.serving import profile as prof
-from calc.serving.weights import stage_layers, stage_weight_bytes
+from calc.serving.arch import ServingArch
+from calc.serving.weights import stage_layer_indices, stage_layers, stage_weight_bytes
 from calc.units import GIB
 
 
@@ -58,6 +66,10 @@ class ServeEstimate:
     """One layer's KV block on one rank."""
     layers_per_rank: int
     """Decoder layers on the most constrained rank."""
+    kv_cache_groups: int = 1
+    """KV cache groups (1; hybrid full/sliding models: one per ``group_size`` layers of a spec)."""
+    block_bytes: int = 0
+    """Memory of one block id on this rank: ``page_bytes`` x the layers sharing it."""
     notes: tuple[str, ...] = field(default_factory=tuple)
     """What was assumed or estimated."""
 
@@ -109,61 +121,90 @@ def _total(total_bytes: int | None, gpu: str | None) -> tuple[int, GPU | None]:
     return total_bytes, None
 
 
+def resolve_model(model: object) -> tuple[ModelSpec | None, ServingArch]:
+    """(the `calc.ModelSpec` calc replays, or None for a family it cannot replay; the serving
+    view) of a ModelSpec or a config.json dict; ``ValueError`` for anything else."""
+    if isinstance(model, ModelSpec):
+        # TODO(h-derive): once ModelSpec carries ``hf_config`` (the config JSON) for any
+        # model_type, read it here: ``ServingArch.from_hf_config(json.loads(model.hf_config))``
+        # for the model types outside MODEL_TYPES.
+        return model, ServingArch.from_model_spec(model)
+    if isinstance(model, Mapping):
+        if model.get("model_type") in MODEL_TYPES:
+            spec = ModelSpec.from_hf_config(model)
+            return spec, ServingArch.from_model_spec(spec)
+        return None, ServingArch.from_hf_config(model)
+    raise ValueError(
+        f"model must be a calc.ModelSpec or a config.json dict, got {type(model).__name__}"
+    )
+
+
 def serve(
-    model: ModelSpec, serving: Serving, total_bytes: int | None = None, gpu: str | None = None
+    model: ModelSpec | Mapping[str, object],
+    serving: Serving,
+    total_bytes: int | None = None,
+    gpu: str | None = None,
 ) -> ServeEstimate:
-    """Predict what vLLM logs at start-up for ``model`` served with ``serving`` on GPUs of
+    """Predict what vLLM logs at start-up for ``model`` (a `calc.ModelSpec` or a Hugging Face
+    ``config.json`` dict of a family in `calc.serving.arch`) served with ``serving`` on GPUs of
     ``total_bytes`` (the CUDA driver's total) or catalog GPU ``gpu``: weights, non-torch memory,
     the profiling activation peak, CUDA graphs, the KV cache, its blocks, tokens and the
     maximum concurrency, per GPU (the rank with the fewest blocks; vLLM uses that many on every
-    rank). Sources: ``calc.serving.profile``, ``kv_cache``, ``weights``, ``engine``."""
-    if not isinstance(model, ModelSpec):
-        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
+    rank). Sources: ``calc.serving.profile``, ``kv_cache``, ``weights``, ``engine``, ``arch``."""
+    spec, arch = resolve_model(model)
     if not isinstance(serving, Serving):
         raise ValueError(f"serving must be a calc.Serving, got {type(serving).__name__}")
     total, card = _total(total_bytes, gpu)
     cfg = eng.resolve(
         serving,
-        model.max_positions,
+        arch.max_positions,
         total,
         card.name if card is not None else "",
         _compute_capability(card),
     )
-    if cfg.max_model_len > model.max_positions:
+    if cfg.max_model_len > arch.max_positions:
         raise ValueError(
             f"max_model_len={cfg.max_model_len} exceeds the model's max_position_embeddings "
-            f"({model.max_positions})"
+            f"({arch.max_positions})"
         )
     budget = int(total * serving.gpu_memory_utilization)
-    page = kv.page_bytes(model, serving)
     tokens = cfg.max_num_batched_tokens
     rows = min(cfg.max_num_seqs, tokens)
-    forward = prof.forward_activation_bytes(model, serving, tokens)
-    sampler = prof.sampler_bytes(model, serving, cfg.engine, tokens, rows)
+    if spec is not None:
+        forward = prof.forward_activation_bytes(spec, serving, tokens)
+    else:
+        forward = prof.analytic_forward_bytes(arch, serving, tokens)
+    sampler = prof.sampler_bytes(arch, serving, cfg.engine, tokens, rows)
     non_torch = prof.non_torch_bytes(serving, cfg.engine)
-    layers = stage_layers(model.n_layers, serving.pipeline_parallel)
-    best: tuple[int, int, int, int, int, int] | None = None  # blocks, stage, weights, act, avail
+    layers = stage_layers(arch.n_layers, serving.pipeline_parallel)
+    best: tuple[int, int, int, int, int, int, kv.KVLayout] | None = None
     for stage, n_layers in enumerate(layers):
-        weights = stage_weight_bytes(model, serving, stage)
+        weights = stage_weight_bytes(arch, serving, stage)
         last = stage == len(layers) - 1
         act = max(forward, sampler) if last else forward
         graphs = prof.cuda_graph_bytes(serving, n_layers, cfg.cudagraph_capture_size)
         counted = graphs if cfg.cudagraphs_in_budget else 0
         avail = budget - weights - non_torch - act - counted
-        blocks = kv.num_blocks(avail, page, n_layers)
+        indices = stage_layer_indices(arch.n_layers, serving.pipeline_parallel, stage)
+        layout = kv.kv_layout(arch, serving, cfg.engine, indices, cfg.max_model_len, tokens)
+        blocks = kv.num_blocks(avail, layout.page_bytes, layout.group_size)
         if best is None or (blocks, -avail) < (best[0], -best[4]):
-            best = (blocks, stage, weights, act, avail, graphs)
+            best = (blocks, stage, weights, act, avail, graphs, layout)
     assert best is not None
-    blocks, stage, weights, act, avail, graphs = best
-    notes: tuple[str, ...] = (
-        f"engine {cfg.engine} (vLLM {serving.vllm_version}); profiling forward of "
-        f"{tokens} tokens over {rows} dummy requests",
-        "activation peak: calc's replay of the Hugging Face forward (per rank) vs vLLM's "
-        f"sampler over {rows} rows, the larger",
-        "non-torch memory and CUDA graphs: estimates from published logs, not replayed",
-    )
-    if not cfg.cudagraphs_in_budget and cfg.cudagraph_capture_size:
-        notes += ("CUDA graphs are captured after the KV cache (before 0.21): outside it",)
+    blocks, stage, weights, act, avail, graphs, layout = best
+    notes = _notes(cfg, serving, tokens, rows, spec is None, layout)
+    if arch.checkpoint_quant is not None and serving.quant is None:
+        notes += (
+            f"config.json declares quantization_config (quant_method={arch.checkpoint_quant}): "
+            "vLLM loads the checkpoint quantized; weights here are in dtype unless quant= "
+            "(--quantization) names the format",
+        )
+    if cfg.engine == "v0":
+        kv_tokens = blocks * serving.block_size
+        concurrency = kv_tokens / cfg.max_model_len
+    else:
+        kv_tokens = blocks // layout.n_groups * serving.block_size
+        concurrency = blocks / layout.blocks_per_request
     return ServeEstimate(
         total_bytes=total,
         budget_bytes=budget,
@@ -173,18 +214,44 @@ def serve(
         cuda_graph_bytes=graphs,
         kv_cache_bytes=avail,
         gpu_blocks=blocks,
-        kv_cache_tokens=blocks * serving.block_size,
-        max_concurrency=kv.max_concurrency(
-            blocks, model, serving, cfg.engine, cfg.max_model_len, tokens
-        ),
+        kv_cache_tokens=kv_tokens,
+        max_concurrency=concurrency,
         engine=cfg.engine,
         max_model_len=cfg.max_model_len,
         max_num_seqs=cfg.max_num_seqs,
         max_num_batched_tokens=tokens,
-        page_bytes=page,
+        page_bytes=layout.page_bytes,
         layers_per_rank=layers[stage],
+        kv_cache_groups=layout.n_groups,
+        block_bytes=layout.page_bytes * layout.group_size,
         notes=notes,
     )
+
+
+def _notes(
+    cfg: eng.EngineSettings, serving: Serving, tokens: int, rows: int, analytic: bool,
+    layout: kv.KVLayout,
+) -> tuple[str, ...]:  # fmt: skip
+    forward = (
+        "an analytic estimate of vLLM's layer (calc.serving.profile.analytic_forward_bytes: "
+        "residual, attention or MLP/FusedMoE intermediate caches), not a replay"
+        if analytic
+        else "calc's replay of the Hugging Face forward (per rank)"
+    )
+    notes: tuple[str, ...] = (
+        f"engine {cfg.engine} (vLLM {serving.vllm_version}); profiling forward of "
+        f"{tokens} tokens over {rows} dummy requests",
+        f"activation peak: {forward} vs vLLM's sampler over {rows} rows, the larger",
+        "non-torch memory and CUDA graphs: estimates from published logs, not replayed",
+    )
+    if layout.n_groups > 1:
+        notes += (
+            f"hybrid KV cache: {layout.n_groups} groups of {layout.group_size} layers on this "
+            "rank; tokens = blocks // groups x block_size (vLLM's log)",
+        )
+    if not cfg.cudagraphs_in_budget and cfg.cudagraph_capture_size:
+        notes += ("CUDA graphs are captured after the KV cache (before 0.21): outside it",)
+    return notes
 
 
 def gib(value: int) -> float:

@@ -9,21 +9,25 @@ the answers inherit its sources and estimates.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
-from calc.serving.api import ServeEstimate, serve
+from calc.serving.api import ServeEstimate, resolve_model, serve
+
+Model = ModelSpec | Mapping[str, object]
+"""A `calc.ModelSpec` or a config.json dict (see `calc.serve`)."""
 
 
 def _serve(
-    model: ModelSpec, serving: Serving, total_bytes: int | None, gpu: str | None
+    model: Model, serving: Serving, total_bytes: int | None, gpu: str | None
 ) -> ServeEstimate:
     return serve(model, serving, total_bytes=total_bytes, gpu=gpu)
 
 
 def largest_max_model_len(
-    model: ModelSpec, serving: Serving, concurrency: float = 1.0,
+    model: Model, serving: Serving, concurrency: float = 1.0,
     total_bytes: int | None = None, gpu: str | None = None,
 ) -> int:  # fmt: skip
     """The largest ``max_model_len`` at which vLLM reports a maximum concurrency of at least
@@ -36,7 +40,7 @@ def largest_max_model_len(
         est = _serve(model, replace(serving, max_model_len=length), total_bytes, gpu)
         return est.max_concurrency >= concurrency
 
-    low, high = 0, model.max_positions
+    low, high = 0, resolve_model(model)[1].max_positions
     while low < high:
         mid = (low + high + 1) // 2
         if fits(mid):
@@ -47,7 +51,7 @@ def largest_max_model_len(
 
 
 def utilization_for(
-    model: ModelSpec, serving: Serving, concurrency: float,
+    model: Model, serving: Serving, concurrency: float,
     total_bytes: int | None = None, gpu: str | None = None,
 ) -> float | None:  # fmt: skip
     """The least ``gpu_memory_utilization`` (rounded up to 0.001) at which ``concurrency``
@@ -61,22 +65,23 @@ def utilization_for(
     if per_request is None:  # no block at all even at 1.0: the non-KV terms alone overflow
         return None
     blocks = math.ceil(concurrency * round(per_request))
-    needed = est.budget_bytes - est.kv_cache_bytes + blocks * est.page_bytes * est.layers_per_rank
+    needed = est.budget_bytes - est.kv_cache_bytes + blocks * est.block_bytes
     util = math.ceil(needed / est.total_bytes * 1000) / 1000
     return util if util <= 1.0 else None
 
 
 def fewest_tensor_parallel(
-    model: ModelSpec, serving: Serving, concurrency: float,
+    model: Model, serving: Serving, concurrency: float,
     total_bytes: int | None = None, gpu: str | None = None, limit: int = 64,
 ) -> int | None:  # fmt: skip
     """The smallest tensor-parallel size (a divisor of the attention heads, up to ``limit``)
     at which ``concurrency`` requests of ``serving.max_model_len`` tokens fit; ``None`` if
     none does."""
+    arch = resolve_model(model)[1]
     for tp in range(1, limit + 1):
-        if model.n_heads % tp or (tp < model.n_kv_heads and model.n_kv_heads % tp):
+        if arch.n_heads % tp or (tp < arch.n_kv_heads and arch.n_kv_heads % tp):
             continue
-        if tp >= model.n_kv_heads and tp % model.n_kv_heads:
+        if tp >= arch.n_kv_heads and tp % arch.n_kv_heads:
             continue
         try:
             est = _serve(model, replace(serving, tensor_parallel=tp), total_bytes, gpu)

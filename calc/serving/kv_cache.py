@@ -22,13 +22,42 @@ V0 (``vllm/worker/worker.py`` ``determine_num_available_blocks`` and ``cache_eng
 cache_block_size)`` with ``cache_block_size = block_size * num_layers * 2 * num_kv_heads *
 head_size * dtype_size``; the concurrency it logs is ``num_gpu_blocks * block_size /
 max_model_len`` (``vllm/executor/executor_base.py``).
+
+Other architectures (`calc.serving.arch`; ``vllm/v1/kv_cache_interface.py`` and
+``vllm/v1/core/kv_cache_utils.py``, read at commits bbf906a8 and 001cabc1):
+
+* MLA (``MLAAttentionSpec.real_page_size_bytes``): ``block_size * num_kv_heads * head_size *
+  dtype_size`` with one "head" of ``kv_lora_rank + qk_rope_head_dim``: no factor 2, the same on
+  every tensor-parallel rank (each rank caches the whole latent). V0 likewise
+  (``CacheEngine.get_cache_block_size``: the value entry is 0 with ``use_mla``).
+* Full and sliding-window layers in one model (Gemma-2/3), V1 from ``HYBRID_FROM``
+  (``get_kv_cache_groups`` -> ``_get_kv_cache_groups_uniform_page_size``, named
+  ``_get_kv_cache_config_uniform_page_size`` at bbf906a8): the layers are grouped by spec; the
+  group size is the smallest count of layers of one spec (001cabc1: the largest when it is below
+  1.5 times the smallest); each spec's layers are split into ``cdiv(count, group_size)`` groups
+  (``layers[i::num_groups]``). A worker has ``group_size`` tensors (its largest group), so
+  ``num_blocks = available // page_size // group_size`` (``get_kv_cache_config_from_groups``);
+  the log prints ``num_blocks // len(groups) * block_size`` tokens (``_report_kv_cache_config``)
+  and the concurrency is ``num_blocks / sum over groups of blocks per request`` (each group's
+  ``max_memory_usage_bytes`` / page). Before ``HYBRID_FROM``, on V0, and with
+  ``--disable-hybrid-kv-cache-manager``, every layer of such a model is full attention
+  (``unify_hybrid_kv_cache_specs``). Layers of different page sizes are not modelled.
+* Sliding window on every layer (Mistral's rule): one group, the sliding request size.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
+from calc.serving.arch import LayerKV, ServingArch
 from calc.serving.weights import DTYPE_BYTES, kv_heads_per_rank
+
+HYBRID_FROM = (0, 10, 0)
+"""First release whose V1 engine keeps sliding-window layers of a hybrid model in their own KV
+cache groups (the hybrid KV cache manager, PR #16101 split into the PRs of mid-2025; vLLM's
+design doc describes it as of v0.10.1, PR #54738): an estimated boundary."""
 
 
 def cdiv(a: int, b: int) -> int:
@@ -76,3 +105,84 @@ def max_concurrency(
     if engine == "v0":
         return blocks * serving.block_size / max_model_len
     return blocks / blocks_per_request(model, serving, max_model_len, max_num_batched_tokens)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KVLayout:
+    """How one rank's KV cache is laid out (``KVCacheConfig``)."""
+
+    page_bytes: int
+    """One layer's block (the same for every layer)."""
+    group_size: int
+    """Layers sharing one block id on this rank: the tensors of ``page_bytes * num_blocks``."""
+    n_groups: int
+    """KV cache groups of the whole model (1 unless hybrid)."""
+    blocks_per_request: int
+    """Blocks one ``max_model_len`` request needs (V1), summed over the groups."""
+
+
+def layer_page_bytes(arch: ServingArch, kind: LayerKV, serving: Serving) -> int:
+    """One layer's KV block on one rank: ``2 * block_size * kv_heads * head_dim * bytes``, or
+    MLA's ``block_size * (kv_lora_rank + qk_rope_head_dim) * bytes``."""
+    if kind.kind == "mla":
+        assert arch.mla is not None
+        width = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
+        return serving.block_size * width * kv_dtype_bytes(serving)
+    heads = kv_heads_per_rank(arch, serving.tensor_parallel)
+    return 2 * serving.block_size * heads * arch.head_dim * kv_dtype_bytes(serving)
+
+
+def _request_blocks(kind: LayerKV, block_size: int, max_model_len: int, batched: int) -> int:
+    if kind.kind == "sliding":
+        assert kind.window is not None
+        window = min(kind.window - 1 + batched, max_model_len)
+        return cdiv(window, block_size) + 1
+    return cdiv(max_model_len, block_size)
+
+
+def kv_groups(arch: ServingArch, hybrid: bool) -> list[tuple[LayerKV, list[int]]]:
+    """The KV cache groups of the whole model: (spec, layer indices); with ``hybrid`` False a
+    mixed full/sliding model is all full attention."""
+    specs = list(arch.layers)
+    kinds = {s.kind for s in specs}
+    if not hybrid and "full" in kinds and "sliding" in kinds:
+        specs = [LayerKV("full") for _ in specs]
+    by_spec: dict[LayerKV, list[int]] = {}
+    for i, spec in enumerate(specs):
+        by_spec.setdefault(spec, []).append(i)
+    if len(by_spec) == 1:
+        ((spec, layers),) = by_spec.items()
+        return [(spec, layers)]
+    counts = [len(v) for v in by_spec.values()]
+    size = min(counts)
+    if max(counts) < size * 1.5:
+        size = max(counts)
+    groups: list[tuple[LayerKV, list[int]]] = []
+    for spec, layers in by_spec.items():
+        n = cdiv(len(layers), size)
+        groups += [(spec, layers[i::n]) for i in range(n)]
+    return groups
+
+
+def kv_layout(
+    arch: ServingArch, serving: Serving, engine: str, stage_layers: range,
+    max_model_len: int, max_num_batched_tokens: int,
+) -> KVLayout:  # fmt: skip
+    """The layout on the rank holding ``stage_layers`` (see the module docstring)."""
+    hybrid = engine == "v1" and serving.version >= HYBRID_FROM
+    groups = kv_groups(arch, hybrid)
+    pages = {layer_page_bytes(arch, spec, serving) for spec, _ in groups}
+    if len(pages) > 1:
+        raise ValueError(f"{arch.name}: layers with different KV page sizes are not modelled")
+    on_stage = set(stage_layers)
+    size = max(sum(1 for i in layers if i in on_stage) for _, layers in groups)
+    per_request = sum(
+        _request_blocks(spec, serving.block_size, max_model_len, max_num_batched_tokens)
+        for spec, _ in groups
+    )
+    return KVLayout(
+        page_bytes=pages.pop(),
+        group_size=size,
+        n_groups=len(groups),
+        blocks_per_request=per_request,
+    )

@@ -49,6 +49,9 @@ How calc predicts each term:
   0.45 GiB peak with 256 rows, below what the sort path would take): ``Serving.sampler``
   chooses. V0's sampler (``vllm/model_executor/layers/
   sampler.py``) sorts the same way and adds log-probabilities: ``SAMPLER_UNITS`` too;
+* the forward of an architecture calc cannot replay yet (`calc.serving.arch` families outside
+  `calc.ModelSpec`): ``analytic_forward_bytes``, a stated estimate of the live tensors of vLLM's
+  layer at its widest point (see there);
 * non-torch memory and CUDA graphs: not replayable (driver and NCCL allocations); stated
   estimates from published start-up logs, see ``NON_TORCH_BYTES`` and ``cuda_graph_bytes``.
 """
@@ -59,6 +62,7 @@ from calc.config.jobs import Inference
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
 from calc.estimate.api import estimate
+from calc.serving.arch import ServingArch
 from calc.serving.weights import DTYPE_BYTES, kv_heads_per_rank, padded_vocab
 from calc.units import GIB, MIB
 
@@ -129,7 +133,9 @@ def sampler_units(serving: Serving, engine: str) -> int:
     return FLASHINFER_SAMPLER_UNITS if flashinfer else SAMPLER_UNITS
 
 
-def sampler_bytes(model: ModelSpec, serving: Serving, engine: str, tokens: int, rows: int) -> int:
+def sampler_bytes(
+    model: ModelSpec | ServingArch, serving: Serving, engine: str, tokens: int, rows: int
+) -> int:
     """Live bytes at the sampler's peak: the forward's ``[tokens, h]`` output, the sampled rows'
     hidden states, the bf16 logits and the sampler's fp32 temporaries."""
     itemsize = DTYPE_BYTES[serving.dtype]
@@ -146,6 +152,60 @@ def activation_peak_bytes(
     sampler's peaks (the last pipeline stage samples; an earlier one only runs the forward)."""
     forward = forward_activation_bytes(model, serving, tokens)
     return max(forward, sampler_bytes(model, serving, engine, tokens, rows))
+
+
+FUSED_MOE_CHUNK_TOKENS = 32768
+"""``VLLM_FUSED_MOE_CHUNK_SIZE`` default (``vllm/envs.py``): ``fused_experts_impl`` processes at
+most this many tokens at a time."""
+
+
+def _attention_elems(arch: ServingArch, tp: int, tokens: int) -> int:
+    """Live attention activations per rank (elements): fused ``qkv`` and the attention output;
+    MLA's prefill path (``q``, the latent, ``kv_b_proj``'s ``[T, a, nope + v]``, the assembled
+    ``k`` and the padded ``v`` of ``qk`` width, the output)."""
+    heads = arch.n_heads // tp
+    if arch.mla is not None:
+        m = arch.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        per_token = heads * (4 * qk + m.qk_nope_head_dim + m.v_head_dim)
+        return tokens * (per_token + m.kv_lora_rank + m.qk_rope_head_dim)
+    kv = kv_heads_per_rank(arch, tp)
+    return tokens * (heads + 2 * kv + heads) * arch.head_dim
+
+
+def _mlp_elems(
+    arch: ServingArch, tp: int, tokens: int, sparse: bool, expert_parallel: bool = False
+) -> int:
+    """Live MLP activations per rank (elements). Dense: ``gate_up`` ``[T, 2f]`` and
+    ``SiluAndMul``'s ``[T, f]``. Sparse (``fused_moe.py`` ``fused_experts_impl``): the shared
+    ``intermediate_cache13`` of ``M * top_k * max(2 I, h)``, ``intermediate_cache2`` ``[M top_k,
+    I]`` with ``M = min(T, FUSED_MOE_CHUNK_TOKENS)``, the output ``[T, h]``, the router logits
+    ``[T, E]`` and the top-k weights and ids (fp32/int32, counted as two elements each); a shared
+    expert's output ``[T, h]`` stays alive beside them. With expert parallelism every rank sees
+    all ``T`` tokens and the caches are sized for whole experts (``I`` not split)."""
+    if not sparse:
+        return tokens * 3 * (arch.ffn // tp)
+    assert arch.moe is not None
+    moe = arch.moe
+    inter = moe.expert_ffn if expert_parallel else moe.expert_ffn // tp
+    m = min(tokens, FUSED_MOE_CHUNK_TOKENS)
+    routed = m * moe.top_k * (max(2 * inter, arch.hidden) + inter)
+    routed += tokens * (arch.hidden + moe.n_experts + 4 * moe.top_k)
+    shared = tokens * arch.hidden if moe.shared_ffn else 0
+    return routed + shared
+
+
+def analytic_forward_bytes(arch: ServingArch, serving: Serving, tokens: int) -> int:
+    """Estimated peak of one forward of ``tokens`` tokens on one rank for an architecture calc
+    cannot replay: the residual and the normed hidden state ``2 [T, h]`` plus the larger of the
+    attention's and the widest MLP's live tensors (``_attention_elems``, ``_mlp_elems``), in
+    ``dtype``. An estimate from vLLM's layer code, not a replay: allocator rounding, the
+    attention backend's workspace and torch.compile's fusions are not modelled."""
+    tp = serving.tensor_parallel
+    ep = serving.expert_parallel
+    mlp = max(_mlp_elems(arch, tp, tokens, sparse, ep) for sparse in set(arch.moe_layers))
+    widest = max(_attention_elems(arch, tp, tokens), mlp)
+    return (2 * tokens * arch.hidden + widest) * DTYPE_BYTES[serving.dtype]
 
 
 NEW_NON_TORCH_EXTRA_BYTES = 256 * MIB

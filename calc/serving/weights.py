@@ -23,6 +23,25 @@ per-tensor); ``w8a8`` one byte plus an fp32 scale per output channel (compressed
 channelwise int8); ``w4a16`` half a byte plus an fp16 scale per group of 128 inputs
 (GPTQ/compressed-tensors symmetric; Marlin's repacked copy replaces the checkpoint's, same size;
 AWQ's zero points, ``in/128 x out/2`` bytes, are not counted).
+
+The other families (`calc.serving.arch`), as their vLLM model classes build them:
+
+* MoE layers: ``FusedMoE`` (``vllm/model_executor/layers/fused_moe/layer.py``,
+  ``UnquantizedFusedMoEMethod.create_weights``): ``w13_weight [E, 2 I / tp, h]`` and
+  ``w2_weight [E, h, I / tp]`` (tensor parallelism splits each expert's intermediate size;
+  with ``--enable-expert-parallel`` a rank holds ``cdiv(E, tp)`` whole experts instead); the router ``gate`` ``[E, h]`` (``ReplicatedLinear`` /
+  ``GateLinear``, unquantized, replicated); DeepSeek's ``e_score_correction_bias`` ``[E]`` fp32;
+  shared experts (``DeepseekV2MLP`` of ``moe_intermediate_size * n_shared_experts``, Qwen2-MoE's
+  ``shared_expert``) as a tensor-parallel gated MLP, Qwen2-MoE's ``shared_expert_gate`` ``[1, h]``
+  replicated. fp8 keeps two scales per expert for ``w13`` and one for ``w2`` (per-tensor).
+* MLA (``deepseek_v2.py`` ``DeepseekV2MLAAttention``): ``q_a_proj [q_lora, h]`` replicated with
+  ``q_a_layernorm``, ``q_b_proj [a (nope + rope) / tp, q_lora]`` (or ``q_proj [a (nope + rope) /
+  tp, h]``), ``kv_a_proj_with_mqa [kv_lora + rope, h]`` replicated with ``kv_a_layernorm``,
+  ``kv_b_proj [a (nope + v) / tp, kv_lora]``, ``o_proj [h, a v / tp]``; its rotary table is
+  ``qk_rope_head_dim`` wide. The MLA backends' ``W_UK_T``/``W_UV`` (``process_weights_after_
+  loading``) are views or copies of ``kv_b_proj`` made after loading: not counted.
+* Gemma: four hidden-size norms per layer; Gemma-3's per-head q/k norms and two rotary tables;
+  OLMo-2's ``q_norm [h]`` and ``k_norm [k d]``, replicated.
 """
 
 from __future__ import annotations
@@ -31,6 +50,7 @@ from dataclasses import dataclass
 
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
+from calc.serving.arch import ServingArch
 
 VOCAB_PADDING = 64
 """``DEFAULT_VOCAB_PADDING_SIZE`` of ``vocab_parallel_embedding.py``."""
@@ -58,7 +78,11 @@ def _div(total: int, tp: int, what: str) -> int:
     return total // tp
 
 
-def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
+def _arch(model: ModelSpec | ServingArch) -> ServingArch:
+    return model if isinstance(model, ServingArch) else ServingArch.from_model_spec(model)
+
+
+def kv_heads_per_rank(model: ModelSpec | ServingArch, tp: int) -> int:
     """``QKVParallelLinear``: ``k / tp`` KV heads per rank, one (replicated) when ``tp >= k``."""
     if tp >= model.n_kv_heads:
         if tp % model.n_kv_heads:
@@ -69,25 +93,58 @@ def kv_heads_per_rank(model: ModelSpec, tp: int) -> int:
     return _div(model.n_kv_heads, tp, "KV heads")
 
 
-def layer_linears(model: ModelSpec, tp: int) -> tuple[Linear, ...]:
-    """The four linears of one decoder layer on one tensor-parallel rank."""
-    h, d = model.hidden, model.head_dim
-    heads = _div(model.n_heads, tp, "attention heads")
-    ffn = _div(model.ffn, tp, "intermediate size")
-    qkv_out = (heads + 2 * kv_heads_per_rank(model, tp)) * d
-    if model.model_type == "gpt2":  # c_attn, c_proj, c_fc, mlp.c_proj: all with biases
+def attention_linears(arch: ServingArch, tp: int) -> tuple[Linear, ...]:
+    """The attention projections of one layer on one tensor-parallel rank."""
+    h, d = arch.hidden, arch.head_dim
+    heads = _div(arch.n_heads, tp, "attention heads")
+    if arch.mla is not None:
+        m = arch.mla
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        q: tuple[Linear, ...] = (
+            (Linear(m.q_lora_rank, h, 1, 0), Linear(heads * qk, m.q_lora_rank, 1, 0))
+            if m.q_lora_rank is not None
+            else (Linear(heads * qk, h, 1, 0),)
+        )
         return (
-            Linear(qkv_out, h, 3, qkv_out),
-            Linear(h, heads * d, 1, h),
-            Linear(ffn, h, 1, ffn),
-            Linear(h, ffn, 1, h),
+            *q,
+            Linear(m.kv_lora_rank + m.qk_rope_head_dim, h, 1, 0),
+            Linear(heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, 1, 0),
+            Linear(h, heads * m.v_head_dim, 1, 0),
+        )
+    qkv_out = (heads + 2 * kv_heads_per_rank(arch, tp)) * d
+    return (
+        Linear(qkv_out, h, 3, qkv_out if arch.qkv_bias else 0),
+        Linear(h, heads * d, 1, h if arch.o_bias else 0),
+    )
+
+
+def mlp_linears(arch: ServingArch, ffn: int, tp: int) -> tuple[Linear, ...]:
+    """A dense MLP of intermediate size ``ffn`` on one rank: ``gate_up_proj`` + ``down_proj``
+    (GPT-2: ``c_fc`` + ``c_proj``)."""
+    h = arch.hidden
+    f = _div(ffn, tp, "intermediate size")
+    if not arch.gated_mlp:
+        return (
+            Linear(f, h, 1, f if arch.mlp_bias else 0),
+            Linear(h, f, 1, h if arch.mlp_bias else 0),
         )
     return (
-        Linear(qkv_out, h, 3, qkv_out if model.qkv_bias else 0),
-        Linear(h, heads * d, 1, h if model.o_bias else 0),
-        Linear(2 * ffn, h, 2, 2 * ffn if model.mlp_bias else 0),
-        Linear(h, ffn, 1, h if model.mlp_bias else 0),
+        Linear(2 * f, h, 2, 2 * f if arch.mlp_bias else 0),
+        Linear(h, f, 1, h if arch.mlp_bias else 0),
     )
+
+
+def layer_linears(model: ModelSpec | ServingArch, tp: int, layer: int = 0) -> tuple[Linear, ...]:
+    """The attention and dense-MLP linears of decoder layer ``layer`` on one rank (a sparse
+    layer's shared MLP, if any, in place of the dense one; experts: `moe_bytes`)."""
+    arch = _arch(model)
+    attn = attention_linears(arch, tp)
+    if not arch.moe_layers[layer]:
+        return attn + mlp_linears(arch, arch.ffn, tp)
+    assert arch.moe is not None
+    if arch.moe.shared_ffn:
+        return attn + mlp_linears(arch, arch.moe.shared_ffn, tp)
+    return attn
 
 
 def linear_bytes(lin: Linear, serving: Serving) -> int:
@@ -105,18 +162,62 @@ def linear_bytes(lin: Linear, serving: Serving) -> int:
     return numel // 2 + 2 * groups * lin.out_features + bias
 
 
-def layer_bytes(model: ModelSpec, serving: Serving) -> int:
-    """One decoder layer on one rank: the linears plus the replicated norms."""
+def moe_bytes(arch: ServingArch, serving: Serving) -> int:
+    """One sparse layer's experts and router on one rank: ``E`` x (``w13`` + ``w2``), the
+    replicated router ``[E, h]`` in ``dtype``, DeepSeek's fp32 correction bias, Qwen2-MoE's
+    ``shared_expert_gate``."""
+    assert arch.moe is not None
+    moe, h = arch.moe, arch.hidden
     itemsize = DTYPE_BYTES[serving.dtype]
+    inter = expert_ffn_per_rank(arch, serving)
+    expert = linear_bytes(Linear(2 * inter, h, 2, 0), serving) + linear_bytes(
+        Linear(h, inter, 1, 0), serving
+    )
+    router = moe.n_experts * h * itemsize + (4 * moe.n_experts if moe.router_bias else 0)
+    gate = h * itemsize if moe.shared_gate else 0
+    return local_experts(arch, serving) * expert + router + gate
+
+
+def expert_ffn_per_rank(arch: ServingArch, serving: Serving) -> int:
+    """An expert's intermediate size on one rank: ``I / tp``, whole with expert parallelism."""
+    assert arch.moe is not None
+    if serving.expert_parallel:
+        return arch.moe.expert_ffn
+    return _div(arch.moe.expert_ffn, serving.tensor_parallel, "expert intermediate size")
+
+
+def local_experts(arch: ServingArch, serving: Serving) -> int:
+    """Experts on the most loaded rank: all of them, or with ``--enable-expert-parallel`` (EP
+    size = tp, ``FusedMoEParallelConfig``) ``cdiv(E, tp)`` (``determine_expert_map`` gives the
+    remainder to the first ranks)."""
+    assert arch.moe is not None
+    if not serving.expert_parallel:
+        return arch.moe.n_experts
+    return -(-arch.moe.n_experts // serving.tensor_parallel)
+
+
+def norm_params(arch: ServingArch) -> int:
+    """Replicated norm elements of one decoder layer."""
+    total = arch.norms_per_layer * arch.hidden * (2 if arch.norm_bias else 1)
+    if arch.qk_norm == "head":
+        total += 2 * arch.head_dim
+    elif arch.qk_norm == "full":
+        total += arch.hidden + arch.n_kv_heads * arch.head_dim
+    if arch.mla is not None:
+        total += arch.mla.kv_lora_rank + (arch.mla.q_lora_rank or 0)
+    return total
+
+
+def layer_bytes(model: ModelSpec | ServingArch, serving: Serving, layer: int = 0) -> int:
+    """Decoder layer ``layer`` on one rank: the linears, the experts if sparse, the norms."""
+    arch = _arch(model)
     tp = serving.tensor_parallel
-    linears = sum(linear_bytes(lin, serving) for lin in layer_linears(model, tp))
-    norm_params = 2 * model.hidden * (2 if model.norm_bias else 1)
-    if model.qk_norm:
-        norm_params += 2 * model.head_dim
-    return linears + norm_params * itemsize
+    linears = sum(linear_bytes(lin, serving) for lin in layer_linears(arch, tp, layer))
+    experts = moe_bytes(arch, serving) if arch.moe_layers[layer] else 0
+    return linears + experts + norm_params(arch) * DTYPE_BYTES[serving.dtype]
 
 
-def padded_vocab(model: ModelSpec) -> int:
+def padded_vocab(model: ModelSpec | ServingArch) -> int:
     """``pad_vocab_size(vocab, 64)``."""
     return -(-model.vocab // VOCAB_PADDING) * VOCAB_PADDING
 
@@ -132,23 +233,34 @@ def stage_layers(n_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(parts)
 
 
-def stage_weight_bytes(model: ModelSpec, serving: Serving, stage: int) -> int:
+def stage_layer_indices(n_layers: int, pp: int, stage: int) -> range:
+    """Indices of the decoder layers on pipeline stage ``stage``."""
+    parts = stage_layers(n_layers, pp)
+    start = sum(parts[:stage])
+    return range(start, start + parts[stage])
+
+
+def stage_weight_bytes(model: ModelSpec | ServingArch, serving: Serving, stage: int) -> int:
     """Bytes a rank of pipeline stage ``stage`` loads (weights, rope cache, GPT-2's ``wpe``)."""
+    arch = _arch(model)
     itemsize = DTYPE_BYTES[serving.dtype]
     pp = serving.pipeline_parallel
-    n_layers = stage_layers(model.n_layers, pp)[stage]
-    total = n_layers * layer_bytes(model, serving)
-    table = padded_vocab(model) // serving.tensor_parallel * model.hidden * itemsize
+    layers = stage_layer_indices(arch.n_layers, pp, stage)
+    if any(arch.moe_layers) or arch.mla is not None:
+        total = sum(layer_bytes(arch, serving, i) for i in layers)
+    else:  # uniform layers
+        total = len(layers) * layer_bytes(arch, serving)
+    table = padded_vocab(arch) // serving.tensor_parallel * arch.hidden * itemsize
     first, last = stage == 0, stage == pp - 1
     if first:
         total += table
-        if model.learned_positions:
-            total += model.max_positions * model.hidden * itemsize
+        if arch.learned_positions:
+            total += arch.max_positions * arch.hidden * itemsize
     if last:
-        final_norm = model.hidden * (2 if model.norm_bias else 1)
+        final_norm = arch.hidden * (2 if arch.norm_bias else 1)
         total += final_norm * itemsize
-        if not model.tied_embeddings or not first:
+        if not arch.tied_embeddings or not first:
             total += table  # a tied head on another stage loads its own copy
-    if not model.learned_positions:  # rotary cos_sin_cache [max_positions, head_dim]
-        total += model.max_positions * model.head_dim * itemsize
+    if not arch.learned_positions:  # rotary cos_sin_cache [max_positions, rotary_dim]
+        total += arch.rope_tables * arch.max_positions * arch.rotary_dim * itemsize
     return total

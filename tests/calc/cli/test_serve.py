@@ -58,3 +58,25 @@ def test_bad_flags_exit_2_naming_the_field(
 def test_a_gpu_or_a_total_is_required(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--config", str(config)]) == 2
     assert "--gpu" in capsys.readouterr().err
+
+
+def test_card_of_a_moe_family_with_expert_parallel(capsys: pytest.CaptureFixture[str]) -> None:
+    # --card reads the card's config.json (Mixtral is no calc.ModelSpec type); the flags reach
+    # calc.Serving, expert parallelism included
+    argv = ["serve", "--card", "mixtral-8x7b", "--gpu", "h100-80gb", "-tp", "2",
+            "--enable-expert-parallel", "--max-model-len", "8192", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    serving = calc.Serving(tensor_parallel=2, expert_parallel=True, max_model_len=8192)
+    want = calc.serve(calc.load_card_config("mixtral-8x7b"), serving, gpu="h100-80gb")
+    assert out["serving"]["expert_parallel"] is True
+    assert out["kv_cache_tokens"] == want.kv_cache_tokens
+    assert out["weights_bytes"] == want.weights_bytes
+
+
+def test_config_of_a_hybrid_family(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(calc.load_card_config("gemma-3-1b-it")))
+    assert main(["serve", "--config", str(path), "--total-gib", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["kv_cache_groups"] == 7  # 4 full + 22 sliding layers in groups of 4
