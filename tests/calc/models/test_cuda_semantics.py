@@ -17,6 +17,7 @@ from calc.models.attention import attention_kernel, flash_head_pad, kernel_for
 from calc.replay import ops
 from calc.replay.tape import Tape, Tensor
 from calc.step.training import shape_for
+from tests.specs import modelled_cards
 
 BF16 = 2
 FP32 = 4
@@ -171,7 +172,7 @@ def test_gpt2_xl_at_4x1024_is_linear_in_the_sequence_on_cuda() -> None:
     assert peak(1024, "cpu") - p1 > 48 * 400 * 2**20  # 48 layers of the probabilities at least
 
 
-@pytest.mark.parametrize("card", calc.list_cards())
+@pytest.mark.parametrize("card", modelled_cards())
 def test_cuda_sdpa_training_is_linear_in_s_with_dropout_and_below_eager(card: str) -> None:
     model = calc.load_card(card)
     job = _sdpa_or_reference(model)
