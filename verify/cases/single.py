@@ -183,6 +183,11 @@ def _hf_cases() -> list[Case]:
                tags=("hf",), **hf),
         _train("hf-qwen2-amp-accum2", QWEN2, precision="amp-bf16", grad_accum=2, tags=("hf",),
                **hf),
+        _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,
+               seq_len=128, impl="derived", tags=("derived",),
+               note="calc.derive's replay recorded from transformers' code (no hand graph)"),
+        _infer("derived-infer-mistral-bf16", MISTRAL, impl="derived", batch=2, context=64,
+               precision="bf16", tags=("derived",)),
     ]  # fmt: skip
 
 

@@ -241,7 +241,7 @@ def cuda_environment() -> dict[str, Any]:
 def preload(case: Case) -> None:
     """Import, outside any meter, what building the case imports lazily (transformers' modeling
     module for its model type), so import-time tensors never count."""
-    if case.impl == "hf" and hf_model.available():
+    if case.impl in ("hf", "derived") and hf_model.available():
         hf_model.build_hf_on_meta(case.spec())
 
 

@@ -213,7 +213,7 @@ def prefill(
     model.eval()
     meter.mark("prefill")
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
-        if job.implementation == "hf":
+        if job.implementation in ("hf", "derived"):
             import transformers
 
             cache = transformers.StaticCache(config=model.config, max_cache_len=job.context)

@@ -105,7 +105,7 @@ LLAMA = {
         ({"rms_norm_eps": "1e-5"}, "rms_norm_eps"),
         ({"rope_theta": "1e4"}, "rope_theta"),
         ({"attention_dropout": 1.0}, "attention_dropout"),
-        ({"model_type": "bert"}, "model_type"),
+        ({"model_type": "no such type!"}, "model_type"),
         ({"model_type": None}, "model_type"),
     ],
 )
