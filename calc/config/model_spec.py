@@ -55,6 +55,14 @@ _GELU_ACTS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python
 
 Dim = int | sp.Expr
 
+_DERIVED_STRUCTURE: dict[str, Any] = {
+    "mlp": "swiglu", "norm": "rmsnorm", "qkv_bias": False, "o_bias": False, "mlp_bias": False,
+    "norm_bias": False, "qk_norm": False, "learned_positions": False, "attention_dropout": 0.0,
+    "hidden_dropout": 0.0, "embedding_dropout": 0.0, "norm_eps": 1e-6, "rope_theta": None,
+}  # fmt: skip
+"""The structural fields of a derived model's spec: unused placeholders (its replay comes from
+the modeling code, `calc.derive`), set so that the spec validates."""
+
 
 def _is_model_type(value: object) -> TypeGuard[ModelType]:
     return value in MODEL_TYPES
@@ -365,20 +373,8 @@ class ModelSpec:
             ffn=ffn if is_int(ffn) and ffn > 0 else 4 * hidden,
             vocab=_req_int(c, "vocab_size"),
             max_positions=max_pos if is_int(max_pos) and max_pos > 0 else 2048,
-            mlp="swiglu",
-            norm="rmsnorm",
-            qkv_bias=False,
-            o_bias=False,
-            mlp_bias=False,
-            norm_bias=False,
-            qk_norm=False,
             tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-            learned_positions=False,
-            attention_dropout=0.0,
-            hidden_dropout=0.0,
-            embedding_dropout=0.0,
-            norm_eps=1e-6,
-            rope_theta=None,
+            **_DERIVED_STRUCTURE,
             sliding_window=window if is_int(window) and window > 0 else None,
             hf_config=json.dumps(dict(c), sort_keys=True),
         )

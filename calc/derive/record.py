@@ -483,6 +483,18 @@ def _classify_model(book: _Book, model: Any, prefix: str) -> None:
         book.classify(sid, StorageKind.WEIGHT if is_param else StorageKind.BUFFER, short, tag)
 
 
+def _start(book: _Book, model: Any, prefix: str, inputs: tuple) -> None:
+    """The measured part starts (verify's ``reset_peak``): what is live now is the baseline."""
+    book.drain("base")
+    for t in inputs:
+        sid = book.known(t.untyped_storage())
+        if sid is not None:
+            book.classify(sid, StorageKind.INPUT, "input_ids", "base")
+    _classify_model(book, model, prefix)
+    book.baseline = tuple(sid for sid, _ in book.live.values())
+    book.stream = []
+
+
 def _classify_step(book: _Book, optimizer: Any) -> None:
     """Gradients and optimizer states, under their parameter's layer and name."""
     for group in optimizer.param_groups:
@@ -552,14 +564,7 @@ def trace_training(
         params = [p for p in model.parameters() if p.requires_grad]
         opt = _optimizer(params, job)
         scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
-        book.drain("base")
-        for t in (ids, targets):
-            sid = book.known(t.untyped_storage())
-            if sid is not None:
-                book.classify(sid, StorageKind.INPUT, "input_ids", "base")
-        _classify_model(book, model, prefix)
-        book.baseline = tuple(sid for sid, _ in book.live.values())
-        book.stream = []
+        _start(book, model, prefix, (ids, targets))
         with _sdpa(backend):
             _run_steps(book, mode, model, opt, scaler, params, job, ids, targets)
         _classify_step(book, opt)
@@ -637,13 +642,7 @@ def trace_prefill(
             _to_dtype(model, dtype)
         model.eval()
         prefix, handles = _hooks(model, book, n_layers)
-        book.drain("base")
-        sid = book.known(ids.untyped_storage())
-        if sid is not None:
-            book.classify(sid, StorageKind.INPUT, "input_ids", "base")
-        _classify_model(book, model, prefix)
-        book.baseline = tuple(sid for sid, _ in book.live.values())
-        book.stream = []
+        _start(book, model, prefix, (ids,))
         book.phase = "prefill"
         book.tag_now = "embed"
         with torch.no_grad(), _sdpa(backend):
