@@ -95,6 +95,9 @@ class Case:
     structured: tuple[tuple[str, int], ...] = ()
     """Keyword arguments of `calc.pruned_spec` applied to the scaled model (structured
     pruning: kept heads, KV heads, FFN channels, layers), as pairs."""
+    config: str = ""
+    """A tiny Hugging Face ``config.json`` (JSON text) to run instead of scaling ``card``: the
+    architectures without a hand-written graph, whose replay calc derives (`calc.derive`)."""
 
     def __post_init__(self) -> None:
         _check(self.name, self.impl, self.job, self.tolerance_pct)
@@ -110,6 +113,8 @@ class Case:
 
     def spec(self) -> ModelSpec:
         """The scaled model (before the job's dropout is applied)."""
+        if self.config:
+            return ModelSpec.from_json(self.config, name=f"{self.card}-tiny")
         spec = _scaled(self.card, self.scale, self.seq)
         if self.structured:
             spec = pruned_spec(spec, **dict(self.structured))

@@ -16,6 +16,7 @@ from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, 
 from verify.cases.case import infer as _infer
 from verify.cases.case import train as _train
 from verify.cases.compression import compression_cases
+from verify.cases.derived import derived_cases
 from verify.cases.scale import scaled_spec
 
 
@@ -351,6 +352,7 @@ def _all() -> tuple[Case, ...]:
         *compression_cases(),  # quantization, LoRA, QLoRA
         *_pruning_cases(),
         *_distill_cases(),
+        *derived_cases(),  # architectures without a hand-written graph
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}
