@@ -389,10 +389,24 @@ def _recording(book: _Book) -> Iterator[Any]:
                 book.saved.add(sid)
         return t.detach()
 
-    with _eager_paths(), FakeTensorMode(), _mode_type()(book) as mode:
+    with _eager_paths(), _quiet(), FakeTensorMode(), _mode_type()(book) as mode:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield mode
         book.drain(book.tag_now)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`."""
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 @contextlib.contextmanager
@@ -415,6 +429,14 @@ def _vocab(config: dict[str, Any]) -> int:
     return int(config["vocab_size"])
 
 
+def first_sentence(text: str, limit: int = 240) -> str:
+    """The first line of an error, up to its first sentence and ``limit`` characters (some
+    list every model type transformers knows)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    head = line.split(". ")[0]
+    return head if len(head) <= limit else head[: limit - 3] + "..."
+
+
 def _build(config: dict[str, Any], attention: str) -> Any:
     """``AutoModelForCausalLM.from_config`` of ``config``; any failure is a `DeriveError` naming
     the model type and what transformers said."""
@@ -430,7 +452,7 @@ def _build(config: dict[str, Any], attention: str) -> Any:
     except Exception as exc:  # transformers raises many kinds; one message for the user
         raise DeriveError(
             f"transformers {transformers.__version__} cannot build model_type={model_type!r} "
-            f"as AutoModelForCausalLM: {type(exc).__name__}: {exc}"
+            f"as AutoModelForCausalLM: {type(exc).__name__}: {first_sentence(str(exc))}"
         ) from exc
 
 

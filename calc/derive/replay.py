@@ -24,7 +24,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
-from calc.derive.record import DeriveError, trace_prefill, trace_training
+from calc.derive.record import DeriveError, first_sentence, trace_prefill, trace_training
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -209,7 +209,7 @@ def _record(
     except Exception as exc:  # the modeling code failed on fake tensors: say where, once
         raise NotImplementedError(
             f"the modeling code of model_type={config.get('model_type')!r} does not run on fake "
-            f"tensors: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}"
         ) from exc
     first = traces[0]
     for point, tr in zip([*grid, held], traces, strict=True):
