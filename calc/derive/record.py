@@ -376,26 +376,6 @@ def _mode_type() -> type:
 
 
 @contextlib.contextmanager
-def _recording(book: _Book) -> Iterator[Any]:
-    """The recorder entered inside a fresh ``FakeTensorMode``, with the saved-tensor hooks."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    def pack(t: Any) -> Any:
-        st = _storage(t)
-        if st is not None:
-            sid = book.known(st)
-            if sid is not None:
-                book.saved.add(sid)
-        return t.detach()
-
-    with _eager_paths(), _quiet(), FakeTensorMode(), _mode_type()(book) as mode:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield mode
-        book.drain(book.tag_now)
-
-
-@contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`."""
     import logging
@@ -564,35 +544,112 @@ def _sdpa(backend: str) -> Iterator[None]:
         yield
 
 
-def trace_training(
-    config: dict[str, Any], job: Training, backend: str, batch: int, seq: int, n_layers: int
-) -> Trace:
-    """Two optimizer steps of ``job`` on the model of ``config`` at ``batch`` x ``seq`` tokens
-    (``verify/run/step.py``, ``train_two_steps``), recorded on fake tensors."""
+def _model_tensors(model: Any) -> list:
+    """(name, tensor) of what the built model holds: parameters, buffers and plain tensor
+    attributes of its modules (RoPE's ``original_inv_freq``): the storages an eager run made
+    while building it and still holds when the measured part starts."""
     import torch
 
-    book = _Book()
-    with _recording(book) as mode:
-        ids = torch.randint(0, _vocab(config), (batch, seq))
-        targets = torch.randint(0, _vocab(config), (batch, seq))
-        model = _build(config, "eager" if backend == "eager" else "sdpa").train()
-        if job.recompute == "full":
-            enable = getattr(model, "activation_checkpointing_enable", None)
-            (enable or model.gradient_checkpointing_enable)()
-        dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
-        if dtype != torch.float32:
-            _to_dtype(model, dtype)
-        prefix, handles = _hooks(model, book, n_layers)
-        params = [p for p in model.parameters() if p.requires_grad]
-        opt = _optimizer(params, job)
-        scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
-        _start(book, model, prefix, (ids, targets))
-        with _sdpa(backend):
-            _run_steps(book, mode, model, opt, scaler, params, job, ids, targets)
-        _classify_step(book, opt)
-        for h in handles:
-            h.remove()
-    return book.trace()
+    out: list = list(model.named_parameters(remove_duplicate=False))
+    out += list(model.named_buffers())
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not attr.startswith("_"):
+                out.append((f"{name}.{attr}", value))
+    return out
+
+
+@contextlib.contextmanager
+def session(config: dict[str, Any], job: Training | Inference, backend: str) -> Iterator[Any]:
+    """The model of ``config`` built once on fake tensors, in the job's dtype and mode; yields
+    ``trace(batch, seq, context) -> Trace`` that records the job at those sizes (each trace
+    with fresh inputs, optimizer, caches and bookkeeping; the model's storages counted from
+    the start, as when an eager run builds it inside the tracker)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    training = isinstance(job, Training)
+    setup = _Book()  # the build, recorded: what an eager build makes outside dispatch is not
+    with _eager_paths(), _quiet(), FakeTensorMode():  # counted (embed_scale = torch.tensor(..))
+        with _recorder(setup):
+            model = _build(config, "eager" if backend == "eager" else "sdpa")
+            if isinstance(job, Training) and job.recompute == "full":
+                enable = getattr(model, "activation_checkpointing_enable", None)
+                (enable or model.gradient_checkpointing_enable)()
+            dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
+            if dtype != torch.float32:
+                _to_dtype(model, dtype)
+            model.train(training)
+            held = [
+                (name, t)
+                for name, t in _model_tensors(model)
+                if (st := _storage(t)) is not None and setup.known(st) is not None
+            ]
+
+        def trace(batch: int, seq: int, context: int = 0) -> Trace:
+            book = _Book()
+            with _recorder(book) as mode:
+                for name, t in held:
+                    st = _storage(t)
+                    if st is not None:
+                        book.add(st, name, "base", "base")
+                        sid = book.known(st)
+                        if sid is not None:
+                            book.classify(sid, StorageKind.BUFFER, name, "base")
+                if isinstance(job, Training):
+                    _train(book, mode, model, job, backend, batch, seq, _vocab(config))
+                else:
+                    _prefill(book, model, job, backend, batch, seq, context, _vocab(config))
+            return book.trace()
+
+        yield trace
+
+
+@contextlib.contextmanager
+def _recorder(book: _Book) -> Iterator[Any]:
+    """The recorder over ``book``, with the saved-tensor hooks the tracker installs."""
+    import torch
+
+    def pack(t: Any) -> Any:
+        st = _storage(t)
+        if st is not None:
+            sid = book.known(st)
+            if sid is not None:
+                book.saved.add(sid)
+        return t.detach()
+
+    with _mode_type()(book) as mode:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield mode
+        book.drain(book.tag_now)
+
+
+def _layers_of(model: Any) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def _train(
+    book: _Book, mode: Any, model: Any, job: Training, backend: str, batch: int, seq: int,
+    vocab: int,
+) -> None:  # fmt: skip
+    """Two optimizer steps of ``job`` at ``batch`` x ``seq`` tokens (``verify/run/step.py``,
+    ``train_two_steps``)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, seq))
+    targets = torch.randint(0, vocab, (batch, seq))
+    prefix, handles = _hooks(model, book, _layers_of(model))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = _optimizer(params, job)
+    scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
+    _start(book, model, prefix, (ids, targets))
+    with _sdpa(backend):
+        _run_steps(book, mode, model, opt, scaler, params, job, ids, targets)
+    _classify_step(book, opt)
+    for p in params:
+        p.grad = None
+    for h in handles:
+        h.remove()
 
 
 def _run_steps(
@@ -643,36 +700,27 @@ def _mark(book: _Book, mode: Any, phase: str, opt: Any) -> None:
     book.tag_now = "embed" if phase.endswith("forward") else "head"
 
 
-def trace_prefill(
-    config: dict[str, Any], job: Inference, backend: str, batch: int, prompt: int, context: int,
-    n_layers: int,
-) -> Trace:  # fmt: skip
+def _prefill(
+    book: _Book, model: Any, job: Inference, backend: str, batch: int, prompt: int,
+    context: int, vocab: int,
+) -> None:  # fmt: skip
     """One prefill of ``prompt`` tokens into a ``StaticCache`` of ``context`` tokens under
-    ``no_grad`` with ``logits_to_keep=1`` (``verify/run/step.py``, ``prefill``), recorded on
-    fake tensors."""
+    ``no_grad`` with ``logits_to_keep=1`` (``verify/run/step.py``, ``prefill``)."""
     import inspect
 
     import torch
     import transformers
 
-    book = _Book()
-    with _recording(book):
-        ids = torch.randint(0, _vocab(config), (batch, prompt))
-        model = _build(config, "eager" if backend == "eager" else "sdpa")
-        dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
-        if dtype != torch.float32:
-            _to_dtype(model, dtype)
-        model.eval()
-        prefix, handles = _hooks(model, book, n_layers)
-        _start(book, model, prefix, (ids,))
-        book.phase = "prefill"
-        book.tag_now = "embed"
-        with torch.no_grad(), _sdpa(backend):
-            cache = transformers.StaticCache(config=model.config, max_cache_len=context)
-            takes = "cache" in inspect.signature(model.forward).parameters
-            kw = {"cache": cache} if takes else {"past_key_values": cache}
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
-            del out, cache
-        for h in handles:
-            h.remove()
-    return book.trace()
+    ids = torch.randint(0, vocab, (batch, prompt))
+    prefix, handles = _hooks(model, book, _layers_of(model))
+    _start(book, model, prefix, (ids,))
+    book.phase = "prefill"
+    book.tag_now = "embed"
+    with torch.no_grad(), _sdpa(backend):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=context)
+        takes = "cache" in inspect.signature(model.forward).parameters
+        kw = {"cache": cache} if takes else {"past_key_values": cache}
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
+        del out, cache
+    for h in handles:
+        h.remove()

@@ -24,7 +24,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
-from calc.derive.record import DeriveError, first_sentence, trace_prefill, trace_training
+from calc.derive.record import DeriveError, first_sentence, session
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -190,20 +190,11 @@ def _record(
 ) -> DerivedStream:
     """Record at every point of the regime's plan, check one structure, fit the sizes."""
     grid, held = lift.sample_plan(reg)
-    n_layers = int(config[_layers_key(config)])
     traces = []
     try:
-        for point in [*grid, held]:
-            if isinstance(job, Training):
-                traces.append(
-                    trace_training(config, job, backend, point["b"], point["s"], n_layers)
-                )
-            else:
-                traces.append(
-                    trace_prefill(
-                        config, job, backend, point["b"], point["s"], point["c"], n_layers
-                    )
-                )
+        with session(config, job, backend) as trace:
+            for point in [*grid, held]:
+                traces.append(trace(point["b"], point["s"], point.get("c", 0)))
     except DeriveError as exc:
         raise NotImplementedError(str(exc)) from exc
     except Exception as exc:  # the modeling code failed on fake tensors: say where, once
