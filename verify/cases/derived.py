@@ -47,7 +47,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def _case(model_type: str, label: str, job: Training | Inference) -> Case:
+def _case(model_type: str, label: str, job: Training | Inference, **config: Any) -> Case:
     kind = "training" if isinstance(job, Training) else "inference"
     return Case(
         name=f"derived-{model_type}-{label}",
@@ -57,13 +57,14 @@ def _case(model_type: str, label: str, job: Training | Inference) -> Case:
         tolerance_pct=TOLERANCE_PCT["hf"],
         tags=(kind, "hf", "derived"),
         note="no hand-written graph: calc derives the replay from transformers' code",
-        config=json.dumps(CONFIGS[model_type], sort_keys=True),
+        config=json.dumps({**CONFIGS[model_type], **config}, sort_keys=True),
         scale=pairs(None),
     )
 
 
 def derived_cases() -> list[Case]:
-    """Three cases per architecture of `CONFIGS`: fp32 and amp-bf16 training, bf16 prefill."""
+    """Three cases per architecture of `CONFIGS` (fp32 and amp-bf16 training, bf16 prefill),
+    and two seven-layer ones (the generalisation from five recorded layers)."""
     out = []
     for model_type in CONFIGS:
         attention = "eager" if model_type.startswith("gemma") else "sdpa"
@@ -91,4 +92,8 @@ def derived_cases() -> list[Case]:
                 Inference(batch=2, context=96, prompt=48, precision="bf16", **common),
             )
         )
+    # Seven layers, recorded with five and generalised to seven (calc.replay.timeline).
+    seven = Training(micro_batch=2, seq_len=64, precision="fp32", implementation="hf")
+    for model_type in ("phi3", "olmo2"):
+        out.append(_case(model_type, "7-layers-fp32", seven, num_hidden_layers=7))
     return out
