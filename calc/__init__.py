@@ -20,6 +20,7 @@ from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism
 from calc.config.pruning import Pruning
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
+from calc.derive.replay import param_count
 from calc.estimate.api import estimate
 from calc.estimate.result import Estimate
 from calc.units import GIB
@@ -40,6 +41,7 @@ __all__ = [
     "list_cards",
     "load_card",
     "load_card_config",
+    "param_count",
     "plan",
     "pruned_spec",
     "published_params",

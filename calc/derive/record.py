@@ -436,6 +436,16 @@ def _build(config: dict[str, Any], attention: str) -> Any:
         ) from exc
 
 
+def count_parameters(config: dict[str, Any]) -> int:
+    """Parameters of the model ``config`` describes, tied ones once (``model.parameters()``),
+    built on the ``meta`` device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        model = _build(config, "eager")
+    return sum(p.numel() for p in model.parameters())
+
+
 def _to_dtype(model: Any, dtype: Any) -> None:
     """``model.to(dtype)`` (``verify/models/build.py``): floating parameters and buffers
     converted, tied parameters kept tied. Written out because ``Module._apply`` swaps fake

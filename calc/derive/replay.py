@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from importlib import metadata
 from typing import Any
 
@@ -24,7 +25,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
-from calc.derive.record import DeriveError, first_sentence, session
+from calc.derive.record import DeriveError, count_parameters, first_sentence, session
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -263,3 +264,16 @@ def derived_events(
         else:
             tape.drop(held.pop(sid))
     return tape.events, d.exact
+
+
+@lru_cache(maxsize=64)
+def param_count(model: ModelSpec) -> int:
+    """The model's parameter count: `ModelSpec.n_params` for the hand-modelled types; for a
+    derived one, transformers' model built on the ``meta`` device (``NotImplementedError``
+    with one message when transformers cannot build it)."""
+    if not model.derived:
+        return model.n_params
+    try:
+        return count_parameters(hf_config_dict(model))
+    except DeriveError as exc:
+        raise NotImplementedError(str(exc)) from exc
