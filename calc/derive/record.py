@@ -436,6 +436,25 @@ def _build(config: dict[str, Any], attention: str) -> Any:
         ) from exc
 
 
+def layer_types(config: dict[str, Any]) -> list[str]:
+    """The per-layer kinds transformers' config object holds (``layer_types``: what the config
+    class builds when the config.json has none, e.g. Gemma-2's alternating sliding and full
+    attention), or ``[]`` when it has none."""
+    import transformers
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **fields)
+    except Exception as exc:  # one message, as for the build
+        raise DeriveError(
+            f"transformers {transformers.__version__} cannot read a config of "
+            f"model_type={model_type!r}: {type(exc).__name__}: {first_sentence(str(exc))}"
+        ) from exc
+    types = getattr(cfg, "layer_types", None)
+    return [str(t) for t in types] if isinstance(types, list | tuple) else []
+
+
 def count_parameters(config: dict[str, Any]) -> int:
     """Parameters of the model ``config`` describes, tied ones once (``model.parameters()``),
     built on the ``meta`` device (no memory)."""

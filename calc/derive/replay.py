@@ -25,7 +25,13 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
-from calc.derive.record import DeriveError, count_parameters, first_sentence, session
+from calc.derive.record import (
+    DeriveError,
+    count_parameters,
+    first_sentence,
+    layer_types,
+    session,
+)
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -62,19 +68,25 @@ def _layers_key(config: dict[str, Any]) -> str:
 
 
 def heterogeneous(config: dict[str, Any]) -> bool:
-    """Whether the decoder layers differ: ``layer_types`` with more than one type (Gemma-2/3's
-    sliding and full attention), dense layers before MoE ones (``first_k_dense_replace``,
-    ``mlp_only_layers``), MoE every few layers, or a sliding-window pattern."""
-    types = config.get("layer_types")
-    if isinstance(types, list) and len(set(map(str, types))) > 1:
-        return True
+    """Whether the decoder layers differ: dense layers before MoE ones
+    (``first_k_dense_replace``, ``mlp_only_layers``), MoE every few layers, or per-layer kinds
+    of more than one type in transformers' config object (Gemma-2/3's sliding and full
+    attention, also when the config.json lists none: the config class builds them). The
+    last answer is cached on disk with the config (it needs transformers)."""
     if any(config.get(key) for key in HETEROGENEOUS_KEYS):
         return True
     step = config.get("decoder_sparse_step")
     if isinstance(step, int) and step > 1:
         return True
-    pattern = config.get("sliding_window_pattern", config.get("_sliding_window_pattern"))
-    return isinstance(pattern, int) and pattern > 1
+    name = _cache_name({"schema": SCHEMA, "layer_types_of": config, **_versions()})
+    cached = read_plan_cache(name)
+    if cached is None:
+        try:
+            cached = {"kinds": sorted(set(layer_types(config)))}
+        except DeriveError as exc:
+            raise NotImplementedError(str(exc)) from exc
+        write_plan_cache(name, cached)
+    return len(cached.get("kinds", [])) > 1
 
 
 def thresholds(config: dict[str, Any]) -> list[int]:

@@ -54,7 +54,7 @@ def test_five_layers_generalise_like_the_hand_graph() -> None:
 @pytest.mark.parametrize(
     ("model_type", "extra", "says"),
     [
-        ("nosuchmodel", {}, "cannot build model_type='nosuchmodel'"),
+        ("nosuchmodel", {}, "model_type='nosuchmodel'"),
         ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, "model_type='mixtral'"),
     ],
 )
@@ -73,3 +73,36 @@ def test_calc_imports_without_torch() -> None:
         "import sys, calc; assert 'torch' not in sys.modules and 'transformers' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+TINY_PHI3 = {
+    "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512,
+    "max_position_embeddings": 512, "pad_token_id": 0,
+}  # fmt: skip
+
+
+def test_param_count_of_a_derived_model_by_hand() -> None:
+    # transformers/models/phi3/modeling_phi3.py, untied head (Phi3Config's default):
+    # embed 512*64 = 32768; per layer: qkv_proj (4*16 + 2*4*16)*64 = 12288, o_proj 64*64 =
+    # 4096, gate_up_proj 2*128*64 = 16384, down_proj 64*128 = 8192, two norms 2*64 = 128:
+    # 41088, times 2 layers = 82176; final norm 64; lm_head 512*64 = 32768. Total 147776.
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3)
+    assert spec.derived and calc.param_count(spec) == 147776
+
+
+@pytest.mark.parametrize(
+    ("extra", "differ"),
+    [
+        (
+            {"model_type": "gemma2", "sliding_window": 16},
+            True,
+        ),  # alternating, built by Gemma2Config
+        ({"model_type": "qwen3_moe", "mlp_only_layers": [0]}, True),  # a dense layer first
+        ({}, False),  # phi3: every layer alike
+    ],
+)
+def test_heterogeneous_layers_are_recorded_whole(extra: dict, differ: bool) -> None:
+    from calc.derive.replay import heterogeneous
+
+    assert heterogeneous({**TINY_PHI3, **extra}) is differ
