@@ -108,6 +108,11 @@ def regime_of(model: ModelSpec, job: Training | Inference) -> lift.Regime:
 
 def check_job(model: ModelSpec, job: Training | Inference) -> None:
     """Raise ``NotImplementedError`` naming what the derived replay does not cover yet."""
+    if model.derived and job.implementation == "reference":
+        raise NotImplementedError(
+            f"implementation='reference' is verify's own llama/gpt2 model; model_type="
+            f"{model.model_type!r} runs as transformers' code (implementation='hf')"
+        )
     parts = ("lora", "quant", "pruning", "distill", "kv_quant")
     used = [name for name in parts if getattr(job, name, None) is not None]
     if used:
