@@ -71,21 +71,22 @@ def run_case(card: str, fields: dict) -> dict:
     return {**first, "disk_s": disk["first_s"]}
 
 
+def _line(card: str, name: str, r: dict) -> str:
+    same = "equal" if r["peak"] == r["hand"] else f"differs by {r['peak'] - r['hand']:,} B"
+    return (
+        f"{card} {name:34s} first {r['first_s']:6.1f} s   disk cache {r['disk_s']:5.2f} s   "
+        f"compiled {r['again_us']:6.0f} us   hand graph {same}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--card", default="qwen3-32b", help="model card (default qwen3-32b)")
     args = parser.parse_args(argv)
-    results = {}
-    for name, fields in CASES.items():
-        r = results[name] = run_case(args.card, fields)
-        if not args.json:
-            same = "equal" if r["peak"] == r["hand"] else f"differs by {r['peak'] - r['hand']:,} B"
-            print(f"{args.card} {name:34s} first {r['first_s']:6.1f} s   disk cache "
-                  f"{r['disk_s']:5.2f} s   compiled {r['again_us']:6.0f} us   "
-                  f"hand graph {same}", flush=True)  # fmt: skip
-    if args.json:
-        print(json.dumps(results, indent=2))
+    results = {name: run_case(args.card, fields) for name, fields in CASES.items()}
+    lines = [_line(args.card, name, r) for name, r in results.items()]
+    print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0
 
 
