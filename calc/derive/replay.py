@@ -25,8 +25,8 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
+from calc.derive.book import DeriveError
 from calc.derive.record import (
-    DeriveError,
     count_parameters,
     first_sentence,
     layer_types,
