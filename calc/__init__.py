@@ -23,6 +23,7 @@ from calc.config.pruning import Pruning
 from calc.config.serving import Serving
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.data.hub import HubConfig, from_pretrained, load_hub_config
+from calc.derive.replay import param_count
 from calc.estimate.api import estimate
 from calc.estimate.result import Estimate
 from calc.serving.api import ServeEstimate, serve
@@ -49,6 +50,7 @@ __all__ = [
     "load_card",
     "load_card_config",
     "load_hub_config",
+    "param_count",
     "plan",
     "pruned_spec",
     "published_params",

@@ -28,6 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "calc.replay",
         "calc.parallel",
         "calc.models",
+        "calc.derive",
         "calc.compress",
         "calc.step",
         "calc.estimate",

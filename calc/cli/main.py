@@ -28,6 +28,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.data.cards import list_cards
 from calc.data.gpus import DEFAULT_GPU, get_gpu
+from calc.derive.replay import param_count
 from calc.estimate.api import estimate
 from calc.estimate.device_fit import DeviceFit, device_fits
 from calc.estimate.result import GIB, Estimate
@@ -405,7 +406,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "model": label,
-            "n_params": int(model.n_params),
+            "n_params": param_count(model),
             "task": args.task,
             "job": dataclasses.asdict(job),
             "device": args.device,
@@ -437,7 +438,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
 
     job_desc = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(job).items())
-    print(f"model: {label} ({int(model.n_params):,} parameters)")
+    print(f"model: {label} ({param_count(model):,} parameters)")
     print(f"job:   {type(job).__name__}({job_desc}), device={args.device}")
     if parallel is not None:
         changed = {

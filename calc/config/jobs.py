@@ -21,7 +21,7 @@ Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafact
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
-Implementation = Literal["hf", "reference"]
+Implementation = Literal["hf", "reference", "derived"]
 ZeroGrad = Literal["after_step", "before_backward"]
 Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
@@ -67,7 +67,9 @@ class Training:
     attention: Attention = "sdpa"
     """``sdpa`` (the kernel CUDA picks), a forced SDPA kernel, or ``eager`` softmax attention."""
     implementation: Implementation = "hf"
-    """Which modeling code runs: Hugging Face transformers (``hf``) or verify's ``reference``."""
+    """Which modeling code runs: Hugging Face transformers (``hf``), verify's ``reference``, or
+    ``derived``: transformers' code with the replay recorded from it (`calc.derive`) instead of
+    the hand-written graph (the default for model types that have none)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0

@@ -55,6 +55,14 @@ _GELU_ACTS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python
 
 Dim = int | sp.Expr
 
+_DERIVED_STRUCTURE: dict[str, Any] = {
+    "mlp": "swiglu", "norm": "rmsnorm", "qkv_bias": False, "o_bias": False, "mlp_bias": False,
+    "norm_bias": False, "qk_norm": False, "learned_positions": False, "attention_dropout": 0.0,
+    "hidden_dropout": 0.0, "embedding_dropout": 0.0, "norm_eps": 1e-6, "rope_theta": None,
+}  # fmt: skip
+"""The structural fields of a derived model's spec: unused placeholders (its replay comes from
+the modeling code, `calc.derive`), set so that the spec validates."""
+
 
 def _is_model_type(value: object) -> TypeGuard[ModelType]:
     return value in MODEL_TYPES
@@ -138,15 +146,41 @@ class ModelSpec:
     """Sliding-window attention span in tokens for the layers that use it (Mistral's
     ``sliding_window``; Qwen2 only with ``use_sliding_window``), else ``None``. It changes the
     Hugging Face cache (``DynamicSlidingWindowLayer``), not the parameters."""
+    hf_config: str | None = None
+    """A model of another architecture (a ``model_type`` outside ``MODEL_TYPES``): its
+    ``config.json`` as canonical JSON text (sorted keys), which ``calc.derive`` builds and
+    traces; the size fields above are then read from it for display. ``None`` for the five
+    hand-modelled types."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name={self.name!r} must be a non-empty string")
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(f"model_type={self.model_type!r} must be one of {MODEL_TYPES}")
+        self._check_model_type()
         self._check_sizes()
         self._check_structure()
         self._check_numbers()
+
+    def _check_model_type(self) -> None:
+        """One of the hand-modelled types, or any other with its config (a derived model)."""
+        if self.hf_config is None:
+            if self.model_type not in MODEL_TYPES:
+                raise ValueError(
+                    f"model_type={self.model_type!r} must be one of {MODEL_TYPES}, or any other "
+                    "Hugging Face model_type read with ModelSpec.from_hf_config (derived)"
+                )
+            return
+        if not isinstance(self.hf_config, str):
+            raise ValueError(f"hf_config={self.hf_config!r} must be JSON text or None")
+        if self.model_type in MODEL_TYPES or not _is_type_name(self.model_type):
+            raise ValueError(
+                f"model_type={self.model_type!r} with hf_config must be a Hugging Face "
+                f"model_type other than {MODEL_TYPES} (letters, digits, '_')"
+            )
+
+    @property
+    def derived(self) -> bool:
+        """Whether calc derives this model's replay from its modeling code (`calc.derive`)."""
+        return self.hf_config is not None
 
     def _check_sizes(self) -> None:
         """Positive integer sizes; whole GQA groups; GPT-2's heads span the hidden size."""
@@ -198,9 +232,11 @@ class ModelSpec:
             got = type(config).__name__
             raise ValueError(f"config must be a JSON object (a dict), got {got}")
         model_type = config.get("model_type")
-        if not _is_model_type(model_type):
-            raise ValueError(f"model_type={model_type!r} must be one of {MODEL_TYPES}")
         label = name if name is not None else str(config.get("_name_or_path") or model_type)
+        if not _is_model_type(model_type):
+            if not _is_type_name(model_type):
+                raise ValueError(f"model_type={model_type!r} must be a Hugging Face model_type")
+            return cls._from_other(config, label, model_type)
         if model_type == "gpt2":
             return cls._from_gpt2(config, label)
         return cls._from_llama_family(config, label, model_type)
@@ -312,6 +348,38 @@ class ModelSpec:
         )
 
     @classmethod
+    def _from_other(cls, c: Mapping[str, object], name: str, model_type: str) -> ModelSpec:
+        """A model of another architecture: the config is kept (``hf_config``) for
+        ``calc.derive``; the size fields are read from the keys most configs share (llama's
+        names, GPT-2's as a fallback) for display and for the symbols' values."""
+        hidden = _first_int(c, ("hidden_size", "n_embd", "d_model"))
+        heads = _first_int(c, ("num_attention_heads", "n_head", "num_heads"))
+        kv = c.get("num_key_value_heads")
+        n_kv = kv if is_int(kv) and kv > 0 and heads % kv == 0 else heads
+        head_dim = c.get("head_dim")
+        if not (is_int(head_dim) and head_dim > 0):
+            head_dim = max(1, hidden // heads)
+        ffn = c.get("intermediate_size", c.get("n_inner"))
+        max_pos = c.get("max_position_embeddings", c.get("n_positions"))
+        window = c.get("sliding_window")
+        return cls(
+            name=name,
+            model_type=model_type,  # type: ignore[arg-type]
+            hidden=hidden,
+            n_layers=_first_int(c, ("num_hidden_layers", "n_layer", "num_layers")),
+            n_heads=heads,
+            n_kv_heads=n_kv,
+            head_dim=head_dim,
+            ffn=ffn if is_int(ffn) and ffn > 0 else 4 * hidden,
+            vocab=_req_int(c, "vocab_size"),
+            max_positions=max_pos if is_int(max_pos) and max_pos > 0 else 2048,
+            tied_embeddings=bool(c.get("tie_word_embeddings", False)),
+            **_DERIVED_STRUCTURE,
+            sliding_window=window if is_int(window) and window > 0 else None,
+            hf_config=json.dumps(dict(c), sort_keys=True),
+        )
+
+    @classmethod
     def from_json(cls, text: str, name: str | None = None) -> ModelSpec:
         """Parse ``config.json`` text (JSON only, never evaluated) and read it."""
         try:
@@ -346,6 +414,11 @@ class ModelSpec:
         """Every learnable tensor, in ``named_parameters()`` order; group ``"layer"`` lists one
         decoder layer. The tied LM head is omitted. ``symbolic=True`` gives shapes as sympy
         expressions of ``h, a, k, d, f, V, P``; otherwise plain ints."""
+        if self.derived:
+            raise NotImplementedError(
+                f"model_type={self.model_type!r} is derived from its modeling code: its "
+                "parameter tensors are known from the trace (calc.derive), not listed here"
+            )
         dm: Mapping[sp.Symbol, Dim] = (
             {sym: sym for sym in S.MODEL_SYMBOLS} if symbolic else self.dims()
         )
@@ -444,6 +517,18 @@ def _req_int(c: Mapping[str, object], key: str) -> int:
     if not is_int(value) or value <= 0:
         raise ValueError(f"{key}={value!r} must be a positive integer")
     return value
+
+
+def _is_type_name(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and bool(value) and value.replace("_", "").isalnum()
+
+
+def _first_int(c: Mapping[str, object], keys: tuple[str, ...]) -> int:
+    """The first of ``keys`` the config has, as a positive integer."""
+    for key in keys:
+        if key in c:
+            return _req_int(c, key)
+    raise ValueError(f"config is missing required key {keys[0]!r} (or {', '.join(keys[1:])})")
 
 
 def _is_bool(value: object) -> TypeGuard[bool]:

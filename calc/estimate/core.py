@@ -24,6 +24,7 @@ from calc import symbols as S
 from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.derive.replay import derived_events, regime_of
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
@@ -159,13 +160,28 @@ def _structure_key(
         prompt_one=prompt_one,
         window_in_context=window_in_context,
         small_params=small_params,
-        model_fields=tuple((name, getattr(model, name)) for name in _FROM_MODEL),
+        model_fields=tuple((name, getattr(model, name)) for name in _FROM_MODEL)
+        + _derived_fields(model, job),
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
         attention_kernel=attention_kernel(model, job),
         flash_head_pad=flash_head_pad(model.head_dim),
         job=_job_structure(job),
     )
+
+
+def is_derived(model: ModelSpec, job: Training | Inference) -> bool:
+    """Whether the replay is derived from the modeling code (`calc.derive`): a model type with
+    no hand-written graph, or ``implementation="derived"``."""
+    return model.derived or job.implementation == "derived"
+
+
+def _derived_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[str, object], ...]:
+    """What else decides a derived replay: the config and the job's size regime
+    (`calc.derive.lift.Regime`); nothing for the hand-written replays."""
+    if not is_derived(model, job):
+        return ()
+    return (("hf_config", model.hf_config), ("regime", regime_of(model, job)))
 
 
 def _branch(n_layers: int) -> int:
@@ -199,7 +215,16 @@ def _compile(key: StructureKey, device: str, branch: int) -> Compiled:
 def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
     model, job, opts = _EXEMPLAR[key]
     order: list = []
-    if isinstance(job, Inference):
+    exact = opts.exact_layers
+    if is_derived(model, job):
+        if opts != SINGLE:
+            raise NotImplementedError(
+                f"model_type={model.model_type!r} (derived replay): parallel layouts are not "
+                "modelled yet on derived architectures"
+            )
+        events, every_layer = derived_events(model, job, branch)
+        exact = exact or every_layer
+    elif isinstance(job, Inference):
         if opts != SINGLE:
             raise NotImplementedError("parallel inference is not modelled yet")
         events = replay_inference(model, job, device, branch)
@@ -218,7 +243,7 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
             grad_order=order,
         )
     grad_order = tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
-    if branch >= timeline.GENERAL_LAYERS and not opts.exact_layers:
+    if branch >= timeline.GENERAL_LAYERS and not exact:
         cands = timeline.candidates_general(events)
     else:
         cands = timeline.candidates_exact(events)
@@ -229,6 +254,12 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
         for phase in dict.fromkeys(c.phase for c in tl.candidates)
     )
     return Compiled(tl, fn, branch, phase_index, grad_order)
+
+
+DERIVED_NOTE = (
+    "derived from the modeling code (transformers, recorded on fake tensors with CPU kernels)"
+)
+"""The note every derived estimate carries."""
 
 
 def evaluate(
@@ -271,8 +302,17 @@ def evaluate(
         peak_expression_fn=lambda: timeline.candidate_expression(tl, i, S.L) + const_total,
         values=vals,
         device=device,
-        notes=(f"attention kernel: {key.attention_kernel}", *dev_notes, *notes),
+        notes=(
+            f"attention kernel: {key.attention_kernel}",
+            *dev_notes,
+            *_derived_note(key),
+            *notes,
+        ),
     )
+
+
+def _derived_note(key: StructureKey) -> tuple[str, ...]:
+    return (DERIVED_NOTE,) if any(name == "regime" for name, _ in key.model_fields) else ()
 
 
 def too_large_message(model: ModelSpec, job: Training | Inference) -> str:

@@ -16,6 +16,7 @@ DeepSeek-V2/V3, Gemma-2/3, Phi-3/4, OLMo-2, Granite) use the analytic forward te
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -125,9 +126,8 @@ def resolve_model(model: object) -> tuple[ModelSpec | None, ServingArch]:
     """(the `calc.ModelSpec` calc replays, or None for a family it cannot replay; the serving
     view) of a ModelSpec or a config.json dict; ``ValueError`` for anything else."""
     if isinstance(model, ModelSpec):
-        # TODO(h-derive): once ModelSpec carries ``hf_config`` (the config JSON) for any
-        # model_type, read it here: ``ServingArch.from_hf_config(json.loads(model.hf_config))``
-        # for the model types outside MODEL_TYPES.
+        if model.hf_config is not None:  # another architecture: served from its config
+            return None, ServingArch.from_hf_config(json.loads(model.hf_config))
         return model, ServingArch.from_model_spec(model)
     if isinstance(model, Mapping):
         if model.get("model_type") in MODEL_TYPES:

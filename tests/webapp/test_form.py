@@ -244,7 +244,7 @@ def test_card_and_its_config_json_give_the_same_model() -> None:
         (b"\xff\xfe{", "not UTF-8"),
         (b'{"model_type": "llama",', "malformed JSON"),
         (b"[1, 2]", "JSON object"),
-        (b'{"model_type": "bert"}', "model_type"),
+        (b'{"model_type": "no such type!"}', "model_type"),
         (b'{"model_type": "llama"}', "hidden_size"),
         (b'{"model_type": "llama", "hidden_size": "4096"}', "hidden_size"),
         (b"[" * 100_000, "nested too deeply"),

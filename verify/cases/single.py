@@ -16,6 +16,7 @@ from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, 
 from verify.cases.case import infer as _infer
 from verify.cases.case import train as _train
 from verify.cases.compression import compression_cases
+from verify.cases.derived import derived_cases
 from verify.cases.generate import generate_cases
 from verify.cases.scale import scaled_spec
 
@@ -184,6 +185,11 @@ def _hf_cases() -> list[Case]:
                tags=("hf",), **hf),
         _train("hf-qwen2-amp-accum2", QWEN2, precision="amp-bf16", grad_accum=2, tags=("hf",),
                **hf),
+        _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,
+               seq_len=128, impl="derived", tags=("derived",),
+               note="calc.derive's replay recorded from transformers' code (no hand graph)"),
+        _infer("derived-infer-mistral-bf16", MISTRAL, impl="derived", batch=2, context=64,
+               precision="bf16", tags=("derived",)),
     ]  # fmt: skip
 
 
@@ -399,6 +405,7 @@ def _all() -> tuple[Case, ...]:
         *compression_cases(),  # quantization, LoRA, QLoRA
         *_pruning_cases(),
         *_distill_cases(),
+        *derived_cases(),  # architectures without a hand-written graph
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

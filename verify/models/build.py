@@ -67,7 +67,7 @@ def build_model(
     ``(ids, targets) -> loss`` (hf: ``labels=ids``, shifted inside transformers)."""
     torch.manual_seed(seed)
     attention = "eager" if job.attention == "eager" else "sdpa"
-    if job.implementation == "hf":
+    if job.implementation in ("hf", "derived"):  # derived: the hf model, calc derives
         if not hf_model.available():
             raise NotRunnable("transformers is not installed (the hf extra)")
         model = hf_model.build_hf(spec, attention, device=device)

@@ -243,8 +243,9 @@ def cuda_environment() -> dict[str, Any]:
 def preload(case: Case) -> None:
     """Import, outside any meter, what building the case imports lazily (transformers' modeling
     module for its model type), so import-time tensors never count."""
-    if case.impl == "hf" and hf_model.available():
-        hf_model.build_hf_on_meta(case.spec())
+    if case.impl in ("hf", "derived") and hf_model.available():
+        attention = "eager" if case.job.attention == "eager" else "sdpa"  # gemma2: eager only
+        hf_model.build_hf_on_meta(case.spec(), attention)
 
 
 def run_case(case: Case, device: str = "cpu") -> Record:

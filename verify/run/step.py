@@ -219,7 +219,7 @@ def prefill(
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
         if job.new_tokens > 0:
             generate(model, ids, job)
-        elif job.implementation == "hf":
+        elif job.implementation in ("hf", "derived"):
             import transformers
 
             cache = transformers.StaticCache(config=model.config, max_cache_len=job.context)

@@ -43,7 +43,7 @@ def _changed(obj: object) -> str:
 
 st.title("vramplan")
 st.caption(
-    f"**{model.label}**, {model.spec.n_params:,} parameters · "
+    f"**{model.label}**, {calc.param_count(model.spec):,} parameters · "
     f"{type(job).__name__}({_changed(job)})"
     + (f" · Parallelism({_changed(parallel)}), {parallel.world_size} GPUs" if parallel else "")
     + f" · predicting {'torch.cuda.max_memory_allocated' if inputs.device == 'cuda' else 'the CPU tracker'}"

@@ -265,7 +265,7 @@ def test_bad_input_exits_2_naming_the_field(calls, capsys, argv, named) -> None:
     [
         ("{not json", "config"),
         ("[1, 2]", "config"),
-        ('{"model_type": "bert", "hidden_size": 8}', "model_type"),
+        ('{"model_type": "no such type!", "hidden_size": 8}', "model_type"),
     ],
 )
 def test_bad_config_file_exits_2(calls, capsys, tmp_path, text, named) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -105,7 +106,7 @@ LLAMA = {
         ({"rms_norm_eps": "1e-5"}, "rms_norm_eps"),
         ({"rope_theta": "1e4"}, "rope_theta"),
         ({"attention_dropout": 1.0}, "attention_dropout"),
-        ({"model_type": "bert"}, "model_type"),
+        ({"model_type": "no such type!"}, "model_type"),
         ({"model_type": None}, "model_type"),
     ],
 )
@@ -216,3 +217,18 @@ def test_an_integral_float_size_says_it_is_read_as_a_float(value: float) -> None
     """``hidden_size: 1e30`` got "must be a positive integer", which 1e30 looks like (issue 16)."""
     with pytest.raises(ValueError, match=r"hidden_size=.* without a decimal point or exponent"):
         ModelSpec.from_hf_config({**LLAMA, "hidden_size": value})
+
+
+def test_another_model_type_keeps_its_config_for_the_derived_replay() -> None:
+    config = {"model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "intermediate_size": 128, "vocab_size": 512}  # fmt: skip
+    spec = ModelSpec.from_hf_config(config, name="tiny")
+    assert spec.derived and json.loads(spec.hf_config or "") == config
+    # sizes read from the shared keys; head_dim = hidden / heads = 16; kv heads default to heads
+    assert (spec.hidden, spec.n_layers, spec.n_heads, spec.n_kv_heads, spec.head_dim) == (
+        64, 2, 4, 4, 16,
+    )  # fmt: skip
+    with pytest.raises(NotImplementedError, match="derived"):
+        spec.param_tensors()
+    with pytest.raises(ValueError, match="hidden_size"):
+        ModelSpec.from_hf_config({**config, "hidden_size": 0})

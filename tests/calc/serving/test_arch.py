@@ -268,3 +268,15 @@ def test_inverse_questions_take_a_config() -> None:
     # ~7 GiB for the KV cache, far more than one 4096-token request needs: tp = 2
     assert inverse.fewest_tensor_parallel(cfg, calc.Serving(max_model_len=4096), 1.0,
                                           total_bytes=total) == 2  # fmt: skip
+
+
+def test_a_card_of_another_architecture_is_served_from_its_config() -> None:
+    # calc.load_card gives a ModelSpec carrying the config (the derived path); serving reads the
+    # same config.json as when it is passed as a dict, so both answers are one
+    config = calc.load_card_config("mixtral-8x7b")
+    spec = calc.load_card("mixtral-8x7b")
+    serving = calc.Serving(tensor_parallel=2, max_model_len=32768)
+    from_spec = calc.serve(spec, serving, gpu="h100-80gb")
+    from_dict = calc.serve(config, serving, gpu="h100-80gb")
+    assert from_spec == from_dict
+    assert from_spec.kv_cache_tokens > 0

@@ -1,0 +1,94 @@
+"""Time the derived path (`calc.derive`): the first estimate of an architecture, then cached.
+
+    python benchmarks/bench_derive.py [--json] [--card qwen3-32b]
+
+Each case runs in a fresh Python process with an empty ``VRAMPLAN_CACHE_DIR`` (a temporary
+folder) and one BLAS thread, and reports: ``first_s``, the first ``calc.estimate`` of the
+structure (build the model on fake tensors, record the step at every sample point, fit the
+sizes, play the stream, compile); ``disk_s``, the same estimate in a second fresh process that
+finds the fitted stream on disk (play and compile only); ``again_us``, a further estimate with
+other sizes in the same regime (the compiled path). The card's model runs as
+``implementation="derived"`` (its transformers code), so the same sizes can be compared with
+the hand-written graph (on ``device="cpu"``: the derived replay records CPU kernels).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+CASES: dict[str, dict] = {
+    "training b=2 s=2048 amp-bf16": {"kind": "training", "micro_batch": 2, "seq_len": 2048},
+    "prefill b=4 prompt=2048 ctx=4096": {"kind": "inference", "batch": 4, "prompt": 2048,
+                                          "context": 4096},
+}  # fmt: skip
+"""Case name -> job fields (``kind`` picks calc.Training or calc.Inference)."""
+
+_CHILD = """
+import json, sys, time
+from dataclasses import replace
+import calc
+card, fields = json.loads(sys.argv[1])
+kind = fields.pop("kind")
+model = calc.load_card(card)
+if kind == "training":
+    job = calc.Training(precision="amp-bf16", implementation="derived", **fields)
+    other = replace(job, micro_batch=job.micro_batch + 1, seq_len=job.seq_len * 2)
+else:
+    job = calc.Inference(precision="bf16", implementation="derived", **fields)
+    other = replace(job, batch=job.batch + 1)
+t = time.perf_counter()
+peak = calc.estimate(model, job, device="cpu").peak_bytes
+first = time.perf_counter() - t
+t = time.perf_counter()
+for _ in range(100):
+    calc.estimate(model, other, device="cpu")
+again = (time.perf_counter() - t) / 100
+hand = calc.estimate(model, replace(job, implementation="hf"), device="cpu").peak_bytes
+print(json.dumps({"first_s": first, "again_us": again * 1e6, "peak": peak, "hand": hand}))
+"""
+
+
+def _child(card: str, fields: dict, cache: str) -> dict:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               VRAMPLAN_CACHE_DIR=cache)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, json.dumps([card, dict(fields)])],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_case(card: str, fields: dict) -> dict:
+    """First estimate in a fresh process with an empty cache, then again with the disk cache."""
+    with tempfile.TemporaryDirectory() as cache:
+        first = _child(card, fields, cache)
+        disk = _child(card, fields, cache)
+    return {**first, "disk_s": disk["first_s"]}
+
+
+def _line(card: str, name: str, r: dict) -> str:
+    same = "equal" if r["peak"] == r["hand"] else f"differs by {r['peak'] - r['hand']:,} B"
+    return (
+        f"{card} {name:34s} first {r['first_s']:6.1f} s   disk cache {r['disk_s']:5.2f} s   "
+        f"compiled {r['again_us']:6.0f} us   hand graph {same}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--card", default="qwen3-32b", help="model card (default qwen3-32b)")
+    args = parser.parse_args(argv)
+    results = {name: run_case(args.card, fields) for name, fields in CASES.items()}
+    lines = [_line(args.card, name, r) for name, r in results.items()]
+    print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

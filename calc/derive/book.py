@@ -1,0 +1,369 @@
+"""The bookkeeping of a recording: storages, their layers and kinds, the event stream.
+
+`Book` follows storages with the rules of verify's CPU storage tracker
+(``verify/measure/tracker.py``), through a dispatch mode (`mode_type`):
+
+* an allocation is a new storage among an op's outputs; a free is a weakref callback on the
+  Python ``UntypedStorage`` (kept alive exactly as long as the ``StorageImpl``, fake ones too),
+  queued and applied before the next op is accounted, as the tracker does;
+* a storage first seen as an op input is not counted ("late"); nor is the output of
+  ``aten.lift_fresh`` (``torch.tensor()`` of a Python number, which bypasses dispatch in an
+  eager run: the optimizers' ``step`` scalars), nor an empty storage;
+* autograd's saved tensors are seen through ``saved_tensors_hooks``, as the tracker installs
+  them (the pack hook returns a detached alias, like the tracker's).
+
+Each storage is tagged with the decoder layer that allocated it: the layer whose forward is
+running (kept by `calc.derive.record`'s hooks); in the backward, the layer of the autograd node
+running (``torch._C._current_autograd_node``), known from the sequence numbers the layers'
+forwards spanned (``torch._C._autograd._get_sequence_nr``); in the optimizer step, the layer of
+the parameter the op works on.
+
+torch and transformers are imported only inside these functions: ``calc`` imports without them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import contextlib
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from calc.replay.kinds import StorageKind
+
+SKIPPED_OPS = ("lift_fresh", "lift_fresh_copy")
+"""Ops whose outputs an eager run makes outside dispatch (``torch.tensor()``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """One recorded run at one (batch, sequence[, context]) point."""
+
+    nbytes: tuple[int, ...]
+    """Raw bytes of every storage seen, by storage number."""
+    info: tuple[tuple[str, str, object], ...]
+    """(kind, name, layer tag) of every storage, by storage number."""
+    baseline: tuple[int, ...]
+    """Storages alive when the measured part starts (weights, buffers, inputs)."""
+    stream: tuple[tuple[bool, int, str, object], ...]
+    """(allocation?, storage number, phase, segment) of every event, in order."""
+
+    def structure(self) -> tuple:
+        """Everything but the sizes: two points share a structure when this is equal."""
+        return (self.info, self.baseline, self.stream)
+
+
+class DeriveError(Exception):
+    """The modeling code could not be built or run on fake tensors (the message says where)."""
+
+
+def tensors_in(obj: Any, out: list) -> None:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, list | tuple):
+        for o in obj:
+            tensors_in(o, out)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            tensors_in(o, out)
+
+
+def storage_of(t: Any) -> Any | None:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError, TypeError, AttributeError):
+        return None
+
+
+_KIND_RANK = {
+    StorageKind.WEIGHT: 0,
+    StorageKind.BUFFER: 0,
+    StorageKind.GRAD: 1,
+    StorageKind.STATE: 2,
+    StorageKind.INPUT: 3,
+}
+
+
+class Book:
+    """The storages seen and the event stream (the dispatch mode's state)."""
+
+    def __init__(self) -> None:
+        self.nbytes: list[int] = []
+        self.kind: list[str] = []
+        self.name: list[str] = []
+        self.tag: list[object] = []
+        self.saved: set[int] = set()
+        self.live: dict[int, tuple[int, weakref.ref]] = {}
+        self.ignored: dict[int, weakref.ref] = {}
+        self.pending: collections.deque = collections.deque()
+        self.stream: list[tuple[bool, int, str, object]] = []
+        self.baseline: tuple[int, ...] = ()
+        self.phase = "setup"
+        self.tag_now: object = "base"
+        self.starts: list[int] = []
+        self.start_tags: list[object] = []
+        self.param_of: dict[int, tuple[object, str]] = {}
+        """storage key -> (tag, parameter name) for parameters and buffers."""
+
+    def drain(self, segment: object) -> None:
+        """Apply the queued frees, in storage order: the order in which Python destroys the
+        objects of one batch (a dict of outputs going away) is not the code's, and frees
+        between two allocations cannot change a peak."""
+        freed = []
+        while self.pending:
+            key, ref = self.pending.popleft()
+            entry = self.live.get(key)
+            if entry is not None and entry[1] is ref:
+                del self.live[key]
+                freed.append(entry[0])
+            elif self.ignored.get(key) is ref:
+                del self.ignored[key]
+        self.stream.extend((False, sid, self.phase, segment) for sid in sorted(freed))
+
+    def _ref(self, st: Any, key: int) -> weakref.ref:
+        append = self.pending.append
+
+        def dead(ref: weakref.ref) -> None:
+            append((key, ref))
+
+        return weakref.ref(st, dead)
+
+    def known(self, st: Any) -> int | None:
+        """The storage number of a live counted storage, else None."""
+        entry = self.live.get(st._cdata)
+        if entry is not None and entry[1]() is st:
+            return entry[0]
+        return None
+
+    def ignore(self, st: Any) -> None:
+        key = st._cdata
+        if self.known(st) is None:
+            ref = self.ignored.get(key)
+            if ref is None or ref() is not st:
+                self.ignored[key] = self._ref(st, key)
+
+    def add(self, st: Any, name: str, tag: object, segment: object) -> None:
+        key = st._cdata
+        entry = self.live.get(key)
+        if entry is not None:
+            if entry[1]() is st:
+                return
+            del self.live[key]
+            self.stream.append((False, entry[0], self.phase, segment))
+        ref = self.ignored.get(key)
+        if ref is not None:
+            if ref() is st:
+                return
+            del self.ignored[key]
+        raw = st.nbytes()
+        if raw == 0:
+            self.ignored[key] = self._ref(st, key)
+            return
+        sid = len(self.nbytes)
+        self.nbytes.append(raw)
+        self.kind.append(StorageKind.ACT)
+        self.name.append(name)
+        self.tag.append(tag)
+        self.live[key] = (sid, self._ref(st, key))
+        self.stream.append((True, sid, self.phase, segment))
+
+    def resized(self, st: Any, name: str, segment: object) -> None:
+        """A mutating op changed a storage's size: the old one freed, a new one counted."""
+        sid = self.known(st)
+        if sid is None or st.nbytes() == self.nbytes[sid]:
+            return
+        del self.live[st._cdata]
+        self.stream.append((False, sid, self.phase, segment))
+        self.add(st, name, self.tag[sid], segment)
+
+    def see_inputs(self, args: Any, kwargs: Any, name: str, mutable: bool, seg: object) -> None:
+        """Inputs never seen are late (not counted); a mutating op may have resized one."""
+        ins: list = []
+        tensors_in(args, ins)
+        tensors_in(kwargs, ins)
+        for t in ins:
+            st = storage_of(t)
+            if st is None:
+                continue
+            if self.known(st) is None:
+                self.ignore(st)
+            elif mutable:
+                self.resized(st, name, seg)
+
+    def see_outputs(self, out: Any, args: Any, kwargs: Any, name: str, seg: object) -> None:
+        """New storages among the outputs, tagged with the layer (in the optimizer step: the
+        layer of the parameter the output belongs to)."""
+        outs: list = []
+        tensors_in(out, outs)
+        skip = name.split(".")[0] in SKIPPED_OPS
+        optimizer = self.phase.endswith("optimizer")
+        for j, t in enumerate(outs):
+            st = storage_of(t)
+            if st is None:
+                continue
+            if skip:
+                self.ignore(st)
+                continue
+            tag = seg
+            if optimizer:
+                found = _op_tag(self, args, kwargs, j, len(outs))
+                tag = found if found is not None else "optimizer"
+            self.add(st, name, tag, tag if optimizer else seg)
+
+    def classify(self, sid: int, kind: StorageKind, name: str, tag: object) -> None:
+        old = _KIND_RANK.get(StorageKind(self.kind[sid]), 9)
+        if _KIND_RANK[kind] <= old:
+            self.kind[sid], self.name[sid], self.tag[sid] = kind, name, tag
+
+    def node_tag(self, node: Any) -> object:
+        """The layer of an autograd node: its parameter's for AccumulateGrad, else the layer
+        whose forward span holds its sequence number."""
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            st = storage_of(variable)
+            if st is not None and st._cdata in self.param_of:
+                return self.param_of[st._cdata][0]
+            return "base"
+        i = bisect.bisect_right(self.starts, node._sequence_nr()) - 1
+        return self.start_tags[i] if i >= 0 else "base"
+
+    def mark_span(self, seq: int, tag: object) -> None:
+        self.starts.append(seq)
+        self.start_tags.append(tag)
+        self.tag_now = tag
+
+    def trace(self) -> Trace:
+        kinds = [
+            StorageKind.SAVED if k == StorageKind.ACT and sid in self.saved else k
+            for sid, k in enumerate(self.kind)
+        ]
+        info = tuple((str(k), n, t) for k, n, t in zip(kinds, self.name, self.tag, strict=True))
+        return Trace(tuple(self.nbytes), info, self.baseline, tuple(self.stream))
+
+
+def _op_tag(book: Book, args: Any, kwargs: Any, index: int, n_out: int) -> object | None:
+    """In the optimizer step: the layer of the parameter-like input the ``index``-th output
+    belongs to (the same position of a ``_foreach_*`` list, else the first tagged input)."""
+    candidates: list = []
+    for arg in (*args, *(kwargs or {}).values()):
+        if isinstance(arg, list | tuple) and len(arg) == n_out and n_out > 1:
+            candidates.append(arg[index])
+        else:
+            tensors_in(arg, candidates)
+    for t in candidates:
+        st = storage_of(t) if t is not None and hasattr(t, "untyped_storage") else None
+        if st is None:
+            continue
+        sid = book.known(st)
+        if sid is not None and isinstance(book.tag[sid], int):
+            return book.tag[sid]
+    return None
+
+
+def _scalar_read(t: Any) -> bool:
+    """A Python value read from a fake tensor (``bool(x)``, ``x.item()``), as the eager run
+    reads it: the modeling code asks such questions of boolean checks on its own index tensors
+    (``masking_utils``: "no packed sequences?", "no padding?"), which are true for the
+    unpadded, unpacked batches of the protocol. Any other read cannot be answered."""
+    import torch
+
+    if t.dtype == torch.bool:
+        return True
+    raise DeriveError(
+        f"the modeling code reads a value of a {t.dtype} tensor (aten._local_scalar_dense): "
+        "its sizes depend on data the derived replay does not have"
+    )
+
+
+def mode_type() -> type:
+    """The dispatch mode class (made on first use: it subclasses torch's ``TorchDispatchMode``)."""
+    import torch
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Recorder(TorchDispatchMode):
+        def __init__(self, book: Book) -> None:
+            super().__init__()
+            self.book = book
+            self.names: dict[Any, tuple[str, bool]] = {}
+
+        def segment(self) -> object:
+            node = torch._C._current_autograd_node()
+            return self.book.node_tag(node) if node is not None else self.book.tag_now
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                try:  # a constant the fake mode knows (torch.tensor(0.0): Adam's step)
+                    return func(*args, **(kwargs or {}))
+                except DataDependentOutputException:
+                    return _scalar_read(args[0])
+            out = func(*args, **(kwargs or {}))
+            info = self.names.get(func)
+            if info is None:
+                schema = getattr(func, "_schema", None)
+                info = (
+                    getattr(func, "__name__", str(func)).removesuffix(".default"),
+                    bool(schema is not None and schema.is_mutable),
+                )
+                self.names[func] = info
+            name, mutable = info
+            seg = self.segment()
+            self.book.drain(seg)
+            self.book.see_inputs(args, kwargs, name, mutable, seg)
+            self.book.see_outputs(out, args, kwargs, name, seg)
+            return out
+
+    return Recorder
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`."""
+    import logging
+
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+@contextlib.contextmanager
+def eager_paths() -> Iterator[None]:
+    """transformers takes its tracing paths for fake tensors (``is_tracing`` in
+    ``transformers/utils/import_utils.py`` counts a FakeTensor as tracing; ``masking_utils``
+    then builds the causal mask that an eager run skips for SDPA's ``is_causal``): while
+    recording, ``is_fake_tensor`` answers as for the eager tensors the run stands for."""
+    from transformers.utils import import_utils
+
+    original = import_utils.is_fake_tensor
+    import_utils.is_fake_tensor = lambda x: False
+    try:
+        yield
+    finally:
+        import_utils.is_fake_tensor = original
+
+
+@contextlib.contextmanager
+def recorder(book: Book) -> Iterator[Any]:
+    """The recorder over ``book``, with the saved-tensor hooks the tracker installs."""
+    import torch
+
+    def pack(t: Any) -> Any:
+        st = storage_of(t)
+        if st is not None:
+            sid = book.known(st)
+            if sid is not None:
+                book.saved.add(sid)
+        return t.detach()
+
+    with mode_type()(book) as mode:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield mode
+        book.drain(book.tag_now)

@@ -1,0 +1,412 @@
+"""Recording what the real modeling code allocates and frees, on fake tensors.
+
+The model ``transformers`` builds from the config (``AutoModelForCausalLM.from_config``) runs
+the protocol of verify's hf cases (``verify/run/step.py``: two optimizer steps of
+``grad_accum`` micro-batches; or one prefill into a ``StaticCache``) under
+``torch._subclasses.fake_tensor.FakeTensorMode``: every tensor has its shape, dtype and storage
+size, and no memory. `calc.derive.book` keeps the storages with the CPU tracker's rules; here
+forward hooks on the decoder layers say which layer runs, and parameters, gradients and
+optimizer states are filed under their parameter's layer and name.
+
+torch and transformers are imported only inside these functions: ``calc`` imports without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from calc.config.jobs import Inference, Training
+from calc.derive.book import (
+    Book,
+    DeriveError,
+    Trace,
+    eager_paths,
+    quiet,
+    recorder,
+    storage_of,
+    tensors_in,
+)
+from calc.replay.kinds import StorageKind
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+_WEIGHT_DTYPE = {
+    "fp32": "float32",
+    "amp-bf16": "float32",
+    "amp-fp16": "float32",
+    "bf16": "bfloat16",
+    "fp16": "float16",
+}
+"""The weights' dtype of each precision (``verify/models/build.py``, ``WEIGHT_DTYPE``)."""
+_AUTOCAST = {"amp-bf16": "bfloat16", "amp-fp16": "float16"}
+
+
+def _layer_list(model: Any, n_layers: int) -> tuple[str, Any]:
+    """(qualified name, ModuleList) of the decoder layers: the ``ModuleList`` of ``n_layers``
+    modules (``model.layers`` in most ``*ForCausalLM``, ``transformer.h`` in GPT-2)."""
+    import torch
+
+    found = [
+        (name, mod)
+        for name, mod in model.named_modules()
+        if isinstance(mod, torch.nn.ModuleList) and len(mod) == n_layers
+    ]
+    if not found:
+        raise DeriveError(f"no ModuleList of {n_layers} decoder layers found in the model")
+    return min(found, key=lambda item: item[0].count("."))
+
+
+def _param_tags(model: Any, prefix: str) -> dict[str, tuple[object, str]]:
+    """Parameter/buffer name -> (layer tag, name with the layer index written ``*``)."""
+    emb = model.get_input_embeddings()
+    out_emb = model.get_output_embeddings()
+    special = {id(p): "embed" for p in emb.parameters()}
+    if out_emb is not None:
+        for p in out_emb.parameters():
+            special.setdefault(id(p), "head")
+    tags: dict[str, tuple[object, str]] = {}
+    named = list(model.named_parameters(remove_duplicate=False)) + list(model.named_buffers())
+    for name, p in named:
+        tag: object = special.get(id(p), "base")
+        short = name
+        if name.startswith(prefix + "."):
+            index, _, rest = name[len(prefix) + 1 :].partition(".")
+            if index.isdigit():
+                tag, short = int(index), f"{prefix}.*.{rest}"
+        tags.setdefault(name, (tag, short))
+    return tags
+
+
+def _vocab(config: dict[str, Any]) -> int:
+    return int(config["vocab_size"])
+
+
+def first_sentence(text: str, limit: int = 240) -> str:
+    """The first line of an error, up to its first sentence and ``limit`` characters (some
+    list every model type transformers knows)."""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    head = line.split(". ")[0]
+    return head if len(head) <= limit else head[: limit - 3] + "..."
+
+
+def _build(config: dict[str, Any], attention: str) -> Any:
+    """``AutoModelForCausalLM.from_config`` of ``config``; any failure is a `DeriveError` naming
+    the model type and what transformers said."""
+    import torch
+    import transformers
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **fields)
+        torch.manual_seed(0)
+        return transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation=attention)
+    except Exception as exc:  # transformers raises many kinds; one message for the user
+        raise DeriveError(
+            f"transformers {transformers.__version__} cannot build model_type={model_type!r} "
+            f"as AutoModelForCausalLM: {type(exc).__name__}: {first_sentence(str(exc))}"
+        ) from exc
+
+
+def layer_types(config: dict[str, Any]) -> list[str]:
+    """The per-layer kinds transformers' config object holds (``layer_types``: what the config
+    class builds when the config.json has none, e.g. Gemma-2's alternating sliding and full
+    attention), or ``[]`` when it has none."""
+    import transformers
+
+    fields = dict(config)
+    model_type = fields.pop("model_type")
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **fields)
+    except Exception as exc:  # one message, as for the build
+        raise DeriveError(
+            f"transformers {transformers.__version__} cannot read a config of "
+            f"model_type={model_type!r}: {type(exc).__name__}: {first_sentence(str(exc))}"
+        ) from exc
+    types = getattr(cfg, "layer_types", None)
+    return [str(t) for t in types] if isinstance(types, list | tuple) else []
+
+
+def count_parameters(config: dict[str, Any]) -> int:
+    """Parameters of the model ``config`` describes, tied ones once (``model.parameters()``),
+    built on the ``meta`` device (no memory)."""
+    import torch
+
+    with torch.device("meta"):
+        model = _build(config, "eager")
+    return sum(p.numel() for p in model.parameters())
+
+
+def _to_dtype(model: Any, dtype: Any) -> None:
+    """``model.to(dtype)`` (``verify/models/build.py``): floating parameters and buffers
+    converted, tied parameters kept tied. Written out because ``Module._apply`` swaps fake
+    tensors with ``torch.utils.swap_tensors``, which refuses tensors with weakrefs."""
+    import torch
+
+    made: dict[int, Any] = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is None or not p.is_floating_point():
+                continue
+            if id(p) not in made:
+                with torch.no_grad():
+                    made[id(p)] = torch.nn.Parameter(p.to(dtype), p.requires_grad)
+            module._parameters[name] = made[id(p)]
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_floating_point():
+                module._buffers[name] = buf.to(dtype)
+
+
+def _hooks(model: Any, book: Book, n_layers: int) -> tuple[str, list]:
+    """Forward hooks that keep ``book``'s current layer and the layers' sequence spans."""
+    import torch
+
+    seq_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
+    prefix, layers = _layer_list(model, n_layers)
+    handles = [model.register_forward_pre_hook(lambda *_: book.mark_span(seq_nr(), "embed"))]
+    for i, layer in enumerate(layers):
+        handles.append(layer.register_forward_pre_hook(lambda *_, i=i: book.mark_span(seq_nr(), i)))
+        handles.append(layer.register_forward_hook(lambda *_: book.mark_span(seq_nr(), "head")))
+    return prefix, handles
+
+
+def _classify_model(book: Book, model: Any, prefix: str) -> None:
+    tags = _param_tags(model, prefix)
+    named = list(model.named_parameters(remove_duplicate=False))
+    for name, p in named + list(model.named_buffers()):
+        st = storage_of(p)
+        if st is None:
+            continue
+        sid = book.known(st)
+        if sid is None:
+            continue
+        tag, short = tags[name]
+        is_param = any(p is q for _, q in named)
+        book.param_of[st._cdata] = (tag, short)
+        book.classify(sid, StorageKind.WEIGHT if is_param else StorageKind.BUFFER, short, tag)
+
+
+def _start(book: Book, model: Any, prefix: str, inputs: tuple) -> None:
+    """The measured part starts (verify's ``reset_peak``): what is live now is the baseline."""
+    book.drain("base")
+    for t in inputs:
+        sid = book.known(t.untyped_storage())
+        if sid is not None:
+            book.classify(sid, StorageKind.INPUT, "input_ids", "base")
+    _classify_model(book, model, prefix)
+    book.baseline = tuple(sid for sid, _ in book.live.values())
+    book.stream = []
+
+
+def _classify_step(book: Book, optimizer: Any) -> None:
+    """Gradients and optimizer states, under their parameter's layer and name."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            tag, short = book.param_of.get(p.untyped_storage()._cdata, ("base", "param"))
+            if p.grad is not None:
+                sid = book.known(p.grad.untyped_storage())
+                if sid is not None:
+                    book.classify(sid, StorageKind.GRAD, f"grad:{short}", tag)
+            for key, value in optimizer.state.get(p, {}).items():
+                found: list = []
+                tensors_in(value, found)
+                for t in found:
+                    sid = book.known(t.untyped_storage())
+                    if sid is not None:
+                        book.classify(sid, StorageKind.STATE, f"{key}:{short}", tag)
+
+
+def _optimizer(params: list, job: Training) -> Any:
+    """The optimizer verify's hf cases build (``verify/models/optimizers.py``,
+    ``_make_factory``): torch.optim with the implementation pinned."""
+    import torch
+
+    foreach, fused = job.optimizer_impl == "foreach", job.optimizer_impl == "fused"
+    wd = job.weight_decay
+    if job.optimizer in ("sgd", "sgd-momentum"):
+        momentum = 0.9 if job.optimizer == "sgd-momentum" else 0.0
+        return torch.optim.SGD(
+            params, lr=1e-2, momentum=momentum, weight_decay=wd, foreach=foreach, fused=fused
+        )
+    cls = torch.optim.AdamW if job.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=1e-3, weight_decay=wd, foreach=foreach, fused=fused)
+
+
+@contextlib.contextmanager
+def _sdpa(backend: str) -> Iterator[None]:
+    """``sdpa_kernel`` restricted to ``backend`` (``verify/run/step.py``, ``forced_sdpa``)."""
+    if backend == "eager":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = SDPBackend.FLASH_ATTENTION if backend == "flash" else SDPBackend.MATH
+    with sdpa_kernel(chosen):
+        yield
+
+
+def _model_tensors(model: Any) -> list:
+    """(name, tensor) of what the built model holds: parameters, buffers and plain tensor
+    attributes of its modules (RoPE's ``original_inv_freq``): the storages an eager run made
+    while building it and still holds when the measured part starts."""
+    import torch
+
+    out: list = list(model.named_parameters(remove_duplicate=False))
+    out += list(model.named_buffers())
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if isinstance(value, torch.Tensor) and not attr.startswith("_"):
+                out.append((f"{name}.{attr}", value))
+    return out
+
+
+@contextlib.contextmanager
+def session(config: dict[str, Any], job: Training | Inference, backend: str) -> Iterator[Any]:
+    """The model of ``config`` built once on fake tensors, in the job's dtype and mode; yields
+    ``trace(batch, seq, context) -> Trace`` that records the job at those sizes (each trace
+    with fresh inputs, optimizer, caches and bookkeeping; the model's storages counted from
+    the start, as when an eager run builds it inside the tracker)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    training = isinstance(job, Training)
+    setup = Book()  # the build, recorded: what an eager build makes outside dispatch is not
+    with eager_paths(), quiet(), FakeTensorMode():  # counted (embed_scale = torch.tensor(..))
+        with recorder(setup):
+            model = _build(config, "eager" if backend == "eager" else "sdpa")
+            if isinstance(job, Training) and job.recompute == "full":
+                enable = getattr(model, "activation_checkpointing_enable", None)
+                (enable or model.gradient_checkpointing_enable)()
+            dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
+            if dtype != torch.float32:
+                _to_dtype(model, dtype)
+            model.train(training)
+            held = [
+                (name, t)
+                for name, t in _model_tensors(model)
+                if (st := storage_of(t)) is not None and setup.known(st) is not None
+            ]
+
+        def trace(batch: int, seq: int, context: int = 0) -> Trace:
+            book = Book()
+            with recorder(book) as mode:
+                for name, t in held:
+                    st = storage_of(t)
+                    if st is not None:
+                        book.add(st, name, "base", "base")
+                        sid = book.known(st)
+                        if sid is not None:
+                            book.classify(sid, StorageKind.BUFFER, name, "base")
+                if isinstance(job, Training):
+                    _train(book, mode, model, job, backend, batch, seq, _vocab(config))
+                else:
+                    _prefill(book, model, job, backend, batch, seq, context, _vocab(config))
+            return book.trace()
+
+        yield trace
+
+
+def _layers_of(model: Any) -> int:
+    return int(model.config.num_hidden_layers)
+
+
+def _train(
+    book: Book, mode: Any, model: Any, job: Training, backend: str, batch: int, seq: int,
+    vocab: int,
+) -> None:  # fmt: skip
+    """Two optimizer steps of ``job`` at ``batch`` x ``seq`` tokens (``verify/run/step.py``,
+    ``train_two_steps``)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, seq))
+    targets = torch.randint(0, vocab, (batch, seq))
+    prefix, handles = _hooks(model, book, _layers_of(model))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = _optimizer(params, job)
+    scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
+    _start(book, model, prefix, (ids, targets))
+    with _sdpa(backend):
+        _run_steps(book, mode, model, opt, scaler, params, job, ids, targets)
+    _classify_step(book, opt)
+    for p in params:
+        p.grad = None
+    for h in handles:
+        h.remove()
+
+
+def _run_steps(
+    book: Book, mode: Any, model: Any, opt: Any, scaler: Any, params: list, job: Training,
+    ids: Any, targets: Any,
+) -> None:  # fmt: skip
+    """The loop of ``verify/run/step.py`` (``train_two_steps``, ``micro_batches``)."""
+    import torch
+
+    amp = _AUTOCAST.get(job.precision)
+
+    def zero_grad() -> None:
+        _classify_step(book, opt)
+        for p in params:
+            p.grad = None
+
+    for step in (1, 2):
+        for mb in range(job.grad_accum):
+            _mark(book, mode, f"step{step}/forward", opt)
+            ctx = (
+                torch.autocast("cpu", dtype=getattr(torch, amp))
+                if amp
+                else contextlib.nullcontext()
+            )
+            with ctx:
+                loss = model(input_ids=ids, labels=targets).loss
+            if scaler is not None:
+                loss = scaler.scale(loss)
+            if job.zero_grad == "before_backward" and mb == 0:
+                zero_grad()
+            _mark(book, mode, f"step{step}/backward", opt)
+            loss.backward()
+            del loss
+        _mark(book, mode, f"step{step}/optimizer", opt)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        if job.zero_grad == "after_step":
+            zero_grad()
+
+
+def _mark(book: Book, mode: Any, phase: str, opt: Any) -> None:
+    book.drain(mode.segment())
+    _classify_step(book, opt)
+    book.phase = phase
+    book.tag_now = "embed" if phase.endswith("forward") else "head"
+
+
+def _prefill(
+    book: Book, model: Any, job: Inference, backend: str, batch: int, prompt: int,
+    context: int, vocab: int,
+) -> None:  # fmt: skip
+    """One prefill of ``prompt`` tokens into a ``StaticCache`` of ``context`` tokens under
+    ``no_grad`` with ``logits_to_keep=1`` (``verify/run/step.py``, ``prefill``)."""
+    import inspect
+
+    import torch
+    import transformers
+
+    ids = torch.randint(0, vocab, (batch, prompt))
+    prefix, handles = _hooks(model, book, _layers_of(model))
+    _start(book, model, prefix, (ids,))
+    book.phase = "prefill"
+    book.tag_now = "embed"
+    with torch.no_grad(), _sdpa(backend):
+        cache = transformers.StaticCache(config=model.config, max_cache_len=context)
+        takes = "cache" in inspect.signature(model.forward).parameters
+        kw = {"cache": cache} if takes else {"past_key_values": cache}
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
+        del out, cache
+    for h in handles:
+        h.remove()

@@ -1,0 +1,321 @@
+"""The derived replay: a model's step as calc events, from its real modeling code.
+
+`derived_events` records the step at the grid points of the job's regime (`calc.derive.lift`),
+fits each storage's size, and plays the stream on a `calc.replay.tape.Tape`: the events then go
+through `calc.replay.timeline` and the compile like a hand-written replay's. Decoder layers that
+are all alike are recorded five at a time (the timeline generalises five to any ``L``);
+a model whose layers differ (sliding and global attention, dense layers before MoE ones) is
+recorded with all its layers and its candidates taken as they are (``exact``).
+
+The fitted stream is cached on disk (`calc.data.cards.write_plan_cache`), keyed by the config,
+the job's structure, the regime and the torch/transformers versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
+
+from calc.config.hf_config import hf_config_dict
+from calc.config.jobs import Inference, Training
+from calc.config.model_spec import ModelSpec
+from calc.data.cards import read_plan_cache, write_plan_cache
+from calc.derive import lift
+from calc.derive.book import DeriveError
+from calc.derive.record import (
+    count_parameters,
+    first_sentence,
+    layer_types,
+    session,
+)
+from calc.models.attention import attention_kernel, cpu_backend
+from calc.replay.tape import Event, Tape, Tensor
+
+SCHEMA = 1
+"""Version of the cached stream's layout (part of the key)."""
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+"""Config keys of the decoder layer count, in the order configs use them."""
+WINDOW_KEYS = (
+    "sliding_window", "attention_chunk_size", "max_position_embeddings", "n_positions",
+)  # fmt: skip
+"""Config keys of spans where the modeling code changes path (masks, caches, RoPE tables)."""
+HETEROGENEOUS_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq")
+"""Config keys that make some decoder layers differ from others."""
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedStream:
+    """A fitted stream: storages with polynomial sizes, the live set at the start, the events."""
+
+    regime: lift.Regime
+    sizes: tuple[lift.Poly, ...]
+    info: tuple[tuple[str, str, object], ...]
+    baseline: tuple[int, ...]
+    stream: tuple[tuple[bool, int, str, object], ...]
+    exact: bool
+    """Recorded with all the model's layers (heterogeneous layers)."""
+
+
+def _layers_key(config: dict[str, Any]) -> str:
+    for key in LAYER_KEYS:
+        if key in config:
+            return key
+    raise NotImplementedError(f"config has none of {LAYER_KEYS}: cannot count its layers")
+
+
+def heterogeneous(config: dict[str, Any]) -> bool:
+    """Whether the decoder layers differ: dense layers before MoE ones
+    (``first_k_dense_replace``, ``mlp_only_layers``), MoE every few layers, or per-layer kinds
+    of more than one type in transformers' config object (Gemma-2/3's sliding and full
+    attention, also when the config.json lists none: the config class builds them). The
+    last answer is cached on disk with the config (it needs transformers)."""
+    if any(config.get(key) for key in HETEROGENEOUS_KEYS):
+        return True
+    step = config.get("decoder_sparse_step")
+    if isinstance(step, int) and step > 1:
+        return True
+    name = _cache_name({"schema": SCHEMA, "layer_types_of": config, **_versions()})
+    cached = read_plan_cache(name)
+    if cached is None:
+        try:
+            cached = {"kinds": sorted(set(layer_types(config)))}
+        except DeriveError as exc:
+            raise NotImplementedError(str(exc)) from exc
+        write_plan_cache(name, cached)
+    return len(cached.get("kinds", [])) > 1
+
+
+def thresholds(config: dict[str, Any]) -> list[int]:
+    """The config's window spans (`WINDOW_KEYS`) that are positive integers."""
+    return [v for key in WINDOW_KEYS if isinstance(v := config.get(key), int) and v > 0 and v != 1]
+
+
+def job_values(job: Training | Inference) -> dict[str, int]:
+    """The job's sizes by symbol name: ``b``, ``s`` (and ``c`` for inference)."""
+    if isinstance(job, Training):
+        return {"b": job.micro_batch, "s": job.seq_len}
+    return {"b": job.batch, "s": job.prompt_len, "c": job.context}
+
+
+def regime_of(model: ModelSpec, job: Training | Inference) -> lift.Regime:
+    """The regime of ``job`` on ``model`` (part of the compile key)."""
+    return lift.regime(job_values(job), thresholds(hf_config_dict(model)))
+
+
+def check_job(model: ModelSpec, job: Training | Inference) -> None:
+    """Raise ``NotImplementedError`` naming what the derived replay does not cover yet."""
+    if model.derived and job.implementation == "reference":
+        raise NotImplementedError(
+            f"implementation='reference' is verify's own llama/gpt2 model; model_type="
+            f"{model.model_type!r} runs as transformers' code (implementation='hf')"
+        )
+    parts = ("lora", "quant", "pruning", "distill", "kv_quant")
+    used = [name for name in parts if getattr(job, name, None) is not None]
+    if used:
+        raise NotImplementedError(
+            f"{', '.join(used)} on a derived architecture is not modelled yet (the derived "
+            "replay records plain training and prefill)"
+        )
+    if isinstance(job, Inference) and job.new_tokens > 0:
+        raise NotImplementedError(
+            "generate (new_tokens > 0) on a derived architecture is not modelled yet (the "
+            "derived replay records the prefill)"
+        )
+    if isinstance(job, Training):
+        _check_loop(job)
+        if job.optimizer not in ("sgd", "sgd-momentum", "adam", "adamw"):
+            raise NotImplementedError(
+                f"optimizer={job.optimizer!r} on a derived architecture is not modelled yet "
+                "(sgd, sgd-momentum, adam, adamw are)"
+            )
+        if job.precision == "bf16-master":
+            raise NotImplementedError("precision='bf16-master' on a derived architecture")
+        if job.recompute == "selective":
+            raise NotImplementedError("transformers has no selective recomputation")
+        if job.dropout is not None and model.derived:
+            raise NotImplementedError("a dropout override on a derived architecture")
+
+
+def _check_loop(job: Training) -> None:
+    """The recorder runs verify's default loop (the output dropped before backward, HF's
+    cross-entropy, an optimizer stepped after backward): refuse the other variants."""
+    default = Training(micro_batch=1, seq_len=1)
+    changed = [
+        f"{name}={getattr(job, name)!r}"
+        for name in ("loop", "loss", "optimizer_in_backward")
+        if getattr(job, name) != getattr(default, name)
+    ]
+    if job.optimizer is None:
+        changed.append("optimizer=None")
+    if changed:
+        raise NotImplementedError(
+            f"{', '.join(changed)} on a derived architecture is not modelled yet (the derived "
+            "replay records the default loop: the output dropped before backward, "
+            "cross-entropy, the optimizer after backward)"
+        )
+
+
+def _backend(model: ModelSpec, job: Training | Inference, config: dict[str, Any]) -> str:
+    """The CPU attention path verify's hf cases take (``verify/run/step.py``, ``pins_for``)."""
+    dropout = config.get("attention_dropout", 0.0) if model.derived else model.attention_dropout
+    if not isinstance(job, Training) or not isinstance(dropout, int | float):
+        dropout = 0.0
+    return cpu_backend(attention_kernel(model, job), float(dropout))
+
+
+def _with_dropout(model: ModelSpec, job: Training | Inference) -> ModelSpec:
+    """The model as the job runs it: ``job.dropout`` at every dropout site (hand-modelled
+    types; `check_job` refuses it on derived ones)."""
+    if not isinstance(job, Training) or job.dropout is None or model.derived:
+        return model
+    p = job.dropout
+    return model.with_overrides(attention_dropout=p, hidden_dropout=p, embedding_dropout=p)
+
+
+def _traced_config(config: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    out = dict(config)
+    out[_layers_key(config)] = n_layers
+    types = out.get("layer_types")
+    if isinstance(types, list):
+        out["layer_types"] = types[:n_layers]
+    return out
+
+
+def _cache_name(parts: dict[str, Any]) -> str:
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return "derived-" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in ("torch", "transformers"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "absent"
+    return out
+
+
+def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -> DerivedStream:
+    """The fitted stream of ``job`` on ``model`` recorded with ``n_layers`` layers (all of them
+    when the layers differ), from the disk cache when it has it."""
+    check_job(model, job)
+    model = _with_dropout(model, job)
+    config = hf_config_dict(model)
+    exact = heterogeneous(config)
+    layers = model.n_layers if exact else n_layers
+    reg = lift.regime(job_values(job), thresholds(config))
+    traced = _traced_config(config, layers)
+    backend = _backend(model, job, config)
+    structure = {
+        k: v for k, v in asdict(job).items() if k not in ("micro_batch", "seq_len", "batch")
+    }
+    if isinstance(job, Inference):
+        structure.pop("context"), structure.pop("prompt")
+    name = _cache_name(
+        {"schema": SCHEMA, "config": traced, "job": structure, "kind": type(job).__name__,
+         "regime": asdict(reg), "backend": backend, **_versions()}
+    )  # fmt: skip
+    cached = read_plan_cache(name)
+    if cached is not None:
+        return _from_json(cached, reg, exact)
+    derived = _record(traced, job, backend, reg, exact)
+    write_plan_cache(name, _to_json(derived))
+    return derived
+
+
+def _record(
+    config: dict[str, Any], job: Training | Inference, backend: str, reg: lift.Regime, exact: bool
+) -> DerivedStream:
+    """Record at every point of the regime's plan, check one structure, fit the sizes."""
+    grid, held = lift.sample_plan(reg)
+    traces = []
+    try:
+        with session(config, job, backend) as trace:
+            for point in [*grid, held]:
+                traces.append(trace(point["b"], point["s"], point.get("c", 0)))
+    except DeriveError as exc:
+        raise NotImplementedError(str(exc)) from exc
+    except Exception as exc:  # the modeling code failed on fake tensors: say where, once
+        raise NotImplementedError(
+            f"the modeling code of model_type={config.get('model_type')!r} does not run on fake "
+            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}"
+        ) from exc
+    first = traces[0]
+    for point, tr in zip([*grid, held], traces, strict=True):
+        if tr.structure() != first.structure():
+            raise NotImplementedError(
+                f"model_type={config.get('model_type')!r}: the ops it runs change with the "
+                f"sizes (at {point} against {[*grid, held][0]}): the derived replay needs one "
+                "code path for every size"
+            )
+    labels = [f"{name} (layer {tag}, {kind})" for kind, name, tag in first.info]
+    try:
+        sizes = lift.fit(
+            reg, grid, held, [t.nbytes for t in traces[:-1]], traces[-1].nbytes, labels
+        )
+    except lift.FitError as exc:
+        raise NotImplementedError(f"model_type={config.get('model_type')!r}: {exc}") from exc
+    return DerivedStream(reg, tuple(sizes), first.info, first.baseline, first.stream, exact)
+
+
+def _to_json(d: DerivedStream) -> dict[str, Any]:
+    return {
+        "sizes": [[[list(m), n, q] for m, n, q in poly] for poly in d.sizes],
+        "info": [list(x) for x in d.info],
+        "baseline": list(d.baseline),
+        "stream": [list(x) for x in d.stream],
+    }
+
+
+def _from_json(data: dict[str, Any], reg: lift.Regime, exact: bool) -> DerivedStream:
+    """The cached stream (numbers and names only: nothing in it is evaluated)."""
+    sizes = tuple(
+        tuple((tuple(int(e) for e in m), int(n), int(q)) for m, n, q in poly)
+        for poly in data["sizes"]
+    )
+    info = tuple((str(k), str(n), t) for k, n, t in data["info"])
+    stream = tuple((bool(a), int(i), str(p), seg) for a, i, p, seg in data["stream"])
+    return DerivedStream(reg, sizes, info, tuple(data["baseline"]), stream, exact)
+
+
+def derived_events(
+    model: ModelSpec, job: Training | Inference, n_layers: int
+) -> tuple[list[Event], bool]:
+    """(events, exact) of ``job`` on ``model``: the fitted stream played on a tape (sizes as
+    expressions of ``b``, ``s``, ``c``; rounded to 512 B by the tape); ``exact`` when every
+    layer was recorded (take the candidates as they are, no generalisation)."""
+    d = derived_stream(model, job, n_layers)
+    tape = Tape(inplace_accumulate=False)
+    held: dict[int, Tensor] = {}
+    for sid in d.baseline:
+        kind, name, tag = d.info[sid]
+        held[sid] = tape.existing(
+            lift.expression(d.sizes[sid], d.regime), 1, name, kind, False, tag
+        )
+    for alloc, sid, phase, segment in d.stream:
+        tape.phase = phase
+        tape.segment = segment
+        if alloc:
+            kind, name, tag = d.info[sid]
+            held[sid] = tape.new(lift.expression(d.sizes[sid], d.regime), 1, name, kind, tag)
+        else:
+            tape.drop(held.pop(sid))
+    return tape.events, d.exact
+
+
+@lru_cache(maxsize=64)
+def param_count(model: ModelSpec) -> int:
+    """The model's parameter count: `ModelSpec.n_params` for the hand-modelled types; for a
+    derived one, transformers' model built on the ``meta`` device (``NotImplementedError``
+    with one message when transformers cannot build it)."""
+    if not model.derived:
+        return model.n_params
+    try:
+        return count_parameters(hf_config_dict(model))
+    except DeriveError as exc:
+        raise NotImplementedError(str(exc)) from exc

@@ -1,0 +1,99 @@
+"""Cases of architectures with no hand-written graph: calc derives their replay (`calc.derive`).
+
+Each runs transformers' own model (``implementation="hf"``) built from a tiny config of the
+real ``model_type``, written here (the shapes of the upstream configs scaled down: 2-3 layers,
+hidden 64, 4 heads of 16, vocabulary 512), and checks calc's derived estimate against the CPU
+tracker: training in fp32 and in amp-bf16, and a bf16 prefill, per architecture. Gemma runs
+eager attention (its soft-capping is written in the eager path).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from calc.config.jobs import Inference, Training
+from verify.cases.case import TOLERANCE_PCT, Case, pairs
+
+_BASE: dict[str, Any] = {
+    "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
+    "max_position_embeddings": 512, "use_cache": True,
+}  # fmt: skip
+"""What every tiny config shares (key names of ``transformers/models/*/configuration_*.py``)."""
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    # soft-capping of attention logits and final logits, sliding window on alternate layers
+    "gemma2": {**_BASE, "model_type": "gemma2", "sliding_window": 16,
+               "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+               "query_pre_attn_scalar": 16},
+    # two local layers then a global one (Gemma-3's 5:1 pattern, shortened), q/k norms
+    "gemma3_text": {**_BASE, "model_type": "gemma3_text", "num_hidden_layers": 3,
+                    "sliding_window": 16, "query_pre_attn_scalar": 16,
+                    "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]},
+    # fused qkv_proj and gate_up_proj (Phi-3 / Phi-4)
+    "phi3": {**_BASE, "model_type": "phi3", "num_key_value_heads": 4, "pad_token_id": 0},
+    # q/k RMSNorm over the whole projection, norms after attention and MLP
+    "olmo2": {**_BASE, "model_type": "olmo2", "pad_token_id": 1},
+    # embedding, residual, attention and logits multipliers
+    "granite": {**_BASE, "model_type": "granite", "embedding_multiplier": 12.0,
+                "logits_scaling": 8.0, "residual_multiplier": 0.22,
+                "attention_multiplier": 0.0625},
+    # LayerNorm with bias, GELU MLP with biases
+    "starcoder2": {**_BASE, "model_type": "starcoder2", "sliding_window": None,
+                   "intermediate_size": 256},
+    # parallel attention and MLP from one LayerNorm, logit scale
+    "cohere": {**_BASE, "model_type": "cohere", "use_qk_norm": False, "pad_token_id": 0},
+}  # fmt: skip
+
+
+def _case(model_type: str, label: str, job: Training | Inference, **config: Any) -> Case:
+    kind = "training" if isinstance(job, Training) else "inference"
+    return Case(
+        name=f"derived-{model_type}-{label}",
+        card=model_type,
+        job=job,
+        impl="hf",
+        tolerance_pct=TOLERANCE_PCT["hf"],
+        tags=(kind, "hf", "derived"),
+        note="no hand-written graph: calc derives the replay from transformers' code",
+        config=json.dumps({**CONFIGS[model_type], **config}, sort_keys=True),
+        scale=pairs(None),
+    )
+
+
+def derived_cases() -> list[Case]:
+    """Three cases per architecture of `CONFIGS` (fp32 and amp-bf16 training, bf16 prefill),
+    and two seven-layer ones (the generalisation from five recorded layers)."""
+    out = []
+    for model_type in CONFIGS:
+        attention = "eager" if model_type.startswith("gemma") else "sdpa"
+        common = {"attention": attention, "implementation": "hf"}
+        out.append(
+            _case(
+                model_type,
+                "fp32",
+                Training(micro_batch=2, seq_len=32, precision="fp32", optimizer="adamw", **common),
+            )
+        )
+        out.append(
+            _case(
+                model_type,
+                "amp-bf16",
+                Training(
+                    micro_batch=3, seq_len=64, precision="amp-bf16", optimizer="adamw", **common
+                ),
+            )
+        )
+        out.append(
+            _case(
+                model_type,
+                "infer-bf16",
+                Inference(batch=2, context=96, prompt=48, precision="bf16", **common),
+            )
+        )
+    # Seven layers, recorded with five and generalised to seven (calc.replay.timeline).
+    seven = Training(micro_batch=2, seq_len=64, precision="fp32", implementation="hf")
+    for model_type in ("phi3", "olmo2"):
+        out.append(_case(model_type, "7-layers-fp32", seven, num_hidden_layers=7))
+    return out
