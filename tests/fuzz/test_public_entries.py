@@ -50,6 +50,11 @@ FUZZ_SLOW = settings(
 )
 """Entries whose example costs a planner compile or an app run: fewer in CI."""
 MODEL = tiny_llama(n_layers=3)
+IMPLEMENTATIONS = (
+    jobs.IMPLEMENTATIONS if NIGHTLY else tuple(i for i in jobs.IMPLEMENTATIONS if i != "derived")
+)
+"""The derived replay records the model with torch, seconds per new structure: the nightly run
+fuzzes it; CI leaves it to tests/calc/derive."""
 
 ANY = st.one_of(
     st.integers(-3, 1 << 26), st.sampled_from([0, 1, 2, 1 << 20, 1 << 24, 1 << 40]),
@@ -72,8 +77,10 @@ def trainings(draw: st.DrawFn) -> dict[str, object]:
         "optimizer": draw(st.sampled_from(jobs.OPTIMIZERS)),
         "recompute": draw(st.sampled_from(jobs.RECOMPUTES)),
         "attention": draw(st.sampled_from(jobs.ATTENTIONS)),
-        "implementation": draw(st.sampled_from(jobs.IMPLEMENTATIONS)),
+        "implementation": draw(st.sampled_from(IMPLEMENTATIONS)),
         "zero_grad": draw(st.sampled_from(jobs.ZERO_GRADS)),
+        "loop": draw(st.sampled_from(jobs.LOOPS)),
+        "loss": draw(st.sampled_from(jobs.LOSSES)),
     }
     if draw(st.integers(0, 4)) == 0:  # now and then a field of the wrong kind or range
         kw[draw(st.sampled_from(sorted(kw)))] = draw(ANY)
@@ -90,10 +97,14 @@ def inferences(draw: st.DrawFn) -> dict[str, object]:
         "context": context,
         "precision": draw(st.sampled_from(jobs.INFERENCE_PRECISIONS)),
         "attention": draw(st.sampled_from(jobs.ATTENTIONS)),
-        "implementation": draw(st.sampled_from(jobs.IMPLEMENTATIONS)),
+        "implementation": draw(st.sampled_from(IMPLEMENTATIONS)),
     }
     if draw(st.booleans()):
         kw["prompt"] = draw(st.integers(0, max(context, 1) + 1))
+    if draw(st.integers(0, 3)) == 0:  # generate: the context follows from prompt + new tokens
+        kw["new_tokens"] = draw(_sizes(1 << 24))
+        kw["cache"] = draw(st.sampled_from(jobs.CACHE_IMPLS))
+        kw.pop("context")
     if draw(st.integers(0, 4)) == 0:
         kw[draw(st.sampled_from(sorted(kw)))] = draw(ANY)
     return kw
@@ -251,7 +262,7 @@ CONFIG_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_
                "num_key_value_heads", "intermediate_size", "vocab_size", "head_dim",
                "max_position_embeddings", "tie_word_embeddings", "sliding_window", "n_embd")  # fmt: skip
 JSON_VALUES = st.one_of(
-    st.sampled_from(["llama", "qwen2", "gpt2", "mistral", "bert", ""]),
+    st.sampled_from(["llama", "qwen2", "gpt2", "mistral", "bert" if NIGHTLY else "no such type!", ""]),
     st.integers(-2, 1 << 66), st.floats(), st.booleans(), st.none(), st.text(max_size=4),
     st.lists(st.integers(0, 9), max_size=2),
 )  # fmt: skip
