@@ -423,7 +423,8 @@ def test_pasted_config_is_estimated_like_the_same_config_from_python() -> None:
         (b'{"model_type": "llama", "hidden_size": 64', "malformed JSON"),
         (b"\x89PNG\r\n\x1a\n\x00\x00", "not UTF-8"),
         (b'["a list"]', "JSON object"),
-        (b'{"model_type": "t5"}', "model_type"),
+        (b'{"model_type": "no such type!"}', "model_type"),
+        (b'{"model_type": "t5"}', "hidden_size"),  # any type is read (derived): its sizes
         (b'{"model_type": "llama", "hidden_size": 64}', "missing required key"),
         (b" " * (300 * 1024), "limit"),
     ],
