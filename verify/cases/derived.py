@@ -126,6 +126,13 @@ def derived_cases() -> list[Case]:
             implementation="hf", attention=attention,
         )  # fmt: skip
         out.append(_case(model_type, "bf16", bf16))
+    # The worst routing: with every weight 0 (initializer_range 0) the router's logits tie and
+    # top-k picks the same 2 of the 4 experts for every token (counted once by hand with a
+    # hook on layer 0's router: [0, 0, 64, 64] rows for 2 x 32 tokens); the seeded default
+    # routes unevenly ([39, 15, 37, 37]). grouped_mm sizes both the same: one estimate.
+    worst = Training(micro_batch=2, seq_len=32, precision="fp32", optimizer="adamw",
+                     implementation="hf")  # fmt: skip
+    out.append(_case("mixtral", "worst-routing-fp32", worst, initializer_range=0.0))
     # Seven layers, recorded with five and generalised to seven (calc.replay.timeline).
     seven = Training(micro_batch=2, seq_len=64, precision="fp32", implementation="hf")
     for model_type in ("phi3", "olmo2"):

@@ -26,7 +26,13 @@ def _own_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["derived-olmo2-fp32", "derived-gemma2-infer-bf16", "derived-mixtral-fp32"]
+    "name",
+    [
+        "derived-olmo2-fp32",
+        "derived-gemma2-infer-bf16",
+        "derived-mixtral-fp32",  # seeded routing, uneven
+        "derived-mixtral-worst-routing-fp32",  # two experts get every token
+    ],
 )
 def test_derived_estimate_equals_the_cpu_tracker(name: str) -> None:
     # The expected value is measured here by verify's CPU storage tracker running
