@@ -284,8 +284,8 @@ def grouped_mm_fake(args: Any, kwargs: Any) -> Any:
 
     torch's meta rule (``torch/_meta_registrations.py``, ``_meta_grouped_mm_common``) checks
     the CUDA kernel's dtype (bf16 only) and refuses fp32, while the CPU kernel the tracked
-    run takes accepts it (transformers' ``integrations/moe.py``, ``_grouped_mm``, calls
-    ``torch.nn.functional.grouped_mm`` for any dtype on CPU with torch > 2.10). The output is
+    run takes accepts it (transformers' ``integrations/moe.py``, ``_can_use_grouped_mm``: on
+    CPU any dtype from torch 2.9, 16-byte aligned data up to 2.10). The output is
     the meta rule's (``_create_grouped_mm_output_tensor`` without CUDA's row padding): 2-D x
     3-D gives ``[rows, n]``, 3-D x 2-D ``[m, n]``, 2-D x 2-D one ``[m, n]`` per group, 3-D x
     3-D a batched product; contiguous, of the first input's dtype unless ``out_dtype``."""

@@ -6,7 +6,7 @@ hidden 64, 4 heads of 16, vocabulary 512), and checks calc's derived estimate ag
 tracker: training in fp32 and in amp-bf16, and a bf16 prefill, per architecture. Gemma runs
 eager attention (its soft-capping is written in the eager path), DeepSeek too (its value heads are
 narrower than its query heads, which CPU flash SDPA refuses). The MoE types (`MOE_TYPES`) add a
-pure bf16 training case.
+pure bf16 training case, and Mixtral a case with the worst routing.
 """
 
 from __future__ import annotations
@@ -65,10 +65,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
                     "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
                     "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
                     "qk_rope_head_dim": 8, "v_head_dim": 16},
+    # DeepSeek-V2-Lite's shape: latent kv, queries without a low-rank projection, greedy top-k
+    "deepseek_v2": {**_BASE, "model_type": "deepseek_v2", "num_key_value_heads": 4,
+                    "head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "first_k_dense_replace": 1, "topk_method": "greedy", "q_lora_rank": None,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "v_head_dim": 16},
 }  # fmt: skip
 
 
-MOE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3")
+MOE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "deepseek_v2")
 """Mixtures of experts: transformers' default ``grouped_mm`` experts (sizes of every buffer
 ``tokens x top_k`` rows, whatever the routing)."""
 
