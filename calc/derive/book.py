@@ -279,6 +279,33 @@ def _scalar_read(t: Any) -> bool:
     )
 
 
+def grouped_mm_fake(args: Any, kwargs: Any) -> Any:
+    """The output of ``aten._grouped_mm`` for inputs that are not bf16, on fake tensors.
+
+    torch's meta rule (``torch/_meta_registrations.py``, ``_meta_grouped_mm_common``) checks
+    the CUDA kernel's dtype (bf16 only) and refuses fp32, while the CPU kernel the tracked
+    run takes accepts it (transformers' ``integrations/moe.py``, ``_can_use_grouped_mm``: on
+    CPU any dtype from torch 2.9, 16-byte aligned data up to 2.10). The output is
+    the meta rule's (``_create_grouped_mm_output_tensor`` without CUDA's row padding): 2-D x
+    3-D gives ``[rows, n]``, 3-D x 2-D ``[m, n]``, 2-D x 2-D one ``[m, n]`` per group, 3-D x
+    3-D a batched product; contiguous, of the first input's dtype unless ``out_dtype``."""
+    import torch
+
+    names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+    given = dict(zip(names, args, strict=False)) | dict(kwargs or {})
+    a, b, offs = given["mat_a"], given["mat_b"], given["offs"]
+    if a.dim() == 2 and b.dim() == 2:
+        size = [offs.size(0), a.size(0), b.size(1)]
+    elif a.dim() == 2:
+        size = [a.size(0), b.size(-1)]
+    elif b.dim() == 2:
+        size = [a.size(1), b.size(1)]
+    else:
+        size = [a.size(0), a.size(1), b.size(-1)]
+    dtype = given.get("out_dtype") or a.dtype
+    return torch.empty(size, dtype=dtype, device=a.device)
+
+
 def mode_type() -> type:
     """The dispatch mode class (made on first use: it subclasses torch's ``TorchDispatchMode``)."""
     import torch
@@ -301,7 +328,10 @@ def mode_type() -> type:
                     return func(*args, **(kwargs or {}))
                 except DataDependentOutputException:
                     return _scalar_read(args[0])
-            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
+                out = grouped_mm_fake(args, kwargs)
+            else:
+                out = func(*args, **(kwargs or {}))
             info = self.names.get(func)
             if info is None:
                 schema = getattr(func, "_schema", None)

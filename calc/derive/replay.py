@@ -45,6 +45,44 @@ WINDOW_KEYS = (
 """Config keys of spans where the modeling code changes path (masks, caches, RoPE tables)."""
 HETEROGENEOUS_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq")
 """Config keys that make some decoder layers differ from others."""
+EXPERT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+"""Config keys of the routed experts per layer (Mixtral, Qwen-MoE, DeepSeek)."""
+MOE_NOTE = (
+    "mixture of experts (transformers' grouped_mm experts): every expert buffer has tokens x "
+    "top_k rows whatever the routing, so balanced and worst-case routing give these same bytes"
+)
+"""The note of a derived MoE estimate: both routing bounds equal."""
+
+
+def is_moe(config: dict[str, Any]) -> bool:
+    """Whether ``config`` has routed experts (a positive `EXPERT_KEYS` entry)."""
+    return any(isinstance(v := config.get(key), int) and v > 0 for key in EXPERT_KEYS)
+
+
+def check_experts(config: dict[str, Any]) -> None:
+    """Refuse an experts implementation whose sizes follow the routing.
+
+    transformers' default (``modeling_utils.py``, ``get_correct_experts_implementation``) is
+    ``grouped_mm`` (``integrations/moe.py``, ``grouped_mm_experts_forward``): the tokens are
+    sorted by expert into ``tokens x top_k`` rows, ``torch.histc`` gives the offsets, one
+    ``grouped_mm`` runs every expert's weights, a reshape and sum folds the rows back: no size
+    depends on which experts the router picks. ``"eager"`` loops over the experts hit
+    (``nonzero``) and takes each one's tokens with ``torch.where``: sizes the router decides."""
+    impl = config.get("experts_implementation")
+    if is_moe(config) and impl not in (None, "grouped_mm"):
+        raise NotImplementedError(
+            f"experts_implementation={impl!r} on model_type={config.get('model_type')!r}: "
+            "its expert buffers follow the routing (nonzero / where per expert); the derived "
+            "replay models transformers' default 'grouped_mm', whose sizes do not"
+        )
+
+
+@lru_cache(maxsize=64)
+def notes_of(config_json: str) -> tuple[str, ...]:
+    """Notes a derived estimate carries beyond the derivation's (`MOE_NOTE`), for the
+    ``config.json`` text ``config_json`` (`ModelSpec.hf_config`)."""
+    config = json.loads(config_json)
+    return (MOE_NOTE,) if isinstance(config, dict) and is_moe(config) else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +244,7 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
     check_job(model, job)
     model = _with_dropout(model, job)
     config = hf_config_dict(model)
+    check_experts(config)
     exact = heterogeneous(config)
     layers = model.n_layers if exact else n_layers
     reg = lift.regime(job_values(job), thresholds(config))

@@ -24,7 +24,7 @@ from calc import symbols as S
 from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.derive.replay import derived_events, regime_of
+from calc.derive.replay import derived_events, notes_of, regime_of
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
@@ -312,7 +312,11 @@ def evaluate(
 
 
 def _derived_note(key: StructureKey) -> tuple[str, ...]:
-    return (DERIVED_NOTE,) if any(name == "regime" for name, _ in key.model_fields) else ()
+    fields = dict(key.model_fields)
+    if "regime" not in fields:
+        return ()
+    config = fields.get("hf_config")
+    return (DERIVED_NOTE, *(notes_of(config) if isinstance(config, str) else ()))
 
 
 def too_large_message(model: ModelSpec, job: Training | Inference) -> str:

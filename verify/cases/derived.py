@@ -4,7 +4,9 @@ Each runs transformers' own model (``implementation="hf"``) built from a tiny co
 real ``model_type``, written here (the shapes of the upstream configs scaled down: 2-3 layers,
 hidden 64, 4 heads of 16, vocabulary 512), and checks calc's derived estimate against the CPU
 tracker: training in fp32 and in amp-bf16, and a bf16 prefill, per architecture. Gemma runs
-eager attention (its soft-capping is written in the eager path).
+eager attention (its soft-capping is written in the eager path), DeepSeek too (its value heads are
+narrower than its query heads, which CPU flash SDPA refuses). The MoE types (`MOE_TYPES`) add a
+pure bf16 training case, and Mixtral a case with the worst routing.
 """
 
 from __future__ import annotations
@@ -44,7 +46,38 @@ CONFIGS: dict[str, dict[str, Any]] = {
                    "intermediate_size": 256},
     # parallel attention and MLP from one LayerNorm, logit scale
     "cohere": {**_BASE, "model_type": "cohere", "use_qk_norm": False, "pad_token_id": 0},
+    # mixture of experts: a router, top-2 of 4 experts run by grouped_mm (every layer)
+    "mixtral": {**_BASE, "model_type": "mixtral", "num_local_experts": 4,
+                "num_experts_per_tok": 2},
+    # top-2 of 4 experts of their own width, q/k norms per head
+    "qwen3_moe": {**_BASE, "model_type": "qwen3_moe", "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "norm_topk_prob": True},
+    # routed experts plus a gated shared expert
+    "qwen2_moe": {**_BASE, "model_type": "qwen2_moe", "num_experts": 4,
+                  "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1},
+    # latent attention (q and kv low-rank projections, a RoPE part of the heads), a first
+    # dense layer, then routed experts with a shared one and grouped top-k routing
+    "deepseek_v3": {**_BASE, "model_type": "deepseek_v3", "num_key_value_heads": 4,
+                    "head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "first_k_dense_replace": 1, "n_group": 1, "topk_group": 1,
+                    "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 16,
+                    "qk_rope_head_dim": 8, "v_head_dim": 16},
+    # DeepSeek-V2-Lite's shape: latent kv, queries without a low-rank projection, greedy top-k
+    "deepseek_v2": {**_BASE, "model_type": "deepseek_v2", "num_key_value_heads": 4,
+                    "head_dim": 8, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                    "moe_intermediate_size": 32, "n_shared_experts": 1,
+                    "first_k_dense_replace": 1, "topk_method": "greedy", "q_lora_rank": None,
+                    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8,
+                    "v_head_dim": 16},
 }  # fmt: skip
+
+
+MOE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "deepseek_v2")
+"""Mixtures of experts: transformers' default ``grouped_mm`` experts (sizes of every buffer
+``tokens x top_k`` rows, whatever the routing)."""
 
 
 def _case(model_type: str, label: str, job: Training | Inference, **config: Any) -> Case:
@@ -67,7 +100,7 @@ def derived_cases() -> list[Case]:
     and two seven-layer ones (the generalisation from five recorded layers)."""
     out = []
     for model_type in CONFIGS:
-        attention = "eager" if model_type.startswith("gemma") else "sdpa"
+        attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
         common = {"attention": attention, "implementation": "hf"}
         out.append(
             _case(
@@ -92,6 +125,21 @@ def derived_cases() -> list[Case]:
                 Inference(batch=2, context=96, prompt=48, precision="bf16", **common),
             )
         )
+    # MoE in pure bf16 (the dtype torch's meta rule of grouped_mm takes as is)
+    for model_type in MOE_TYPES:
+        attention = "eager" if model_type.startswith("deepseek") else "sdpa"
+        bf16 = Training(
+            micro_batch=2, seq_len=64, precision="bf16", optimizer="adamw",
+            implementation="hf", attention=attention,
+        )  # fmt: skip
+        out.append(_case(model_type, "bf16", bf16))
+    # The worst routing: with every weight 0 (initializer_range 0) the router's logits tie and
+    # top-k picks the same 2 of the 4 experts for every token (counted once by hand with a
+    # hook on layer 0's router: [0, 0, 64, 64] rows for 2 x 32 tokens); the seeded default
+    # routes unevenly ([39, 15, 37, 37]). grouped_mm sizes both the same: one estimate.
+    worst = Training(micro_batch=2, seq_len=32, precision="fp32", optimizer="adamw",
+                     implementation="hf")  # fmt: skip
+    out.append(_case("mixtral", "worst-routing-fp32", worst, initializer_range=0.0))
     # Seven layers, recorded with five and generalised to seven (calc.replay.timeline).
     seven = Training(micro_batch=2, seq_len=64, precision="fp32", implementation="hf")
     for model_type in ("phi3", "olmo2"):

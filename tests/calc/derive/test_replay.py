@@ -25,7 +25,15 @@ def _own_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))  # record, never read a stale trace
 
 
-@pytest.mark.parametrize("name", ["derived-olmo2-fp32", "derived-gemma2-infer-bf16"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "derived-olmo2-fp32",
+        "derived-gemma2-infer-bf16",
+        "derived-mixtral-fp32",  # seeded routing, uneven
+        "derived-mixtral-worst-routing-fp32",  # two experts get every token
+    ],
+)
 def test_derived_estimate_equals_the_cpu_tracker(name: str) -> None:
     # The expected value is measured here by verify's CPU storage tracker running
     # transformers' model (verify.run.runner.run_case); calc predicts it from the derived replay.
@@ -55,7 +63,11 @@ def test_five_layers_generalise_like_the_hand_graph() -> None:
     ("model_type", "extra", "says"),
     [
         ("nosuchmodel", {}, "model_type='nosuchmodel'"),
-        ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}, "model_type='mixtral'"),
+        (
+            "mixtral",
+            {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"},
+            "experts_implementation='eager'",
+        ),
     ],
 )
 def test_a_model_that_cannot_be_derived_gets_one_message(
@@ -106,3 +118,52 @@ def test_heterogeneous_layers_are_recorded_whole(extra: dict, differ: bool) -> N
     from calc.derive.replay import heterogeneous
 
     assert heterogeneous({**TINY_PHI3, **extra}) is differ
+
+
+@pytest.mark.parametrize(
+    ("shape_a", "shape_b", "offsets"),
+    [
+        ((6, 8), (3, 8, 12), [2, 2, 6]),  # the experts' forward: rows x every expert's weight
+        ((8, 12), (12, 4), [4, 4, 12]),  # the weights' gradient: one [8, 4] per expert
+    ],
+)
+def test_grouped_mm_fake_output_is_the_cpu_kernels(shape_a, shape_b, offsets) -> None:
+    # The expected output is the real CPU kernel's (torch._grouped_mm in fp32, which torch's
+    # meta rule refuses): same shape, strides and dtype from the recorder's rule on fake tensors.
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from calc.derive.book import grouped_mm_fake
+
+    a, b = torch.randn(shape_a), torch.randn(shape_b)
+    offs = torch.tensor(offsets, dtype=torch.int32)
+    real = torch._grouped_mm(a, b, offs=offs)
+    with FakeTensorMode() as mode:
+        args = tuple(mode.from_tensor(t) for t in (a, b, offs))
+        fake = grouped_mm_fake(args[:2], {"offs": args[2]})
+    assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype)
+
+
+@pytest.mark.parametrize(
+    ("card", "published"),
+    [
+        # model_cards/*/published.json: Keras-Hub presets and the safetensors index totals
+        ("mixtral-8x7b", 46_702_792_704),
+        ("qwen3-30b-a3b", 30_532_122_624),
+    ],
+)
+def test_moe_param_count_is_the_published_one(card: str, published: int) -> None:
+    from calc.data.cards import load_card
+
+    assert calc.param_count(load_card(card)) == published
+
+
+def test_a_moe_estimate_says_both_routing_bounds_are_equal() -> None:
+    from verify.cases.derived import CONFIGS
+
+    spec = calc.ModelSpec.from_hf_config(CONFIGS["qwen3_moe"], name="tiny-qwen3-moe")
+    job = calc.Inference(batch=2, context=128, prompt=64, precision="bf16")
+    notes = calc.estimate(spec, job, device="cpu").notes
+    assert any("worst-case routing give these same bytes" in n for n in notes)
+    dense = calc.estimate(calc.ModelSpec.from_hf_config(TINY_PHI3), job, device="cpu").notes
+    assert not any("routing" in n for n in dense)
