@@ -4,6 +4,7 @@ replay of one GPU (`calc.estimate.core`) or of the most-loaded rank of a paralle
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import replace
 from functools import partial
 
@@ -13,7 +14,13 @@ from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
-from calc.estimate.core import CUBLAS_WORKSPACE_BYTES, compiled_for, evaluate
+from calc.estimate.core import (
+    CUBLAS_WORKSPACE_BYTES,
+    Compiled,
+    StructureKey,
+    compiled_for,
+    evaluate,
+)
 from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
@@ -63,8 +70,8 @@ def estimate(
     if parallel is not None and not parallel.is_single:
         est = estimate_parallel(model, job, parallel, device)
         return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
-    comp, key = compiled_for(model, job, device)
-    est = evaluate(comp, key, model, job, device)
+    comp, key, job, notes = _compiled_or_derived(model, job, device)
+    est = evaluate(comp, key, model, job, device, notes=notes)
     if gpu_obj is not None:
         est = for_gpu(est, job, gpu_obj)
     charged = workspace_charge(job, device)
@@ -88,3 +95,46 @@ def _check_training(model: ModelSpec, job: Training) -> None:
             raise ValueError(
                 f"loss_chunks={job.loss_chunks} must divide micro_batch * seq_len = {tokens}"
             )
+
+
+def _compiled_or_derived(
+    model: ModelSpec, job: Training | Inference, device: str
+) -> tuple[Compiled, StructureKey, Training | Inference, tuple[str, ...]]:
+    """``(compiled, key, job, notes)`` of a one-GPU job. Where the hand-written Hugging Face
+    graph refuses a job (eager attention under autocast, dropout, the math kernel, ...), the
+    replay derived from transformers' own code (`calc.derive`) answers instead, when it
+    records what this device runs (`_derived_fallback`); its note names what the hand graph
+    lacks. Otherwise the hand graph's ``NotImplementedError`` stands."""
+    try:
+        comp, key = compiled_for(model, job, device)
+        return comp, key, job, ()
+    except NotImplementedError as hand:
+        derived = _derived_fallback(model, job, device)
+        if derived is None:
+            raise
+        try:
+            comp, key = compiled_for(model, derived, device)
+        except NotImplementedError:
+            raise hand from None
+        lacks = str(hand)
+    note = f"derived from transformers' code: the hand-written graph does not model this ({lacks})"
+    return comp, key, derived, (note,)
+
+
+def _derived_fallback(
+    model: ModelSpec, job: Training | Inference, device: str
+) -> Training | Inference | None:
+    """``job`` with ``implementation="derived"`` where that replay stands in for the hf one:
+    a hand-modelled type, torch and transformers installed (the recording needs them), and
+    the recorded CPU kernels the ones the device runs: always on the CPU tracker; on CUDA only
+    without attention dropout (CUDA keeps its fused SDPA kernels with dropout, the CPU takes the
+    math kernel: `calc.models.attention`)."""
+    if job.implementation != "hf" or model.derived:
+        return None
+    if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers")):
+        return None
+    if device != "cpu" and isinstance(job, Training):
+        attn_dropout = job.dropout if job.dropout is not None else model.attention_dropout
+        if attn_dropout > 0:
+            return None
+    return replace(job, implementation="derived")

@@ -21,6 +21,7 @@ import calc
 from calc.cli import main as cli
 from calc.cli import model_source
 from calc.data.gpus import get_gpu
+from calc.estimate import api as estimate_api
 from tests.hub_cache import TINY, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -47,6 +48,7 @@ class FakeEstimate:
     phases: dict[str, int] = field(
         default_factory=lambda: {"step1/forward": 5 * GIB, "step1/backward": 7 * GIB}
     )
+    notes: tuple[str, ...] = ()
 
     def latex(self) -> str:
         return FAKE_LATEX
@@ -458,10 +460,35 @@ def test_help_names_the_subcommands(capsys) -> None:
         (["--card", "llama-3.1-8b", "--seq-len", "64", "--dropout", "0.1"], "--implementation reference"),
     ],
 )  # fmt: skip
-def test_not_modelled_says_what_works_instead(argv, instead, capsys) -> None:
+def test_not_modelled_says_what_works_instead(argv, instead, capsys, monkeypatch) -> None:
+    # the hand-written graphs' refusals, as a user without torch sees them (with torch, the
+    # derived replay answers most of them: the next test)
+    monkeypatch.setattr(estimate_api, "_derived_fallback", lambda *args: None)
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.startswith("not supported yet:")
     assert instead in err
+
+
+@pytest.mark.parametrize(
+    "argv, lacks",
+    [
+        (["--card", "llama-3.1-8b", "--seq-len", "64", "--attention", "eager"], "eager attention"),
+        (["--card", "gpt2", "--task", "infer", "--batch", "1", "--context", "64", "--attention", "eager",
+          "--device", "cpu"], "kernel 'eager'"),
+    ],
+)  # fmt: skip
+def test_where_the_hand_graph_refuses_the_derived_replay_answers(argv, lacks, capsys) -> None:
+    code, out, _ = run_cli(argv, capsys)
+    assert code == 0
+    assert "derived from transformers' code" in out and lacks in out
+
+
+def test_with_attention_dropout_on_cuda_the_hand_graphs_refusal_stands(capsys) -> None:
+    # the derived replay records CPU kernels: the math kernel for dropout, CUDA keeps flash
+    code, _, err = run_cli(
+        ["--card", "llama-3.1-8b", "--seq-len", "64", "--dropout", "0.1"], capsys
+    )
+    assert code == 2 and "dropout" in err
 
 
 def test_the_default_verdict_uses_the_h100s_usable_memory_like_the_app(capsys) -> None:
