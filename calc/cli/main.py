@@ -460,8 +460,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"rank:       the most-loaded GPU is rank {est.rank} of {parallel.world_size}"
               f"{spread if len(peaks) > 1 else ' (every rank the same)'}")  # fmt: skip
     print(f"verdict:    {sentence}")
-    for note in est.notes:
-        print(f"note:       {note}")
+    print("\n".join(f"note:       {note}" for note in est.notes), end="\n" if est.notes else "")
     for line in fit_lines(fit_rows, args.gpu):
         print(line)
     if stored is not None:

@@ -64,10 +64,11 @@ except OverflowError:
     )
     st.stop()
 
-if parallel is None:
-    evaluated = cached.evaluate(model, key, job, gpu.id, inputs.device)
+evaluated = None if parallel else cached.evaluate(model, key, job, gpu.id, inputs.device)
+if evaluated is not None and evaluated.peak_bytes is not None:
     fits, verdict = evaluated.fits, evaluated.verdict()
-else:  # calc.plan.planner.evaluate is single-GPU: the verdict of the most-loaded rank's estimate
+else:  # a parallel layout (calc.plan.planner.evaluate is single-GPU: the most-loaded rank's
+    # estimate), or a job the planner's tables refuse that calc.estimate derived
     fits, verdict = cached.parallel_verdict(model, job, est, gpu)
 columns = st.columns(4 if parallel else 3)
 columns[0].metric(
