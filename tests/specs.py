@@ -89,5 +89,6 @@ def recorded(name: str) -> tuple[calc.ModelSpec, Training | Inference, int]:
 
 
 def modelled_cards() -> list[str]:
-    """The cards whose ``model_type`` calc reads today (the others are refused with a message)."""
+    """The cards whose ``model_type`` has a hand-written graph (the others are derived from
+    their modeling code, `calc.derive`)."""
     return [c for c in calc.list_cards() if calc.load_card_config(c)["model_type"] in MODEL_TYPES]

@@ -45,10 +45,11 @@ def verified_cases() -> tuple[VerifiedCase, ...]:
     return evidence.verified_cases(load_verify_report())
 
 
-def parallel_verdict(
-    model: Model, job: calc.Training, est: calc.Estimate, gpu: gpus.GPU
+def estimate_verdict(
+    model: Model, job: calc.Training | calc.Inference, est: calc.Estimate, gpu: gpus.GPU
 ) -> tuple[bool, str]:
-    """Whether the most-loaded rank's peak fits one GPU, in the words of a planner row
+    """Whether the estimate's peak (a parallel layout's: the most-loaded rank's) fits one GPU,
+    in the words of a planner row
     (``calc.plan.result.Evaluated.verdict``), with the error ``python -m verify`` observed on
     the nearest verified cases (``calc.plan.evidence.error_bar``: chosen by the job's fields; the
     parallel layout is not one of the similarity fields)."""

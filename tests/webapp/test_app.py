@@ -18,7 +18,6 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import calc
-from calc.config.model_spec import MODEL_TYPES
 from calc.data import gpus
 from tests.hub_cache import write_snapshot
 from webapp import form
@@ -368,13 +367,10 @@ def test_hugging_face_id_from_the_local_cache(tmp_path: Path, monkeypatch) -> No
     assert not at.metric
 
 
-def test_a_card_calc_cannot_read_yet_is_a_message_not_an_exception() -> None:
-    unread = [
-        c for c in calc.list_cards() if calc.load_card_config(c)["model_type"] not in MODEL_TYPES
-    ]
-    if not unread:
-        pytest.skip("every card's architecture is read")
-    at = _app({"card": unread[0]})
+def test_a_card_calc_cannot_estimate_yet_is_a_message_not_an_exception() -> None:
+    # DeepSeek-V3's value heads are narrower than its query heads: CPU SDPA has no kernel for
+    # them, so its modeling code does not run on the fake tensors the derived replay records
+    at = _app({"card": "deepseek-v3"})
     assert not at.exception, [e.value for e in at.exception]
     assert "model_type" in _messages(at)
     assert not at.metric
