@@ -16,7 +16,9 @@ from dataclasses import asdict
 from calc.cli import model_source
 from calc.cli.exits import run_reporting_errors
 from calc.config.serving import DEFAULT_VLLM_VERSION, Serving
+from calc.present.serving import startup_failure
 from calc.serving.api import ServeEstimate, serve
+from calc.serving.inverse import largest_max_model_len
 from calc.units import GIB
 
 DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "float16": "fp16", "half": "fp16", "fp16": "fp16",
@@ -115,11 +117,17 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give --gpu ID (the catalog) or --total-gib X (the total vLLM logs)")
     est = serve(model, serving, total_bytes=total, gpu=gpu)
     if args.json:
-        out = {"model": label, "serving": asdict(serving), **asdict(est)}
+        out = {"model": label, "serving": asdict(serving), **asdict(est),
+               "startup_failure": startup_failure(est)}  # fmt: skip
         print(json.dumps(out, indent=2))
         return 0
     print(f"model: {label}; vLLM {serving.vllm_version}")
     print("\n".join(log_lines(est)))
+    failure = startup_failure(est)
+    print(f"vLLM does not start: {failure}" if failure else "vLLM starts")
+    if failure and est.kv_cache_bytes > 0:
+        longest = largest_max_model_len(model, serving, 1.0, total_bytes=total, gpu=gpu)
+        print(f"the largest max_model_len that starts here: {longest:,} tokens")
     for note in est.notes:
         print(f"note: {note}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from math import floor
 
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
@@ -21,6 +22,36 @@ TERMS: tuple[tuple[str, str], ...] = (
     ("free", "outside the budget"),
 )
 """Breakdown keys of `ServeEstimate.breakdown` and their labels, bottom to top of the bar."""
+
+
+def startup_failure(est: ServeEstimate) -> str | None:
+    """How vLLM fails to start with ``est``'s terms, in its own words, or ``None`` when it starts.
+
+    The order is vLLM's: the weights load first (``torch.OutOfMemoryError`` when they exceed the
+    GPU); then ``_check_enough_kv_cache_memory`` (``vllm/v1/core/kv_cache_utils.py``) raises
+    "No available memory for the cache blocks" when the KV budget is not positive, and "To
+    serve at least one request with the models's max seq len ..." when one ``max_model_len``
+    request needs more KV cache than is available (`ServeEstimate.fits` is false)."""
+    if est.weights_bytes > est.total_bytes:
+        return (
+            f"CUDA out of memory while loading the weights: {est.weights_bytes / GIB:.2f} GiB "
+            f"per GPU on a {est.total_bytes / GIB:.2f} GiB GPU (more GPUs: tensor_parallel, or "
+            "a quantized checkpoint)"
+        )
+    if est.kv_cache_bytes <= 0:
+        return (
+            "ValueError: No available memory for the cache blocks (available KV cache memory "
+            f"{est.kv_cache_bytes / GIB:.2f} GiB): raise gpu_memory_utilization, or free memory "
+            "(fewer batched tokens, more GPUs, a quantized checkpoint)"
+        )
+    if not est.fits:
+        return (
+            f"ValueError: one request of max_model_len={est.max_model_len:,} tokens needs more "
+            f"KV cache than the {est.kv_cache_bytes / GIB:.2f} GiB available (maximum "
+            f"concurrency {floor(est.max_concurrency * 1000) / 1000:.3f}x): lower max_model_len or raise "
+            "gpu_memory_utilization"
+        )
+    return None
 
 
 def term_rows(est: ServeEstimate) -> list[dict[str, object]]:

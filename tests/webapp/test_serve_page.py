@@ -74,3 +74,16 @@ def test_a_gpu_without_a_cuda_total_asks_for_it() -> None:
     assert not at.exception, [e.value for e in at.exception]
     want = calc.serve(calc.load_card(CARD), calc.Serving(max_model_len=8192), total_bytes=139 * GIB)
     assert _metric(at, "GPU KV cache size") == f"{want.kv_cache_tokens:,} tokens"
+
+
+def test_a_server_that_cannot_start_says_why() -> None:
+    assert not _serve_page("a100-80gb").error
+    # Mixtral-8x7B: 46.7 B parameters (Mistral AI's model card), 87 GiB in bf16: more than an
+    # 80 GB A100 holds
+    at = AppTest.from_file(APP, default_timeout=180)
+    at.query_params.update({"card": "mixtral-8x7b", "gpu": "a100-80gb"})
+    at.run()
+    at.switch_page("webapp/pages/serve.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    errors = [e.value for e in at.error]
+    assert any("vLLM does not start: CUDA out of memory while loading" in e for e in errors)

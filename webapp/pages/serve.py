@@ -64,8 +64,9 @@ m[2].metric("available KV cache memory", f"{est.kv_cache_bytes / calc.GIB:.2f} G
 m[3].metric(
     "engine", f"{est.engine}, {est.max_num_batched_tokens} tokens x {est.max_num_seqs} seqs"
 )
-if not est.fits:
-    st.warning("vLLM refuses to start: the KV cache cannot hold one request of max_model_len")
+failure = rows.startup_failure(est)
+if failure:
+    st.error(f"vLLM does not start: {failure}", icon=":material/error:")
 st.vega_lite_chart(charts.serve_bar_chart(rows.term_rows(est)), use_container_width=True)
 st.dataframe(rows.term_rows(est), hide_index=True, column_order=("term", "GiB"))
 st.subheader("Concurrency against context length")

@@ -80,3 +80,26 @@ def test_config_of_a_hybrid_family(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["serve", "--config", str(path), "--total-gib", "20", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["kv_cache_groups"] == 7  # 4 full + 22 sliding layers in groups of 4
+
+
+def test_the_log_says_whether_vllm_starts(capsys: pytest.CaptureFixture[str]) -> None:
+    # Mixtral-8x7B: 46.7 B parameters (Mistral AI's model card) are 87 GiB in bf16, more than
+    # the 79.11 GiB an H100 80GB reports to cudaMemGetInfo
+    assert main(["serve", "--card", "mixtral-8x7b", "--gpu", "h100-80gb"]) == 0
+    assert "vLLM does not start: CUDA out of memory while loading" in capsys.readouterr().out
+    assert main(["serve", "--card", "mixtral-8x7b", "--gpu", "h100-80gb", "-tp", "2"]) == 0
+    assert "\nvLLM starts\n" in capsys.readouterr().out
+
+
+def test_a_context_too_long_gets_the_longest_that_starts(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["serve", "--card", "qwen3-32b", "--gpu", "h100-80gb", "--max-model-len", "40960"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    longest = next(line for line in lines if line.startswith("the largest max_model_len"))
+    length = int(longest.split(": ")[1].split()[0].replace(",", ""))
+    assert 0 < length < 40960
+    for max_len, starts in ((length, True), (length + 1, False)):  # the boundary is exact
+        assert main([*argv[:-1], str(max_len)]) == 0
+        assert ("\nvLLM starts\n" in capsys.readouterr().out) is starts
