@@ -166,6 +166,21 @@ def test_quick_subset_size_and_filters() -> None:
     assert [c.name for c in select(substring="opt-sgd-fused")] == ["opt-sgd-fused"]
 
 
+def test_full_size_cases_run_the_real_cards_never_in_the_quick_subset() -> None:
+    full = [c for c in CASES if c.full_size]
+    assert {c.card for c in full} >= {"qwen2.5-0.5b", "gpt2"}
+    assert {c.kind for c in full} == {"training", "inference"}
+    for case in full:
+        assert case.spec() == load_card(case.card)
+        assert "quick" not in case.tags and "full" in case.tags
+    # 151,936 tokens (Qwen2.5's published vocabulary), not the scaled 512
+    assert load_card("qwen2.5-0.5b").vocab == 151936
+    job = Training(micro_batch=1, seq_len=8, implementation="hf")
+    with pytest.raises(ValueError, match="full-size case takes no scale"):
+        Case(name="x", card="gpt2", job=job, impl="hf", tolerance_pct=3.0, full_size=True,
+             scale=(("layers", 1),))  # fmt: skip
+
+
 def test_case_rejects_mismatched_impl() -> None:
     job = Training(micro_batch=1, seq_len=8, implementation="hf")
     with pytest.raises(ValueError, match="impl='reference'"):

@@ -17,6 +17,7 @@ from calc.compress.structured import pruned_spec
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
+from calc.data.cards import load_card
 from verify.cases.scale import DEFAULT_MAX_POSITIONS, scaled_spec
 
 TOLERANCE_PCT: dict[str, float] = {"reference": 1.0, "hf": 3.0, "derived": 3.0}
@@ -98,9 +99,14 @@ class Case:
     config: str = ""
     """A tiny Hugging Face ``config.json`` (JSON text) to run instead of scaling ``card``: the
     architectures without a hand-written graph, whose replay calc derives (`calc.derive`)."""
+    full_size: bool = False
+    """Run ``card`` itself, unscaled: the regime real models live in (a 150k-token vocabulary's
+    logits dominate the step), at the cost of GBs and a minute per case."""
 
     def __post_init__(self) -> None:
         _check(self.name, self.impl, self.job, self.tolerance_pct)
+        if self.full_size and (self.scale or self.config or self.structured):
+            raise ValueError(f"case {self.name}: a full-size case takes no scale/config/structure")
 
     @property
     def kind(self) -> str:
@@ -115,6 +121,8 @@ class Case:
         """The scaled model (before the job's dropout is applied)."""
         if self.config:
             return ModelSpec.from_json(self.config, name=f"{self.card}-tiny")
+        if self.full_size:
+            return load_card(self.card)
         spec = _scaled(self.card, self.scale, self.seq)
         if self.structured:
             spec = pruned_spec(spec, **dict(self.structured))
@@ -144,6 +152,7 @@ def single_case(
     tags: tuple[str, ...] = (),
     scale: Mapping[str, Any] | None = None,
     note: str = "",
+    full_size: bool = False,
     **job: Any,
 ) -> Case:
     """A ``kind`` (``training`` or ``inference``) case of ``card`` scaled by ``scale``, run by
@@ -160,6 +169,7 @@ def single_case(
         tolerance_pct=TOLERANCE_PCT[impl],
         tags=(kind, *tags),
         note=note,
+        full_size=full_size,
     )
 
 

@@ -1,0 +1,36 @@
+"""Full-size cases: real cards, unscaled (``Case.full_size``).
+
+Scaled-down models with a 512-token vocabulary hide the regime real models live in: at full
+size Qwen2.5-0.5B's 151,936-token logits (and their fp32 log-softmax and gradient) are the
+largest tensors of the step and decide the backward peak, and whether the loop keeps the output
+object through backward moves the peak by the whole logits tensor. These cases run the real
+Qwen2.5-0.5B and GPT-2 (transformers' code) on this CPU, a minute and a few GB each; tagged
+``full``, never ``quick``.
+"""
+
+from __future__ import annotations
+
+from verify.cases.case import GPT2, QWEN2, Case, infer, train
+
+__all__ = ["full_size_cases"]
+
+
+def full_size_cases() -> list[Case]:
+    """The ``full-*`` cases."""
+    kw = {"impl": "hf", "full_size": True, "tags": ("full",)}
+    return [
+        train("full-qwen2.5-0.5b-sgd-fp32", QWEN2, micro_batch=1, seq_len=256, optimizer="sgd",
+              note="HF Trainer's loop (the output dropped before backward)", **kw),
+        train("full-qwen2.5-0.5b-sgd-fp32-hold-output", QWEN2, micro_batch=1, seq_len=256,
+              optimizer="sgd", loop="hold-output",
+              note="out = model(...); out.loss.backward(): the logits live through backward",
+              **kw),
+        train("full-qwen2.5-0.5b-adamw-bf16", QWEN2, micro_batch=2, seq_len=128,
+              precision="bf16", **kw),
+        train("full-gpt2-adamw-fp32-dropout", GPT2, micro_batch=4, seq_len=256,
+              note="GPT-2's own dropout (0.1 on embeddings, attention and residuals)", **kw),
+        infer("full-qwen2.5-0.5b-generate-bf16", QWEN2, batch=1, prompt=128, new_tokens=8,
+              precision="bf16", **kw),
+        infer("full-gpt2-generate-fp32", GPT2, batch=2, prompt=64, new_tokens=16,
+              precision="fp32", **kw),
+    ]  # fmt: skip
