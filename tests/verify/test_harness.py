@@ -168,7 +168,7 @@ def test_quick_subset_size_and_filters() -> None:
 
 def test_full_size_cases_run_the_real_cards_never_in_the_quick_subset() -> None:
     full = [c for c in CASES if c.full_size]
-    assert {c.card for c in full} >= {"qwen2.5-0.5b", "gpt2"}
+    assert {c.card for c in full} >= {"qwen2.5-0.5b", "gpt2", "gemma-3-1b-it"}
     assert {c.kind for c in full} == {"training", "inference"}
     for case in full:
         assert case.spec() == load_card(case.card)

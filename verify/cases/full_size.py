@@ -14,6 +14,8 @@ from verify.cases.case import GPT2, QWEN2, Case, infer, train
 
 __all__ = ["full_size_cases"]
 
+GEMMA3 = "gemma-3-1b-it"
+
 
 def full_size_cases() -> list[Case]:
     """The ``full-*`` cases."""
@@ -29,6 +31,9 @@ def full_size_cases() -> list[Case]:
               precision="bf16", **kw),
         train("full-gpt2-adamw-fp32-dropout", GPT2, micro_batch=4, seq_len=256,
               note="GPT-2's own dropout (0.1 on embeddings, attention and residuals)", **kw),
+        train("full-gemma-3-1b-sgd-bf16", GEMMA3, micro_batch=1, seq_len=256, optimizer="sgd",
+              precision="bf16", note="derived from transformers' code (no hand-written graph): "
+              "a 262,144-token vocabulary, sliding and full layers", **kw),
         infer("full-qwen2.5-0.5b-generate-bf16", QWEN2, batch=1, prompt=128, new_tokens=8,
               precision="bf16", **kw),
         infer("full-gpt2-generate-fp32", GPT2, batch=2, prompt=64, new_tokens=16,
