@@ -54,6 +54,8 @@ class AllocationPeaks:
 
     phase_peaks: dict[str, int] = field(default_factory=dict)
     """Highest live bytes within each phase (all marks of one name together)."""
+    phase_start_bytes: dict[str, int] = field(default_factory=dict)
+    """Live bytes when each phase was first marked."""
     peak_bytes: int = 0
     peak_phase: str = ""
     counted: int = 0
@@ -138,9 +140,11 @@ def replay_events(roots: list[Any], baseline_bytes: int, first_phase: str) -> Al
     live = baseline_bytes
     counted: dict[int, int] = {}  # ptr -> bytes counted
     out.phase_peaks[phase] = live
+    out.phase_start_bytes[phase] = live
     for _, kind, i, ev in timeline:
         if kind == 1:
             phase = ev.name.removeprefix(MARK_PREFIX)
+            out.phase_start_bytes.setdefault(phase, live)
             out.phase_peaks[phase] = max(out.phase_peaks.get(phase, 0), live)
             continue
         ptr, size = ev.extra_fields.ptr, ev.extra_fields.alloc_size

@@ -121,7 +121,10 @@ class CompiledCpuMeter:
         rec.measured_phases = {p: b for p, b in res.phase_peaks.items() if p != WARMUP_PHASE}
         rec.measured_peak = max(rec.measured_phases.values())
         rec.measured_peak_phase = max(rec.measured_phases, key=rec.measured_phases.__getitem__)
+        starts = res.phase_start_bytes
         rec.extra = {**extra, "allocations_counted": res.counted,
+                     # what the forward leaves for backward: saved tensors and the loss
+                     "forward_kept_bytes": starts["step1/backward"] - starts["step1/forward"],
                      "allocations_skipped": res.skipped,
                      **eager_comparison(case.spec(), job, rec.measured_peak)}  # fmt: skip
 

@@ -31,6 +31,7 @@ def test_outputs_count_wrapped_scalars_and_kernel_scratch_do_not() -> None:
     res = meter.result
     # a: 4,096 + 4,096 = 8,192; b: 8,192 + 512 = 8,704; c: starts at 4,608 and stays there
     assert res.phase_peaks == {"a": 8192, "b": 8704, "c": 4608}
+    assert res.phase_start_bytes == {"a": 4096, "b": 8192, "c": 4608}
     assert (res.peak_bytes, res.peak_phase) == (8704, "b")
     del z
 
