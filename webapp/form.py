@@ -168,6 +168,10 @@ TRAINING: tuple[FormField, ...] = (
     FormField(task="train", name="loss_chunks", label="loss chunks", kind="int",
               default=_default(T, "loss_chunks"), high=jobs.MAX_LOSS_CHUNKS, section="advanced",
               help="chunks of the chunked cross-entropy"),
+    FormField(task="train", name="compile", label="torch.compile", kind="choice",
+              default=_default(T, "compile"), choices=jobs.COMPILES, section="advanced",
+              help="none: eager; default: torch.compile(model), measured but not modelled yet "
+              "(the estimate is refused)"),
 )  # fmt: skip
 
 INFERENCE: tuple[FormField, ...] = (

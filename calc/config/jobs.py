@@ -27,6 +27,7 @@ Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
 InferencePrecision = Literal["fp32", "bf16", "fp16"]
 CacheImpl = Literal["dynamic", "static"]
+Compile = Literal["none", "default"]
 Device = Literal["cuda", "cpu"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -43,6 +44,7 @@ MAX_LOSS_CHUNKS = 1024
 INFERENCE_PRECISIONS: tuple[str, ...] = get_args(InferencePrecision)
 DEVICES: tuple[str, ...] = get_args(Device)
 CACHE_IMPLS: tuple[str, ...] = get_args(CacheImpl)
+COMPILES: tuple[str, ...] = get_args(Compile)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,9 +108,15 @@ class Training:
     """torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped by a
     post-accumulate-grad hook as soon as its gradient is ready, then ``zero_grad`` (the
     gradients never all exist together)."""
+    compile: Compile = "none"
+    """``none`` (eager) or ``default``: the model wrapped by ``torch.compile(model)`` in its
+    default mode (Inductor; AOTAutograd's partitioner chooses what the forward saves, the
+    generated code allocates its own buffers). Measured by verify (``compile-*`` cases);
+    ``calc.estimate`` refuses it until the compiled step is derived (docs/compile.md)."""
 
     def __post_init__(self) -> None:
         check_size("micro_batch", self.micro_batch, 1, 1 << 20)
+        check_choice("compile", self.compile, COMPILES)
         check_size("seq_len", self.seq_len, 1, 1 << 24)
         check_choice("precision", self.precision, PRECISIONS)
         if self.optimizer is not None:

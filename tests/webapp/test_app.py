@@ -46,6 +46,7 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.loss": "chunked-ce",
     "train.loss_chunks": 4,
     "train.optimizer_in_backward": True,
+    "train.compile": "default",  # last: calc refuses it, and the page must say so
 }
 INFER_CHANGES: tuple[tuple[str, object], ...] = (
     ("infer.batch", 4),

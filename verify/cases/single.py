@@ -15,6 +15,7 @@ from calc.config.pruning import Pruning
 from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q
 from verify.cases.case import infer as _infer
 from verify.cases.case import train as _train
+from verify.cases.compiled import compiled_cases
 from verify.cases.compression import compression_cases
 from verify.cases.derived import derived_cases
 from verify.cases.full_size import full_size_cases
@@ -408,6 +409,7 @@ def _all() -> tuple[Case, ...]:
         *_distill_cases(),
         *derived_cases(),  # architectures without a hand-written graph
         *full_size_cases(),  # real cards, unscaled
+        *compiled_cases(),  # torch.compile of the model
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

@@ -32,6 +32,7 @@ from verify.cases.scale import with_dropout
 from verify.measure.tracker import StorageTracker
 from verify.models import hf as hf_model
 from verify.models.build import NotRunnable, build_model, build_optimizer
+from verify.run.compiled import CompiledCpuMeter
 from verify.run.step import make_batch, pins_for, prefill, train_two_steps
 
 STATUSES = ("ok", "fail", "not-modelled", "not-runnable", "error", "oom")
@@ -272,6 +273,8 @@ def run_case(case: Case, device: str = "cpu") -> Record:
     if est is not None:
         rec.set_prediction(est)
     meter = CpuMeter() if device == "cpu" else CudaMeter()
+    if device == "cpu" and getattr(job, "compile", "none") != "none":
+        meter = CompiledCpuMeter()  # the tracker's dispatch mode would run it eagerly
     try:
         preload(case)
         meter.measure(case, rec)
