@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import loops
+from calc.derive import loops, lora
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -288,6 +288,8 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
             dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
             if dtype != torch.float32:
                 _to_dtype(model, dtype)
+            if isinstance(job, Training) and job.lora is not None:  # verify's compress.apply
+                lora.apply(model, _layer_list(model, _layers_of(model))[1], job.lora, dtype)
             model.train(training)
             held = [
                 (name, t)
@@ -331,8 +333,7 @@ def _train(
     prefix, handles = _hooks(model, book, _layers_of(model))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job))
-    amp_fp16 = job.precision == "amp-fp16" and not isinstance(opt, loops.NoStep)
-    scaler = torch.amp.GradScaler("cpu") if amp_fp16 else None
+    scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
     loss_fn = _loss_fn(model, job)
     _start(book, model, prefix, (ids, targets))
     with _sdpa(backend):

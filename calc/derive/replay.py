@@ -151,12 +151,12 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             f"implementation='reference' is verify's own llama/gpt2 model; model_type="
             f"{model.model_type!r} runs as transformers' code (implementation='hf')"
         )
-    parts = ("lora", "quant", "pruning", "distill", "kv_quant")
+    parts = ("quant", "pruning", "distill", "kv_quant")
     used = [name for name in parts if getattr(job, name, None) is not None]
     if used:
         raise NotImplementedError(
             f"{', '.join(used)} on a derived architecture is not modelled yet (the derived "
-            "replay records plain training and prefill)"
+            "replay records plain training, LoRA and prefill)"
         )
     if isinstance(job, Inference) and job.new_tokens > 0:
         raise NotImplementedError(
@@ -181,7 +181,14 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
 def check_loss_chunks(job: Training) -> None:
     """Refuse ``loss="chunked-ce"`` with chunks that do not split the recording's samples
     evenly: its tokens are ``b x s`` with ``s`` a multiple of 64 (`calc.derive.lift.STEP`), and
-    ``tensor_split`` into uneven chunks gives sizes no polynomial of ``b``, ``s`` describes."""
+    ``tensor_split`` into uneven chunks gives sizes no polynomial of ``b``, ``s`` describes.
+    Refuse ``optimizer_in_backward`` where the hand graphs do too (accumulation, which
+    torchtune refuses with it; the GradScaler of ``amp-fp16``)."""
+    if job.optimizer_in_backward and (job.grad_accum != 1 or job.precision == "amp-fp16"):
+        raise NotImplementedError(
+            "optimizer_in_backward on a derived architecture is modelled with grad_accum=1 "
+            "(torchtune refuses accumulation with it) and without a GradScaler (amp-fp16)"
+        )
     step = lift.STEP["s"]
     if job.loss == "chunked-ce" and step % job.loss_chunks:
         raise NotImplementedError(

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from calc.config.compression import LoRA
 from calc.config.jobs import Training
-from verify.cases.case import LLAMA, QWEN2, TOLERANCE_PCT, Case, pairs
+from calc.config.parallelism import Parallelism
+from verify.cases.case import LLAMA, LLAMA3, QWEN2, TOLERANCE_PCT, Case, DistCase, pairs
 from verify.cases.case import train as _train
 from verify.cases.derived import CONFIGS
 
@@ -75,3 +77,69 @@ def derived_training_cases() -> list[Case]:
         _derived("opt-in-bwd-adamw-qwen2-bf16", QWEN2, optimizer_in_backward=True,
                  precision="bf16"),
     ]  # fmt: skip
+
+
+def derived_lora_cases() -> list[Case]:
+    """LoRA on derived types (verify's own adapters, `verify.models.compress`): Phi-3's fused
+    ``qkv_proj``/``gate_up_proj`` adapted whole, Gemma-2's llama-named projections; and the
+    jobs of three hand-graph LoRA cases (`verify.cases.compression`) derived."""
+
+    def hf_case(name: str, card: str, **job: Any) -> Case:
+        return _train(
+            f"dtrain-derived-{name}",
+            card,
+            impl="derived",
+            tags=("derived", "lora"),
+            note="the job of the hf LoRA case of this name, derived",
+            **job,
+        )
+
+    return [
+        _case("phi3", "lora-r8-fp32", lora=LoRA(rank=8)),
+        _case("phi3", "lora-r8-qkv-o-bf16", precision="bf16",
+              lora=LoRA(rank=8, modules=("q", "k", "v", "o"))),
+        _case("phi3", "lora-r4-amp-recompute", precision="amp-bf16", recompute="full",
+              lora=LoRA(rank=4, modules=("gate", "up", "down"))),
+        _case("gemma2", "lora-r8-fp32", lora=LoRA(rank=8)),
+        _case("gemma2", "lora-r8-qv-amp-hold", precision="amp-bf16", loop="hold-output",
+              lora=LoRA(rank=8, modules=("q", "v"))),
+        _case("olmo2", "lora-r16-bf16-fp32-adapters", precision="bf16",
+              lora=LoRA(rank=16, adapter_dtype="fp32")),
+        hf_case("hf-lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8)),
+        hf_case("hf-lora-r8-amp-bf16-llama3", LLAMA3, precision="amp-bf16", lora=LoRA(rank=8)),
+        hf_case("hf-lora-r8-bf16-qwen2", QWEN2, precision="bf16", lora=LoRA(rank=8)),
+    ]  # fmt: skip
+
+
+def derived_dist_cases() -> list[DistCase]:
+    """DDP on derived types, torchrun gloo on 2 ranks (`verify.dist.engines.ddp`): the
+    recorded single-process step plus DDP's buckets (`calc.derive.data_parallel`)."""
+
+    def dist(name: str, model_type: str, parallel: Parallelism, vocab: int, **job: Any) -> DistCase:
+        fields = {"micro_batch": 2, "seq_len": 32, "precision": "fp32", "optimizer": "adamw",
+                  "implementation": "hf", **job}  # fmt: skip
+        return DistCase(
+            name=f"dist-derived-{model_type}-{name}",
+            card=model_type,
+            job=Training(**fields),
+            parallel=parallel,
+            engine="ddp",
+            tolerance_pct=TOLERANCE_PCT["hf"],
+            tags=("derived",),
+            note="DDP on a derived architecture: the recorded step plus DDP's buckets",
+            config=json.dumps({**CONFIGS[model_type], "vocab_size": vocab}, sort_keys=True),
+        )
+
+    return [
+        dist("ddp-2", "phi3", Parallelism(dp=2), 512),
+        # 1 MiB buckets over 2 MiB of embedding and head gradients: several buckets, rebuilt in
+        # the order the recorded backward made the gradients
+        dist(
+            "ddp-buckets-amp-2",
+            "phi3",
+            Parallelism(dp=2, ddp_bucket_mib=1),
+            VOCAB,
+            precision="amp-bf16",
+        ),
+        dist("ddp-2", "olmo2", Parallelism(dp=2), 512, precision="bf16"),
+    ]

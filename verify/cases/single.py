@@ -17,7 +17,7 @@ from verify.cases.case import infer as _infer
 from verify.cases.case import train as _train
 from verify.cases.compression import compression_cases
 from verify.cases.derived import derived_cases
-from verify.cases.derived_train import derived_training_cases
+from verify.cases.derived_train import derived_lora_cases, derived_training_cases
 from verify.cases.generate import generate_cases
 from verify.cases.scale import scaled_spec
 
@@ -408,6 +408,7 @@ def _all() -> tuple[Case, ...]:
         *_distill_cases(),
         *derived_cases(),  # architectures without a hand-written graph
         *derived_training_cases(),  # their loops, losses and optimizer variants
+        *derived_lora_cases(),
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

@@ -58,7 +58,9 @@ def test_the_variant_is_part_of_the_recording() -> None:
     assert held - dropped >= 2 * 64 * 4096 * 4
 
 
-@pytest.mark.parametrize("name", ["dtrain-gemma2-hold-fp32", "dtrain-phi3-opt-in-bwd-fp32"])
+@pytest.mark.parametrize(
+    "name", ["dtrain-gemma2-hold-fp32", "dtrain-phi3-opt-in-bwd-fp32", "dtrain-phi3-lora-r8-fp32"]
+)
 def test_derived_variant_equals_the_cpu_tracker(name: str) -> None:
     # The expected value is measured here by verify's CPU storage tracker running
     # transformers' model through verify.models.loops / build_optimizer.
@@ -77,3 +79,42 @@ def test_uneven_loss_chunks_are_refused_by_name() -> None:
     job = calc.Training(micro_batch=3, seq_len=64, loss="chunked-ce", loss_chunks=3)
     with pytest.raises(NotImplementedError, match="loss_chunks=3"):
         calc.estimate(spec, job, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "lora",
+    [
+        calc.LoRA(rank=8),
+        calc.LoRA(rank=4, modules=("q", "v"), adapter_dtype="fp32"),
+    ],
+)
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16", "bf16"])
+def test_lora_derived_equals_the_hand_graph(lora: calc.LoRA, precision: str) -> None:
+    # calc/compress/lora.py replays verify's adapters on the hand graph (checked against the
+    # CPU tracker by verify's lora-* and hf-lora-* cases); the recording applies the same
+    # adapters to transformers' model and must give the same bytes.
+    spec = calc.ModelSpec.from_hf_config(TINY_QWEN2, name="tiny-qwen2")
+    job = calc.Training(micro_batch=2, seq_len=64, precision=precision, lora=lora)
+    hand = calc.estimate(spec, job, device="cpu").peak_bytes
+    derived = calc.estimate(spec, replace(job, implementation="derived"), device="cpu")
+    assert derived.peak_bytes == hand
+
+
+@pytest.mark.parametrize(
+    ("config", "modules", "says"),
+    [
+        # Phi-3 computes q, k and v in one qkv_proj: an adapter takes all three or none
+        ({"model_type": "phi3", "pad_token_id": 0}, ("q", "v"), "qkv_proj"),
+        # Mixtral's MLP is its experts: no gate_proj/up_proj/down_proj linear to adapt
+        ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+         ("q", "gate"), "['gate']"),
+    ],
+)  # fmt: skip
+def test_lora_on_linears_a_model_lacks_is_refused_by_name(
+    config: dict, modules: tuple, says: str
+) -> None:
+    spec = calc.ModelSpec.from_hf_config({**TINY_QWEN2, **config})
+    job = calc.Training(micro_batch=2, seq_len=64, lora=calc.LoRA(rank=8, modules=modules))
+    with pytest.raises(NotImplementedError) as info:
+        calc.estimate(spec, job, device="cpu")
+    assert says in str(info.value) and "\n" not in str(info.value)
