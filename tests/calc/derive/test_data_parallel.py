@@ -17,11 +17,6 @@ TINY_PHI3 = {
 JOB = calc.Training(micro_batch=2, seq_len=32, precision="fp32", optimizer="adamw")
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))  # record, never read a stale trace
-
-
 def test_a_ddp_rank_holds_one_bucket_of_every_gradient_more() -> None:
     # 147,776 parameters (counted by hand in test_replay.py's phi3 test), fp32 gradients:
     # 591,104 B, below DDP's 25 MiB cap, so one bucket before and after the rebuild, rounded

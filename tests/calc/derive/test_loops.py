@@ -18,11 +18,6 @@ TINY_QWEN2 = {
 }  # fmt: skip
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))  # record, never read a stale trace
-
-
 @pytest.mark.parametrize(
     "variant",
     [
