@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
+from calc.derive import loops, lora
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -168,6 +169,9 @@ def _hooks(model: Any, book: Book, n_layers: int) -> tuple[str, list]:
     seq_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
     prefix, layers = _layer_list(model, n_layers)
     handles = [model.register_forward_pre_hook(lambda *_: book.mark_span(seq_nr(), "embed"))]
+    base = getattr(model, "base_model", model)
+    if base is not model:  # a loop may call the base model alone (chunked-ce)
+        handles.append(base.register_forward_pre_hook(lambda *_: book.mark_span(seq_nr(), "embed")))
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(lambda *_, i=i: book.mark_span(seq_nr(), i)))
         handles.append(layer.register_forward_hook(lambda *_: book.mark_span(seq_nr(), "head")))
@@ -284,6 +288,8 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
             dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
             if dtype != torch.float32:
                 _to_dtype(model, dtype)
+            if isinstance(job, Training) and job.lora is not None:  # verify's compress.apply
+                lora.apply(model, _layer_list(model, _layers_of(model))[1], job.lora, dtype)
             model.train(training)
             held = [
                 (name, t)
@@ -326,20 +332,31 @@ def _train(
     targets = torch.randint(0, vocab, (batch, seq))
     prefix, handles = _hooks(model, book, _layers_of(model))
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = _optimizer(params, job)
+    opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job))
     scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
+    loss_fn = _loss_fn(model, job)
     _start(book, model, prefix, (ids, targets))
     with _sdpa(backend):
-        _run_steps(book, mode, model, opt, scaler, params, job, ids, targets)
+        _run_steps(book, mode, loss_fn, opt, scaler, params, job, ids, targets)
     _classify_step(book, opt)
     for p in params:
         p.grad = None
     for h in handles:
         h.remove()
+    if isinstance(opt, loops.NoStep):
+        opt.close()
+
+
+def _loss_fn(model: Any, job: Training) -> Callable[[Any, Any], Any]:
+    """The protocol's ``(ids, targets) -> loss``: the model's own loss (``labels=``), or the
+    job's loop (`calc.derive.loops.LoopLoss`)."""
+    if not loops.is_default_loop(job):
+        return loops.LoopLoss(model, job)
+    return lambda ids, targets: model(input_ids=ids, labels=targets).loss
 
 
 def _run_steps(
-    book: Book, mode: Any, model: Any, opt: Any, scaler: Any, params: list, job: Training,
+    book: Book, mode: Any, loss_fn: Any, opt: Any, scaler: Any, params: list, job: Training,
     ids: Any, targets: Any,
 ) -> None:  # fmt: skip
     """The loop of ``verify/run/step.py`` (``train_two_steps``, ``micro_batches``)."""
@@ -361,7 +378,7 @@ def _run_steps(
                 else contextlib.nullcontext()
             )
             with ctx:
-                loss = model(input_ids=ids, labels=targets).loss
+                loss = loss_fn(ids, targets)
             if scaler is not None:
                 loss = scaler.scale(loss)
             if job.zero_grad == "before_backward" and mb == 0:

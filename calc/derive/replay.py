@@ -151,12 +151,12 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             f"implementation='reference' is verify's own llama/gpt2 model; model_type="
             f"{model.model_type!r} runs as transformers' code (implementation='hf')"
         )
-    parts = ("lora", "quant", "pruning", "distill", "kv_quant")
+    parts = ("quant", "pruning", "distill", "kv_quant")
     used = [name for name in parts if getattr(job, name, None) is not None]
     if used:
         raise NotImplementedError(
             f"{', '.join(used)} on a derived architecture is not modelled yet (the derived "
-            "replay records plain training and prefill)"
+            "replay records plain training, LoRA and prefill)"
         )
     if isinstance(job, Inference) and job.new_tokens > 0:
         raise NotImplementedError(
@@ -164,8 +164,8 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             "derived replay records the prefill)"
         )
     if isinstance(job, Training):
-        _check_loop(job)
-        if job.optimizer not in ("sgd", "sgd-momentum", "adam", "adamw"):
+        check_loss_chunks(job)
+        if job.optimizer not in (None, "sgd", "sgd-momentum", "adam", "adamw"):
             raise NotImplementedError(
                 f"optimizer={job.optimizer!r} on a derived architecture is not modelled yet "
                 "(sgd, sgd-momentum, adam, adamw are)"
@@ -178,22 +178,23 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             raise NotImplementedError("a dropout override on a derived architecture")
 
 
-def _check_loop(job: Training) -> None:
-    """The recorder runs verify's default loop (the output dropped before backward, HF's
-    cross-entropy, an optimizer stepped after backward): refuse the other variants."""
-    default = Training(micro_batch=1, seq_len=1)
-    changed = [
-        f"{name}={getattr(job, name)!r}"
-        for name in ("loop", "loss", "optimizer_in_backward")
-        if getattr(job, name) != getattr(default, name)
-    ]
-    if job.optimizer is None:
-        changed.append("optimizer=None")
-    if changed:
+def check_loss_chunks(job: Training) -> None:
+    """Refuse ``loss="chunked-ce"`` with chunks that do not split the recording's samples
+    evenly: its tokens are ``b x s`` with ``s`` a multiple of 64 (`calc.derive.lift.STEP`), and
+    ``tensor_split`` into uneven chunks gives sizes no polynomial of ``b``, ``s`` describes.
+    Refuse ``optimizer_in_backward`` where the hand graphs do too (accumulation, which
+    torchtune refuses with it; the GradScaler of ``amp-fp16``)."""
+    if job.optimizer_in_backward and (job.grad_accum != 1 or job.precision == "amp-fp16"):
         raise NotImplementedError(
-            f"{', '.join(changed)} on a derived architecture is not modelled yet (the derived "
-            "replay records the default loop: the output dropped before backward, "
-            "cross-entropy, the optimizer after backward)"
+            "optimizer_in_backward on a derived architecture is modelled with grad_accum=1 "
+            "(torchtune refuses accumulation with it) and without a GradScaler (amp-fp16)"
+        )
+    step = lift.STEP["s"]
+    if job.loss == "chunked-ce" and step % job.loss_chunks:
+        raise NotImplementedError(
+            f"loss_chunks={job.loss_chunks} on a derived architecture: the recording samples "
+            f"sequences of multiples of {step} tokens, which {job.loss_chunks} chunks do not "
+            f"split evenly; use a divisor of {step} (torchtune's default 8 is one)"
         )
 
 

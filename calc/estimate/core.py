@@ -24,6 +24,7 @@ from calc import symbols as S
 from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.derive.data_parallel import check_ddp, grad_order
 from calc.derive.replay import derived_events, notes_of, regime_of
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel, flash_head_pad
@@ -216,12 +217,10 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
     model, job, opts = _EXEMPLAR[key]
     order: list = []
     exact = opts.exact_layers
+    derived_order: tuple = ()
     if is_derived(model, job):
         if opts != SINGLE:
-            raise NotImplementedError(
-                f"model_type={model.model_type!r} (derived replay): parallel layouts are not "
-                "modelled yet on derived architectures"
-            )
+            derived_order = _derived_ddp_order(model, job, opts, branch)
         events, every_layer = derived_events(model, job, branch)
         exact = exact or every_layer
     elif isinstance(job, Inference):
@@ -242,7 +241,7 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
             dp=opts.dp,
             grad_order=order,
         )
-    grad_order = tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
+    grad_order = derived_order or tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
     if branch >= timeline.GENERAL_LAYERS and not exact:
         cands = timeline.candidates_general(events)
     else:
@@ -254,6 +253,20 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
         for phase in dict.fromkeys(c.phase for c in tl.candidates)
     )
     return Compiled(tl, fn, branch, phase_index, grad_order)
+
+
+def _derived_ddp_order(
+    model: ModelSpec, job: Training | Inference, opts: ReplayOptions, branch: int
+) -> tuple:
+    """The gradient order of a derived model's DDP rank (`calc.derive.data_parallel`), whose
+    step is the recorded single-process one; ``NotImplementedError`` for any other layout."""
+    if not isinstance(job, Training) or opts.dp is None or replace(opts, dp=None) != SINGLE:
+        raise NotImplementedError(
+            f"model_type={model.model_type!r} (derived replay): of the parallel layouts only "
+            "DDP is modelled on derived architectures (not TP, SP, PP)"
+        )
+    check_ddp(model, job, opts.dp)
+    return grad_order(model, job, branch)
 
 
 DERIVED_NOTE = (

@@ -203,6 +203,9 @@ class DistCase:
     """Optimizer steps measured."""
     options: tuple[tuple[str, Any], ...] = ()
     """Engine-specific options (as pairs)."""
+    config: str = ""
+    """A tiny Hugging Face ``config.json`` (JSON text) to run instead of scaling ``card`` (a
+    derived architecture, as `Case.config`)."""
 
     def __post_init__(self) -> None:
         _check(self.name, self.impl, self.job, self.tolerance_pct)
@@ -225,7 +228,9 @@ class DistCase:
         return "distributed"
 
     def spec(self) -> ModelSpec:
-        """The scaled model."""
+        """The scaled model (or the model of ``config``)."""
+        if self.config:
+            return ModelSpec.from_json(self.config, name=f"{self.card}-tiny")
         return _scaled(self.card, self.scale, self.job.seq_len)
 
     def label(self) -> str:

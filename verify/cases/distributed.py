@@ -11,6 +11,7 @@ from typing import Any
 from calc.config.compression import LoRA, Quant
 from calc.config.parallelism import Parallelism
 from verify.cases.case import LLAMA, QWEN2, DistCase, Q, pairs, training_job
+from verify.cases.derived_train import derived_dist_cases
 
 SMALL = {"layers": 2}
 
@@ -204,3 +205,4 @@ CASES: tuple[DistCase, ...] = (
           lora=LoRA(rank=16, adapter_dtype="fp32"), quant=Quant(method="nf4"),
           note="QLoRA as peft sets it up: fp32 adapters, fp32 buckets over a bf16 model"),
 )  # fmt: skip
+CASES = (*CASES, *derived_dist_cases())  # DDP on derived architectures

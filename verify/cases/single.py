@@ -18,6 +18,7 @@ from verify.cases.case import train as _train
 from verify.cases.compiled import compiled_cases
 from verify.cases.compression import compression_cases
 from verify.cases.derived import derived_cases
+from verify.cases.derived_train import derived_lora_cases, derived_training_cases
 from verify.cases.full_size import full_size_cases
 from verify.cases.generate import generate_cases
 from verify.cases.scale import scaled_spec
@@ -410,6 +411,8 @@ def _all() -> tuple[Case, ...]:
         *derived_cases(),  # architectures without a hand-written graph
         *full_size_cases(),  # real cards, unscaled
         *compiled_cases(),  # torch.compile of the model
+        *derived_training_cases(),  # their loops, losses and optimizer variants
+        *derived_lora_cases(),
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

@@ -52,6 +52,12 @@ LLAMA_LINEARS = {
     "down": ("mlp", "down_proj"),
 }  # fmt: skip
 """LoRA/Quant module name -> (submodule, attribute) in a llama-family decoder layer."""
+FUSED_LINEARS = {
+    ("q", "k", "v"): ("self_attn", "qkv_proj"),
+    ("gate", "up"): ("mlp", "gate_up_proj"),
+}
+"""LoRA/Quant module names -> the one linear computing them all (Phi-3's fused projections):
+an adapter on it when all its names are chosen (peft adapts a linear whole)."""
 
 
 class QuantMatmul(torch.autograd.Function):
@@ -252,9 +258,10 @@ class LoRALinear(nn.Module):
         return result.to(result_dtype)
 
 
-def _targets(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
-    """(parent module, attribute, LoRA/Quant name) of every decoder-layer linear, in the
-    reference model or a Hugging Face llama-family model (same attribute names)."""
+def _targets(model: nn.Module) -> list[tuple[nn.Module, str, tuple[str, ...]]]:
+    """(parent module, attribute, LoRA/Quant names it computes) of every decoder-layer linear,
+    in the reference model or a Hugging Face llama-family model (same attribute names), or
+    Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` (`FUSED_LINEARS`)."""
     spec = getattr(model, "spec", None)
     model_type = spec.model_type if spec is not None else model.config.model_type
     if model_type == "gpt2":
@@ -263,8 +270,23 @@ def _targets(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
     out = []
     for block in blocks:
         for name, (sub, attr) in LLAMA_LINEARS.items():
-            out.append((getattr(block, sub), attr, name))
+            if isinstance(getattr(getattr(block, sub, None), attr, None), nn.Linear):
+                out.append((getattr(block, sub), attr, (name,)))
+        for parts, (sub, attr) in FUSED_LINEARS.items():
+            if isinstance(getattr(getattr(block, sub, None), attr, None), nn.Linear):
+                out.append((getattr(block, sub), attr, parts))
     return out
+
+
+def _adapted(parts: tuple[str, ...], lora: LoRA, model_type: str) -> bool:
+    """Whether the linear computing ``parts`` gets an adapter: all of them chosen (none: no;
+    some of a fused linear: refused)."""
+    chosen = [p for p in parts if p in lora.modules]
+    if chosen and len(chosen) < len(parts):
+        raise NotImplementedError(
+            f"LoRA modules {chosen} on {model_type}: one fused linear computes {parts}"
+        )
+    return bool(chosen)
 
 
 def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch.dtype) -> None:
@@ -276,10 +298,15 @@ def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch
     if lora is not None:
         for p in model.parameters():
             p.requires_grad_(False)
-    for parent, attr, name in _targets(model):
+    targets = _targets(model)
+    model_type = getattr(getattr(model, "config", None), "model_type", "the reference model")
+    found = {part for *_, parts in targets for part in parts}
+    if lora is not None and not set(lora.modules) <= found:
+        raise NotImplementedError(f"LoRA modules {lora.modules}: {model_type} has {found}")
+    for parent, attr, parts in targets:
         layer = getattr(parent, attr)
         if quant is not None:
             layer = QuantLinear(layer, quant)
-        if lora is not None and name in lora.modules:
+        if lora is not None and _adapted(parts, lora, model_type):
             layer = LoRALinear(layer, lora, dtype)
         setattr(parent, attr, layer)

@@ -1,0 +1,83 @@
+"""DDP on a derived model: one rank replays the recorded single-GPU step plus DDP's buckets.
+
+Without ``gradient_as_bucket_view`` a DDP rank (``torch/nn/parallel/distributed.py`` and the
+C++ ``Reducer``) holds everything the single-process step holds, plus flat gradient buckets
+allocated at construction (one per dtype in the first iteration, rebuilt in the order the
+gradients became ready after it): constant storages `calc.estimate.ranks` adds to the replay
+(``ddp_buckets``), given every gradient's size in ready order. For a hand-written graph the
+replay's tape lists them; for a derived one `grad_order` reads them from the recorded stream:
+the gradients (storages classified ``grad``) in the order the first backward allocated them,
+each one's bytes over its parameter dtype's itemsize.
+
+What the recording does not hold is refused by `check_ddp` (the wrappers' own hooks: FSDP2's
+all-gathers and sharded parameters, gradient views of the buckets, ZeRO; and the loops that
+call the model outside the DDP wrapper, as verify's distributed engines do).
+"""
+
+from __future__ import annotations
+
+from calc.config.jobs import Training
+from calc.config.model_spec import ModelSpec
+from calc.derive import lift
+from calc.derive.replay import derived_stream
+from calc.parallel.data import ReplayPlan
+from calc.replay.kinds import StorageKind
+
+GRAD_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2}
+"""Bytes per gradient element of each precision: the parameters' dtype (fp32 weights under
+autocast; ``verify/models/build.py``, ``WEIGHT_DTYPE``)."""
+
+
+def plain_ddp(plan: ReplayPlan) -> bool:
+    """Whether ``plan`` is DDP without gradient views, ZeRO, FSDP or offload: the rank's step
+    is the single-process one (`calc.parallel.data.install` installs no hook for it)."""
+    return plan == ReplayPlan(shard_world=plan.shard_world,
+                              reshard_after_forward=plan.reshard_after_forward)  # fmt: skip
+
+
+def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
+    """Raise ``NotImplementedError`` naming what a derived model's data-parallel rank does not
+    cover yet (everything but plain DDP of the default loop, verified by verify's
+    ``dist-derived-*`` cases)."""
+    name = f"model_type={model.model_type!r} (derived replay)"
+    if not plain_ddp(plan):
+        raise NotImplementedError(
+            f"{name}: of the parallel layouts only DDP without gradient_as_bucket_view is "
+            "modelled (FSDP2, ZeRO, bucket views and offload change the recorded step: "
+            "the recording would need their hooks)"
+        )
+    default = Training(micro_batch=1, seq_len=1)
+    fields = ("loop", "loss", "optimizer_in_backward", "lora", "grad_accum", "zero_grad")
+    unverified = [
+        f"{f}={getattr(job, f)!r}" for f in fields if getattr(job, f) != getattr(default, f)
+    ]
+    if job.optimizer is None:
+        unverified.append("optimizer=None")
+    if unverified:
+        raise NotImplementedError(
+            f"{name} under DDP with {', '.join(unverified)}: DDP is verified on derived models "
+            "with the default loop and zero_grad, one micro-batch, an optimizer and every "
+            "weight trained"
+        )
+
+
+def grad_order(model: ModelSpec, job: Training, n_layers: int) -> tuple:
+    """``(name, layer tag, numel, itemsize)`` of every gradient of the recording of ``job``
+    with ``n_layers`` layers, in the order the first backward allocated them (what
+    `calc.estimate.core.Compiled.grad_order` holds for a hand-written replay)."""
+    d = derived_stream(model, job, n_layers)
+    itemsize = GRAD_ITEMSIZE[job.precision]
+    out = []
+    seen: set[int] = set()
+    for alloc, sid, phase, _segment in d.stream:
+        kind, name, tag = d.info[sid]
+        if alloc and phase == "step1/backward" and kind == StorageKind.GRAD and sid not in seen:
+            seen.add(sid)
+            nbytes = lift.expression(d.sizes[sid], d.regime)
+            if not isinstance(nbytes, int) or nbytes % itemsize:
+                raise NotImplementedError(
+                    f"the gradient {name} of model_type={model.model_type!r} has {nbytes} bytes, "
+                    f"not a whole number of {itemsize}-byte elements independent of the sizes"
+                )
+            out.append((name, tag, nbytes // itemsize, itemsize))
+    return tuple(out)

@@ -1,0 +1,121 @@
+"""LoRA in the recording: the adapters verify puts on a transformers model, on fake tensors.
+
+verify trains LoRA with its own adapter module (``verify/models/compress.py``, ``LoRALinear``
+and ``apply``; no peft): every parameter frozen, then each chosen decoder linear wrapped so
+that ``result = base(x)``, ``x`` cast to the adapters' dtype (not under autocast; peft's
+``_cast_input_dtype``), ``result = result + B(A(x)) * scaling`` and ``result.to(its dtype)``
+(peft ``tuners/lora/layer.py``, ``Linear.forward``; Hu et al. 2021, arXiv 2106.09685). ``A``
+is ``[r, in]``, ``B`` ``[out, r]``, in the weights' dtype or ``LoRA.adapter_dtype``.
+
+`apply` does the same to the model the recorder built. The chosen linears are found by name
+in each decoder layer: the llama-family projections ``self_attn.{q,k,v,o}_proj`` and
+``mlp.{gate,up,down}_proj`` (`LINEARS`), and the fused ones of Phi-3 (`FUSED`): one adapter
+on ``qkv_proj`` when ``q``, ``k`` and ``v`` are all chosen, on ``gate_up_proj`` when ``gate``
+and ``up`` are (peft adapts a linear whole; the target modules people give Phi-3 are
+``qkv_proj, o_proj, gate_up_proj, down_proj``). A chosen projection found in neither form
+(MoE experts, GPT-2's ``Conv1D``) is refused by name.
+
+torch is imported only inside these functions: ``calc`` imports without it.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from calc.config.compression import LoRA
+from calc.derive.book import DeriveError
+
+LINEARS: dict[str, tuple[str, str]] = {
+    "q": ("self_attn", "q_proj"), "k": ("self_attn", "k_proj"), "v": ("self_attn", "v_proj"),
+    "o": ("self_attn", "o_proj"), "gate": ("mlp", "gate_proj"), "up": ("mlp", "up_proj"),
+    "down": ("mlp", "down_proj"),
+}  # fmt: skip
+"""LoRA module name -> (submodule, attribute) of a llama-family decoder layer."""
+FUSED: dict[tuple[str, ...], tuple[str, str]] = {
+    ("q", "k", "v"): ("self_attn", "qkv_proj"),
+    ("gate", "up"): ("mlp", "gate_up_proj"),
+}
+"""LoRA module names -> the one fused linear that computes them all (Phi-3)."""
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def _linear(layer: Any, sub: str, attr: str) -> Any | None:
+    import torch
+
+    found = getattr(getattr(layer, sub, None), attr, None)
+    return found if isinstance(found, torch.nn.Linear) else None
+
+
+def targets(layer: Any, lora: LoRA, model_type: str) -> list[tuple[Any, str]]:
+    """(parent module, attribute) of the linears of one decoder ``layer`` that get an adapter:
+    each chosen llama-family projection, or the fused linear all of whose parts are chosen."""
+    chosen: set[str] = set(lora.modules)
+    out: list[tuple[Any, str]] = []
+    for name, (sub, attr) in LINEARS.items():
+        if name in chosen and _linear(layer, sub, attr) is not None:
+            out.append((getattr(layer, sub), attr))
+            chosen.discard(name)
+    for parts, (sub, attr) in FUSED.items():
+        present = chosen & set(parts)
+        if not present or _linear(layer, sub, attr) is None:
+            continue
+        if present != set(parts):
+            raise DeriveError(
+                f"LoRA modules {sorted(present)} on model_type={model_type!r}: {sub}.{attr} "
+                f"computes {', '.join(parts)} in one linear; an adapter takes all of them or none"
+            )
+        out.append((getattr(layer, sub), attr))
+        chosen -= present
+    if chosen:
+        raise DeriveError(
+            f"LoRA modules {sorted(chosen)} on model_type={model_type!r}: its decoder layers "
+            "have no such nn.Linear (the derived replay adapts llama-family projections and "
+            "Phi-3's fused qkv_proj / gate_up_proj)"
+        )
+    return out
+
+
+@lru_cache(maxsize=1)
+def adapted_linear() -> type:
+    """The adapter module class (made on first use: it subclasses ``torch.nn.Module``)."""
+    import torch
+    import torch.nn.functional as F
+
+    class Adapted(torch.nn.Module):
+        """``base(x) + B(A(x)) * scaling`` over the frozen linear ``base``."""
+
+        def __init__(self, base: Any, lora: LoRA, dtype: Any) -> None:
+            super().__init__()
+            self.base = base
+            kw = {"dtype": dtype, "device": base.weight.device}
+            self.lora_A = torch.nn.Parameter(torch.empty(lora.rank, base.in_features, **kw))
+            self.lora_B = torch.nn.Parameter(torch.zeros(base.out_features, lora.rank, **kw))
+            self.scaling = lora.scale
+
+        def forward(self, x: Any) -> Any:
+            result = self.base(x)
+            dtype = result.dtype
+            if not torch.is_autocast_enabled(x.device.type):
+                x = x.to(self.lora_A.dtype)
+            result = result + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
+            return result.to(dtype)
+
+    return Adapted
+
+
+def apply(model: Any, layers: Any, lora: LoRA, weight_dtype: Any) -> None:
+    """Freeze ``model`` and wrap the chosen linears of each decoder layer in ``layers`` with
+    adapters in ``weight_dtype`` (or ``lora.adapter_dtype``), in place."""
+    import torch
+
+    for p in model.parameters():
+        p.requires_grad_(False)
+    dtype = weight_dtype
+    if lora.adapter_dtype is not None:
+        dtype = getattr(torch, DTYPES[lora.adapter_dtype])
+    cls = adapted_linear()
+    model_type = str(getattr(model.config, "model_type", "?"))
+    for layer in layers:
+        for parent, attr in targets(layer, lora, model_type):
+            setattr(parent, attr, cls(getattr(parent, attr), lora, dtype))

@@ -1,0 +1,46 @@
+"""DDP on a derived model (`calc.derive.data_parallel`): the recorded step plus DDP's buckets,
+and the one message for the layouts the recording does not hold."""
+
+from __future__ import annotations
+
+import pytest
+
+import calc
+
+pytest.importorskip("transformers")
+
+TINY_PHI3 = {
+    "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512,
+    "max_position_embeddings": 512, "pad_token_id": 0,
+}  # fmt: skip
+JOB = calc.Training(micro_batch=2, seq_len=32, precision="fp32", optimizer="adamw")
+
+
+def test_a_ddp_rank_holds_one_bucket_of_every_gradient_more() -> None:
+    # 147,776 parameters (counted by hand in test_replay.py's phi3 test), fp32 gradients:
+    # 591,104 B, below DDP's 25 MiB cap, so one bucket before and after the rebuild, rounded
+    # up to 512 B by the allocator: 591,360 B on top of the single-process step, whose
+    # gradients DDP keeps too (gradient_as_bucket_view=False).
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3)
+    single = calc.estimate(spec, JOB, device="cpu").peak_bytes
+    ddp = calc.estimate(spec, JOB, calc.Parallelism(dp=2), device="cpu").peak_bytes
+    assert ddp - single == 591_360
+
+
+@pytest.mark.parametrize(
+    ("parallel", "job", "says"),
+    [
+        (calc.Parallelism(dp=2, fsdp=True), JOB, "only DDP without gradient_as_bucket_view"),
+        (calc.Parallelism(dp=2, gradient_as_bucket_view=True), JOB, "bucket views"),
+        (calc.Parallelism(dp=2), calc.Training(micro_batch=2, seq_len=32, loop="hold-output"),
+         "loop='hold-output'"),
+    ],
+)  # fmt: skip
+def test_what_the_recording_does_not_hold_is_refused_by_name(
+    parallel: calc.Parallelism, job: calc.Training, says: str
+) -> None:
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3)
+    with pytest.raises(NotImplementedError) as info:
+        calc.estimate(spec, job, parallel, device="cpu")
+    assert says in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,149 @@
+"""Training recipes on derived architectures: the loops, losses and optimizer variants of
+`calc.Training` (``loop``, ``loss``, ``optimizer=None``, ``optimizer_in_backward``) on models
+whose replay calc records from transformers' code (`calc.derive`, `calc.derive.loops`).
+
+The ``dtrain-<type>-*`` cases run the tiny configs of `verify.cases.derived` (vocabulary 4096,
+so that the logits a loop holds, or does not, weigh); the ``dtrain-derived-*`` cases run the
+jobs of the hand-graph loop cases (`verify.cases.single`, ``_loop_cases``) with
+``implementation="derived"``: the same measured run, predicted by the derived replay instead
+of the hand-written graph (tests/calc/derive/test_loops.py checks both predictions agree).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from calc.config.compression import LoRA
+from calc.config.jobs import Training
+from calc.config.parallelism import Parallelism
+from verify.cases.case import LLAMA, LLAMA3, QWEN2, TOLERANCE_PCT, Case, DistCase, pairs
+from verify.cases.case import train as _train
+from verify.cases.derived import CONFIGS
+
+VOCAB = 4096
+"""Vocabulary of the tiny configs here (the loop cases' ``scale={"vocab": 4096}``)."""
+
+
+def _case(model_type: str, label: str, **job: Any) -> Case:
+    attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
+    fields = {"micro_batch": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
+              "implementation": "hf", "attention": attention, **job}  # fmt: skip
+    return Case(
+        name=f"dtrain-{model_type}-{label}",
+        card=model_type,
+        job=Training(**fields),
+        impl="hf",
+        tolerance_pct=TOLERANCE_PCT["hf"],
+        tags=("training", "hf", "derived", "loop"),
+        note="derived replay: the job's loop/loss/optimizer variant recorded as verify runs it",
+        config=json.dumps({**CONFIGS[model_type], "vocab_size": VOCAB}, sort_keys=True),
+        scale=pairs(None),
+    )
+
+
+def _derived(name: str, card: str, **job: Any) -> Case:
+    """A hand-graph loop case's job, predicted by the derived replay."""
+    v = {"scale": {"vocab": VOCAB}, "micro_batch": 2, "seq_len": 64}
+    return _train(f"dtrain-derived-{name}", card, impl="derived", tags=("derived", "loop"),
+                  note="the job of the hf loop case of this name, derived", **v, **job)  # fmt: skip
+
+
+def derived_training_cases() -> list[Case]:
+    """The loop, loss and optimizer variants on derived types, and on llama/qwen2 derived."""
+    return [
+        _case("gemma2", "hold-fp32", loop="hold-output"),
+        _case("phi3", "chunked-bf16", loss="chunked-ce", precision="bf16"),
+        _case("phi3", "chunked-hold-amp", loss="chunked-ce", loop="hold-output",
+              precision="amp-bf16", loss_chunks=4),
+        _case("olmo2", "del-logits-bf16", loop="del-logits", precision="bf16"),
+        _case("granite", "sum-hold-fp32", loss="sum", loop="hold-output"),
+        _case("mixtral", "hold-fp32", loop="hold-output"),
+        _case("qwen3_moe", "chunked-bf16", loss="chunked-ce", precision="bf16"),
+        _case("gemma2", "noopt-fp32", optimizer=None),
+        _case("phi3", "noopt-hold-bf16", optimizer=None, loop="hold-output", precision="bf16"),
+        _case("phi3", "opt-in-bwd-fp32", optimizer_in_backward=True),
+        _case("gemma2", "opt-in-bwd-sgdm-bf16", optimizer_in_backward=True,
+              optimizer="sgd-momentum", precision="bf16"),
+        _case("mixtral", "opt-in-bwd-bf16", optimizer_in_backward=True, precision="bf16"),
+        _case("olmo2", "hold-accum2-amp", loop="hold-output", grad_accum=2,
+              precision="amp-bf16"),
+        _case("granite", "noopt-chunked-accum2-fp32", optimizer=None, loss="chunked-ce",
+              grad_accum=2),
+        _derived("loop-hold-qwen2-bf16", QWEN2, loop="hold-output", precision="bf16"),
+        _derived("loop-hold-llama-amp", LLAMA, loop="hold-output", precision="amp-bf16"),
+        _derived("loop-del-logits-qwen2-bf16", QWEN2, loop="del-logits", precision="bf16"),
+        _derived("loss-sum-hold-qwen2-fp32", QWEN2, loss="sum", loop="hold-output"),
+        _derived("loss-chunked-qwen2-amp", QWEN2, loss="chunked-ce", precision="amp-bf16"),
+        _derived("loss-chunked-hold-llama-bf16", LLAMA, loss="chunked-ce", loop="hold-output",
+                 precision="bf16"),
+        _derived("loop-noopt-qwen2-bf16", QWEN2, optimizer=None, precision="bf16"),
+        _derived("opt-in-bwd-adamw-qwen2-bf16", QWEN2, optimizer_in_backward=True,
+                 precision="bf16"),
+    ]  # fmt: skip
+
+
+def derived_lora_cases() -> list[Case]:
+    """LoRA on derived types (verify's own adapters, `verify.models.compress`): Phi-3's fused
+    ``qkv_proj``/``gate_up_proj`` adapted whole, Gemma-2's llama-named projections; and the
+    jobs of three hand-graph LoRA cases (`verify.cases.compression`) derived."""
+
+    def hf_case(name: str, card: str, **job: Any) -> Case:
+        return _train(
+            f"dtrain-derived-{name}",
+            card,
+            impl="derived",
+            tags=("derived", "lora"),
+            note="the job of the hf LoRA case of this name, derived",
+            **job,
+        )
+
+    return [
+        _case("phi3", "lora-r8-fp32", lora=LoRA(rank=8)),
+        _case("phi3", "lora-r8-qkv-o-bf16", precision="bf16",
+              lora=LoRA(rank=8, modules=("q", "k", "v", "o"))),
+        _case("phi3", "lora-r4-amp-recompute", precision="amp-bf16", recompute="full",
+              lora=LoRA(rank=4, modules=("gate", "up", "down"))),
+        _case("gemma2", "lora-r8-fp32", lora=LoRA(rank=8)),
+        _case("gemma2", "lora-r8-qv-amp-hold", precision="amp-bf16", loop="hold-output",
+              lora=LoRA(rank=8, modules=("q", "v"))),
+        _case("olmo2", "lora-r16-bf16-fp32-adapters", precision="bf16",
+              lora=LoRA(rank=16, adapter_dtype="fp32")),
+        hf_case("hf-lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8)),
+        hf_case("hf-lora-r8-amp-bf16-llama3", LLAMA3, precision="amp-bf16", lora=LoRA(rank=8)),
+        hf_case("hf-lora-r8-bf16-qwen2", QWEN2, precision="bf16", lora=LoRA(rank=8)),
+    ]  # fmt: skip
+
+
+def derived_dist_cases() -> list[DistCase]:
+    """DDP on derived types, torchrun gloo on 2 ranks (`verify.dist.engines.ddp`): the
+    recorded single-process step plus DDP's buckets (`calc.derive.data_parallel`)."""
+
+    def dist(name: str, model_type: str, parallel: Parallelism, vocab: int, **job: Any) -> DistCase:
+        fields = {"micro_batch": 2, "seq_len": 32, "precision": "fp32", "optimizer": "adamw",
+                  "implementation": "hf", **job}  # fmt: skip
+        return DistCase(
+            name=f"dist-derived-{model_type}-{name}",
+            card=model_type,
+            job=Training(**fields),
+            parallel=parallel,
+            engine="ddp",
+            tolerance_pct=TOLERANCE_PCT["hf"],
+            tags=("derived",),
+            note="DDP on a derived architecture: the recorded step plus DDP's buckets",
+            config=json.dumps({**CONFIGS[model_type], "vocab_size": vocab}, sort_keys=True),
+        )
+
+    return [
+        dist("ddp-2", "phi3", Parallelism(dp=2), 512),
+        # 1 MiB buckets over 2 MiB of embedding and head gradients: several buckets, rebuilt in
+        # the order the recorded backward made the gradients
+        dist(
+            "ddp-buckets-amp-2",
+            "phi3",
+            Parallelism(dp=2, ddp_bucket_mib=1),
+            VOCAB,
+            precision="amp-bf16",
+        ),
+        dist("ddp-2", "olmo2", Parallelism(dp=2), 512, precision="bf16"),
+    ]
