@@ -27,7 +27,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
-from calc.derive.book import DeriveError, Trace
+from calc.derive.book import DeriveError, Trace, second_step_sizes
 from calc.derive.record import (
     count_parameters,
     first_sentence,
@@ -289,18 +289,24 @@ def _record(
 
         done: dict[tuple, Trace] = {}
         if quick is not None:
-            points = [*quick[0], held]
-            traces = run(points)
-            _same_structure(config, points, traces)
-            sizes = lift.fit_factors(
-                reg, quick[0], held, [t.nbytes for t in traces[:-1]], traces[-1].nbytes
-            )
-            if sizes is not None:
-                first = traces[0]
-                return DerivedStream(
-                    reg, tuple(sizes), first.info, first.baseline, first.stream, exact
-                )
-            done = {_point_key(p): t for p, t in zip(points, traces, strict=True)}
+            points = quick[0]
+            ref, check = run([points[0], held])
+            _same_structure(config, [points[0], held], [ref, check])
+            at = [ref.nbytes]
+            for p in points[1:]:  # training: the first step only, the second's sizes follow
+                got = None
+                if isinstance(job, Training):
+                    one = _guarded(config, partial(trace, p["b"], p["s"], 0, 1))
+                    got = second_step_sizes(ref, one)
+                if got is None:
+                    (full,) = run([p])
+                    _same_structure(config, [points[0], p], [ref, full])
+                    got = full.nbytes
+                at.append(got)
+            fitted = lift.fit_factors(reg, points, held, at, check.nbytes)
+            if fitted is not None:
+                return DerivedStream(reg, tuple(fitted), ref.info, ref.baseline, ref.stream, exact)
+            done = {_point_key(points[0]): ref, _point_key(held): check}
         points = [*grid, held]
         traces = [done.get(_point_key(p)) or run([p])[0] for p in points]
     _same_structure(config, points, traces)
