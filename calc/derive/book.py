@@ -55,6 +55,47 @@ class Trace:
         return (self.info, self.baseline, self.stream)
 
 
+def second_step_sizes(full: Trace, one: Trace) -> tuple[int, ...] | None:
+    """The bytes of ``full``'s storages (two optimizer steps recorded) at the sizes ``one``
+    was recorded at (the first step only): the first step's storages from ``one``, each of
+    the second step's from its counterpart in the first (allocated in the same phase, with
+    the same kind, name and layer, the same rank among those; the second step repeats the
+    first's forward and backward). None when ``one`` did not record ``full``'s first step
+    (its storages and events up to the second step), or when a counterpart's bytes differ
+    in ``full`` (then record both steps)."""
+    phase_of: dict[int, str] = {}
+    for alloc, sid, phase, _seg in full.stream:
+        if alloc:
+            phase_of.setdefault(sid, phase)
+    later = [sid for sid, phase in phase_of.items() if not phase.startswith("step1/")]
+    first = min(later, default=len(full.nbytes))
+    cut = next((i for i, e in enumerate(full.stream) if e[2].startswith("step2/")), 0)
+    start = cut  # the frees applied as the second step starts; ``one`` ends with more
+    while start > 0 and not full.stream[start - 1][0]:
+        start -= 1
+    ok = one.stream[:start] == full.stream[:start]
+    ok = ok and set(full.stream[start:cut]) <= set(one.stream[start:])
+    if not ok or len(one.nbytes) != first or one.info != full.info[:first]:
+        return None
+    ranks: dict[tuple, list[int]] = {}
+    for sid in range(first):
+        if phase_of.get(sid, "").startswith("step1/"):
+            ranks.setdefault((phase_of[sid][6:], full.info[sid]), []).append(sid)
+    seen: collections.Counter = collections.Counter()
+    sizes = list(one.nbytes)
+    for sid in range(first, len(full.nbytes)):
+        phase = phase_of.get(sid, "")
+        key = (phase[6:], full.info[sid])
+        pool, rank = ranks.get(key, []), seen[key]
+        seen[key] += 1
+        if not phase.startswith("step2/") or rank >= len(pool):
+            return None
+        if full.nbytes[pool[rank]] != full.nbytes[sid]:
+            return None
+        sizes.append(one.nbytes[pool[rank]])
+    return tuple(sizes)
+
+
 class DeriveError(Exception):
     """The modeling code could not be built or run on fake tensors (the message says where)."""
 

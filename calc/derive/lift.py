@@ -84,16 +84,22 @@ def _axis(name: str, low: int, top: int) -> list[int]:
     return [first + STEP[name] * i for i in range(DEGREE[name] + 2)]
 
 
-def sample_plan(reg: Regime) -> tuple[list[dict[str, int]], dict[str, int]]:
-    """(grid points, held-out point): ``degree + 1`` values per free symbol, one more for the
-    check; fixed symbols at their value."""
-    fixed = dict(reg.fixed)
+def _axes(reg: Regime) -> dict[str, list[int]]:
+    """The sample values of every free symbol (`_axis`), contexts above the prompts'."""
     axes: dict[str, list[int]] = {}
-    top = fixed.get("s", 0)
+    top = dict(reg.fixed).get("s", 0)
     for name, low, _high in reg.free:
         axes[name] = _axis(name, low, top)
         if name == "s":
             top = axes[name][-1]
+    return axes
+
+
+def sample_plan(reg: Regime) -> tuple[list[dict[str, int]], dict[str, int]]:
+    """(grid points, held-out point): ``degree + 1`` values per free symbol, one more for the
+    check; fixed symbols at their value."""
+    fixed = dict(reg.fixed)
+    axes = _axes(reg)
     names = list(axes)
     grid = [
         {**dict(zip(names, combo, strict=True)), **fixed}
@@ -176,3 +182,94 @@ def expression(poly: Poly, reg: Regime) -> int | sp.Expr:
             for m, num, den in poly
         ]
     )
+
+
+FACTORS = ("b", "c")
+"""Symbols first tried as a plain factor of every size (power 0 or 1): the batch and the
+cache length are a dimension of a tensor or absent from it (`factor_plan`)."""
+
+
+def _factors(reg: Regime) -> tuple[list[str], list[str]]:
+    """(factor symbols, polynomial symbols) among the free ones, in the regime's order."""
+    names = [name for name, *_ in reg.free]
+    return [n for n in names if n in FACTORS], [n for n in names if n not in FACTORS]
+
+
+def _ratios(reg: Regime, base: Mapping[str, int], held: Mapping[str, int]) -> dict:
+    """Powers (0 or 1 per factor symbol) -> how much a size of that form grows from ``base``
+    to ``held`` (the factor symbols' ratios multiplied)."""
+    factors, _ = _factors(reg)
+    return {
+        powers: math.prod(
+            (Fraction(held[n], base[n]) ** e for n, e in zip(factors, powers, strict=True)),
+            start=Fraction(1),
+        )
+        for powers in itertools.product((0, 1), repeat=len(factors))
+    }
+
+
+def factor_plan(reg: Regime) -> tuple[list[dict[str, int]], dict[str, int]] | None:
+    """(points, check point) for sizes of the form ``b^i c^k q(s)`` (``i, k`` 0 or 1, ``q``
+    a polynomial of degree `DEGREE` in ``s``), or None when the plan cannot tell the forms
+    apart (two of them would grow alike from a point to the check point).
+
+    The points are the first grid points of `sample_plan` (the factor symbols at their first
+    sample, ``degree + 1`` values of ``s``): they give ``q`` exactly; the check point is
+    `sample_plan`'s held-out one, where exactly one power of the factors must give the size
+    measured. 3 + 1 recordings instead of 6 + 1 for training, 12 + 1 for a prefill; a size
+    of another form is refused by `fit_factors` and the full grid is recorded."""
+    factors, poly = _factors(reg)
+    axes = _axes(reg)
+    fixed = dict(reg.fixed)
+    base = {n: axes[n][0] for n in factors}
+    points = [
+        {**base, **dict(zip(poly, combo, strict=True)), **fixed}
+        for combo in itertools.product(*(axes[n][:-1] for n in poly))
+    ]
+    held = {**{n: axes[n][-1] for n in axes}, **fixed}
+    ratios = _ratios(reg, base, held)
+    if len(set(ratios.values())) < len(ratios):
+        return None
+    return points, held
+
+
+def fit_factors(
+    reg: Regime, points: Sequence[Mapping[str, int]], held: Mapping[str, int],
+    sizes: Sequence[Sequence[int]], held_sizes: Sequence[int],
+) -> list[Poly] | None:  # fmt: skip
+    """The polynomial of every storage from `factor_plan`'s points (``sizes[p][i]``: storage
+    ``i``'s bytes at point ``p``) and its check point, or None when a size is not of the form
+    ``b^i c^k q(s)`` (no power of the factors gives the size at the check point). The terms
+    are `fit`'s: the same polynomial, in the order of `_monomials`."""
+    factors, poly = _factors(reg)
+    names = [name for name, *_ in reg.free]
+    base = {n: points[0][n] for n in factors}
+    poly_monos = list(itertools.product(*(range(DEGREE[n] + 1) for n in poly)))
+    inv = _inverse([_row(p, poly, poly_monos) for p in points])
+    held_row = _row(held, poly, poly_monos)
+    ratios = _ratios(reg, base, held)
+    out: list[Poly] = []
+    for i, measured in enumerate(held_sizes):
+        column = [point[i] for point in sizes]
+        if all(v == column[0] for v in column) and measured == column[0]:
+            out.append((((0,) * len(names), column[0], 1),) if column[0] else ())
+            continue
+        coef = [sum((x * y for x, y in zip(row, column, strict=True)), Fraction(0)) for row in inv]
+        at_held = sum((c * r for c, r in zip(coef, held_row, strict=True)), Fraction(0))
+        found = [p for p, ratio in ratios.items() if at_held * ratio == measured]
+        if len(found) != 1:
+            return None
+        scale = math.prod((Fraction(base[n]) ** e for n, e in zip(factors, found[0], strict=True)),
+                          start=Fraction(1))  # fmt: skip
+        terms: dict[tuple[int, ...], Fraction] = {}
+        for mono, c in zip(poly_monos, coef, strict=True):
+            powers = dict(zip(poly, mono, strict=True)) | dict(zip(factors, found[0], strict=True))
+            terms[tuple(powers[n] for n in names)] = c / scale
+        out.append(
+            tuple(
+                (m, c.numerator, c.denominator)
+                for m in _monomials(reg)
+                if (c := terms.get(m, Fraction(0)))
+            )
+        )
+    return out

@@ -297,7 +297,7 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
                 if (st := storage_of(t)) is not None and setup.known(st) is not None
             ]
 
-        def trace(batch: int, seq: int, context: int = 0) -> Trace:
+        def trace(batch: int, seq: int, context: int = 0, steps: int = 2) -> Trace:
             book = Book()
             with recorder(book) as mode:
                 for name, t in held:
@@ -308,7 +308,7 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
                         if sid is not None:
                             book.classify(sid, StorageKind.BUFFER, name, "base")
                 if isinstance(job, Training):
-                    _train(book, mode, model, job, backend, batch, seq, _vocab(config))
+                    _train(book, mode, model, job, backend, batch, seq, _vocab(config), steps)
                 else:
                     _prefill(book, model, job, backend, batch, seq, context, _vocab(config))
             return book.trace()
@@ -322,10 +322,11 @@ def _layers_of(model: Any) -> int:
 
 def _train(
     book: Book, mode: Any, model: Any, job: Training, backend: str, batch: int, seq: int,
-    vocab: int,
+    vocab: int, steps: int = 2,
 ) -> None:  # fmt: skip
     """Two optimizer steps of ``job`` at ``batch`` x ``seq`` tokens (``verify/run/step.py``,
-    ``train_two_steps``)."""
+    ``train_two_steps``); ``steps=1``: the first only (`calc.derive.book.second_step_sizes`
+    gives the second's sizes from it)."""
     import torch
 
     ids = torch.randint(0, vocab, (batch, seq))
@@ -337,7 +338,7 @@ def _train(
     loss_fn = _loss_fn(model, job)
     _start(book, model, prefix, (ids, targets))
     with _sdpa(backend):
-        _run_steps(book, mode, loss_fn, opt, scaler, params, job, ids, targets)
+        _run_steps(book, mode, loss_fn, opt, scaler, params, job, ids, targets, steps)
     _classify_step(book, opt)
     for p in params:
         p.grad = None
@@ -357,7 +358,7 @@ def _loss_fn(model: Any, job: Training) -> Callable[[Any, Any], Any]:
 
 def _run_steps(
     book: Book, mode: Any, loss_fn: Any, opt: Any, scaler: Any, params: list, job: Training,
-    ids: Any, targets: Any,
+    ids: Any, targets: Any, steps: int = 2,
 ) -> None:  # fmt: skip
     """The loop of ``verify/run/step.py`` (``train_two_steps``, ``micro_batches``)."""
     import torch
@@ -369,7 +370,7 @@ def _run_steps(
         for p in params:
             p.grad = None
 
-    for step in (1, 2):
+    for step in range(1, steps + 1):
         for mb in range(job.grad_accum):
             _mark(book, mode, f"step{step}/forward", opt)
             ctx = (

@@ -13,19 +13,21 @@ the job's structure, the regime and the torch/transformers versions.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeVar
 
 from calc.config.hf_config import hf_config_dict
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
-from calc.derive.book import DeriveError
+from calc.derive.book import DeriveError, Trace, second_step_sizes
 from calc.derive.record import (
     count_parameters,
     first_sentence,
@@ -34,6 +36,8 @@ from calc.derive.record import (
 )
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
+
+T = TypeVar("T")
 
 SCHEMA = 1
 """Version of the cached stream's layout (part of the key)."""
@@ -271,28 +275,43 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
 def _record(
     config: dict[str, Any], job: Training | Inference, backend: str, reg: lift.Regime, exact: bool
 ) -> DerivedStream:
-    """Record at every point of the regime's plan, check one structure, fit the sizes."""
+    """Record at the points of the regime's plan, check one structure, fit the sizes: first
+    `lift.factor_plan`'s few points; when a size is of another form, the rest of the grid."""
     grid, held = lift.sample_plan(reg)
-    traces = []
-    try:
-        with session(config, job, backend) as trace:
-            for point in [*grid, held]:
-                traces.append(trace(point["b"], point["s"], point.get("c", 0)))
-    except DeriveError as exc:
-        raise NotImplementedError(str(exc)) from exc
-    except Exception as exc:  # the modeling code failed on fake tensors: say where, once
-        raise NotImplementedError(
-            f"the modeling code of model_type={config.get('model_type')!r} does not run on fake "
-            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}"
-        ) from exc
+    quick = lift.factor_plan(reg)
+    with contextlib.ExitStack() as stack:
+        trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend)))
+
+        def run(points: list[dict[str, int]]) -> list[Trace]:
+            out = []
+            for p in points:
+                out.append(_guarded(config, partial(trace, p["b"], p["s"], p.get("c", 0))))
+            return out
+
+        done: dict[tuple, Trace] = {}
+        if quick is not None:
+            points = quick[0]
+            ref, check = run([points[0], held])
+            _same_structure(config, [points[0], held], [ref, check])
+            at = [ref.nbytes]
+            for p in points[1:]:  # training: the first step only, the second's sizes follow
+                got = None
+                if isinstance(job, Training):
+                    one = _guarded(config, partial(trace, p["b"], p["s"], 0, 1))
+                    got = second_step_sizes(ref, one)
+                if got is None:
+                    (full,) = run([p])
+                    _same_structure(config, [points[0], p], [ref, full])
+                    got = full.nbytes
+                at.append(got)
+            fitted = lift.fit_factors(reg, points, held, at, check.nbytes)
+            if fitted is not None:
+                return DerivedStream(reg, tuple(fitted), ref.info, ref.baseline, ref.stream, exact)
+            done = {_point_key(points[0]): ref, _point_key(held): check}
+        points = [*grid, held]
+        traces = [done.get(_point_key(p)) or run([p])[0] for p in points]
+    _same_structure(config, points, traces)
     first = traces[0]
-    for point, tr in zip([*grid, held], traces, strict=True):
-        if tr.structure() != first.structure():
-            raise NotImplementedError(
-                f"model_type={config.get('model_type')!r}: the ops it runs change with the "
-                f"sizes (at {point} against {[*grid, held][0]}): the derived replay needs one "
-                "code path for every size"
-            )
     labels = [f"{name} (layer {tag}, {kind})" for kind, name, tag in first.info]
     try:
         sizes = lift.fit(
@@ -301,6 +320,35 @@ def _record(
     except lift.FitError as exc:
         raise NotImplementedError(f"model_type={config.get('model_type')!r}: {exc}") from exc
     return DerivedStream(reg, tuple(sizes), first.info, first.baseline, first.stream, exact)
+
+
+def _point_key(point: dict[str, int]) -> tuple:
+    return tuple(sorted(point.items()))
+
+
+def _guarded(config: dict[str, Any], call: Callable[[], T]) -> T:
+    """``call()``, its failures as one `NotImplementedError` naming the model type."""
+    try:
+        return call()
+    except DeriveError as exc:
+        raise NotImplementedError(str(exc)) from exc
+    except Exception as exc:  # the modeling code failed on fake tensors: say where, once
+        raise NotImplementedError(
+            f"the modeling code of model_type={config.get('model_type')!r} does not run on fake "
+            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}"
+        ) from exc
+
+
+def _same_structure(config: dict[str, Any], points: list[dict[str, int]], traces: list) -> None:
+    """Every point must record the first one's stream (the sizes aside)."""
+    first = traces[0]
+    for point, tr in zip(points, traces, strict=True):
+        if tr.structure() != first.structure():
+            raise NotImplementedError(
+                f"model_type={config.get('model_type')!r}: the ops it runs change with the "
+                f"sizes (at {point} against {points[0]}): the derived replay needs one "
+                "code path for every size"
+            )
 
 
 def _to_json(d: DerivedStream) -> dict[str, Any]:

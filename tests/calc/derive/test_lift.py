@@ -62,3 +62,42 @@ def test_fit_refuses_a_size_that_is_no_polynomial() -> None:
     with pytest.raises(lift.FitError, match="odd"):
         lift.fit(reg, grid, held, [[2 ** (p["s"] // 64)] for p in grid], [2 ** (held["s"] // 64)],
                  ["odd"])  # fmt: skip
+
+
+def test_factor_plan_takes_four_points_and_finds_the_same_polynomials() -> None:
+    # Training (b, s): b at its first sample 2, s at 64, 128, 192; the check point is the grid's
+    # held-out one (b=4, s=256). Inference adds c at its first sample only.
+    reg = lift.regime({"b": 3, "s": 100}, [])
+    points, held = lift.factor_plan(reg) or ([], {})
+    assert points == [{"b": 2, "s": s} for s in (64, 128, 192)]
+    assert held == lift.sample_plan(reg)[1]
+    infer = lift.regime({"b": 2, "s": 100, "c": 5000}, [])
+    assert len((lift.factor_plan(infer) or ([], {}))[0]) == 3
+
+    # The hand sizes of test_fit_recovers_hand_polynomials plus b-free 6*s^2 + 2*s (a mask
+    # and a position table): at b=2 each is a polynomial of s; from b=2 to b=4 the b-sizes
+    # double, the others stay.
+    def sizes(p: dict[str, int]) -> list[int]:
+        b, s = p["b"], p["s"]
+        return [4096, 8 * b * s, 8 * b * s * s, 3 * s // 2, 6 * s * s + 2 * s]
+
+    fitted = lift.fit_factors(reg, points, held, [sizes(p) for p in points], sizes(held))
+    assert fitted is not None
+    exprs = [lift.expression(poly, reg) for poly in fitted]
+    assert exprs[0] == 4096
+    assert sp.expand(exprs[1] - 8 * S.b * S.s) == 0
+    assert sp.expand(exprs[2] - 8 * S.b * S.s**2) == 0
+    assert sp.expand(exprs[3] - sp.Rational(3, 2) * S.s) == 0
+    assert sp.expand(exprs[4] - (6 * S.s**2 + 2 * S.s)) == 0
+
+
+def test_factor_plan_refuses_a_size_of_another_form() -> None:
+    # b*s + s (a batch of rows plus one shared row) grows by (4*256 + 256) / (2*256 + 256) =
+    # 5/3 from b=2 to b=4: neither 1 nor 2, so the full grid is needed.
+    reg = lift.regime({"b": 3, "s": 100}, [])
+    points, held = lift.factor_plan(reg) or ([], {})
+
+    def sizes(p: dict[str, int]) -> list[int]:
+        return [p["b"] * p["s"] + p["s"]]
+
+    assert lift.fit_factors(reg, points, held, [sizes(p) for p in points], sizes(held)) is None
