@@ -29,6 +29,7 @@ from calc.derive.book import (
     storage_of,
     tensors_in,
 )
+from calc.derive.generate import stop_after
 from calc.replay.kinds import StorageKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -303,6 +304,8 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
                             book.classify(sid, StorageKind.BUFFER, name, "base")
                 if isinstance(job, Training):
                     _train(book, mode, model, job, backend, batch, seq, _vocab(config))
+                elif job.new_tokens > 0:
+                    _generate(book, model, job, backend, batch, seq, _vocab(config))
                 else:
                     _prefill(book, model, job, backend, batch, seq, context, _vocab(config))
             return book.trace()
@@ -408,5 +411,37 @@ def _prefill(
         kw = {"cache": cache} if takes else {"past_key_values": cache}
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
         del out, cache
+    for h in handles:
+        h.remove()
+
+
+def _generate(
+    book: Book, model: Any, job: Inference, backend: str, batch: int, prompt: int, vocab: int
+) -> None:
+    """``model.generate`` of ``job.new_tokens`` tokens after ``prompt`` (``verify/run/step.py``,
+    ``generate``): greedy, no attention mask, the cache ``job.cache_impl``, token 0 as the eos
+    where the config has none. Phase ``prefill`` up to the first forward's end, then
+    ``decode`` (`calc.derive.generate`)."""
+    import torch
+
+    ids = torch.randint(0, vocab, (batch, prompt))
+    prefix, handles = _hooks(model, book, _layers_of(model))
+    forwards = [0]
+
+    def count(*_: Any) -> None:
+        forwards[0] += 1
+        if forwards[0] > 1:
+            book.phase = "decode"
+
+    handles.append(model.register_forward_pre_hook(count))
+    kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
+    if model.generation_config.eos_token_id is None:
+        kw["eos_token_id"] = 0
+    _start(book, model, prefix, (ids,))
+    book.phase = "prefill"
+    book.tag_now = "embed"
+    with torch.no_grad(), _sdpa(backend), stop_after(prompt + job.new_tokens):
+        out = model.generate(ids, max_new_tokens=job.new_tokens, do_sample=False, **kw)
+        del out
     for h in handles:
         h.remove()

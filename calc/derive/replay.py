@@ -26,6 +26,7 @@ from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import lift
 from calc.derive.book import DeriveError
+from calc.derive.generate import generate_regime
 from calc.derive.record import (
     count_parameters,
     first_sentence,
@@ -141,7 +142,15 @@ def job_values(job: Training | Inference) -> dict[str, int]:
 
 def regime_of(model: ModelSpec, job: Training | Inference) -> lift.Regime:
     """The regime of ``job`` on ``model`` (part of the compile key)."""
-    return lift.regime(job_values(job), thresholds(hf_config_dict(model)))
+    return _regime(job, hf_config_dict(model))
+
+
+def _regime(job: Training | Inference, config: dict[str, Any]) -> lift.Regime:
+    """`calc.derive.lift.regime` of the job's sizes; for ``generate``
+    `calc.derive.generate.generate_regime` (the new tokens fixed)."""
+    if isinstance(job, Inference) and job.new_tokens > 0:
+        return generate_regime(job.batch, job.prompt_len, job.new_tokens, thresholds(config))
+    return lift.regime(job_values(job), thresholds(config))
 
 
 def check_job(model: ModelSpec, job: Training | Inference) -> None:
@@ -157,11 +166,6 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
         raise NotImplementedError(
             f"{', '.join(used)} on a derived architecture is not modelled yet (the derived "
             "replay records plain training and prefill)"
-        )
-    if isinstance(job, Inference) and job.new_tokens > 0:
-        raise NotImplementedError(
-            "generate (new_tokens > 0) on a derived architecture is not modelled yet (the "
-            "derived replay records the prefill)"
         )
     if isinstance(job, Training):
         _check_loop(job)
@@ -247,7 +251,7 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
     check_experts(config)
     exact = heterogeneous(config)
     layers = model.n_layers if exact else n_layers
-    reg = lift.regime(job_values(job), thresholds(config))
+    reg = _regime(job, config)
     traced = _traced_config(config, layers)
     backend = _backend(model, job, config)
     structure = {

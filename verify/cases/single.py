@@ -17,6 +17,7 @@ from verify.cases.case import infer as _infer
 from verify.cases.case import train as _train
 from verify.cases.compression import compression_cases
 from verify.cases.derived import derived_cases
+from verify.cases.derived_generate import derived_generate_cases
 from verify.cases.generate import generate_cases
 from verify.cases.scale import scaled_spec
 
@@ -406,6 +407,7 @@ def _all() -> tuple[Case, ...]:
         *_pruning_cases(),
         *_distill_cases(),
         *derived_cases(),  # architectures without a hand-written graph
+        *derived_generate_cases(),  # their generate
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

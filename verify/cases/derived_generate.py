@@ -1,0 +1,81 @@
+"""HF ``generate`` on architectures with no hand-written graph: calc records transformers'
+real ``generate`` (`calc.derive.generate`) and checks it against the CPU tracker
+(`verify.run.step.generate`: greedy, no attention mask, the default ``DynamicCache`` or
+``cache_implementation="static"``).
+
+The tiny configs are `verify.cases.derived.CONFIGS`'. Gemma-2's window is 16 tokens: a prompt
+of 12 with 8 new tokens crosses it (its sliding layers stop growing at the window), a prompt of
+24 starts beyond it. A llama and a qwen2 case run ``implementation="derived"`` on a hand-
+modelled type: the derived replay must equal the hand graph (`calc.models.hf_generate`) and the
+measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from calc.config.jobs import Inference
+from verify.cases.case import LLAMA, QWEN2, TOLERANCE_PCT, Case, infer, pairs
+from verify.cases.derived import CONFIGS
+
+__all__ = ["derived_generate_cases"]
+
+
+def _case(model_type: str, label: str, job: Inference, **config: Any) -> Case:
+    return Case(
+        name=f"dgen-{model_type}-{label}",
+        card=model_type,
+        job=job,
+        impl="hf",
+        tolerance_pct=TOLERANCE_PCT["hf"],
+        tags=("inference", "hf", "derived", "generate"),
+        note="generate on an architecture without a hand-written graph: derived from "
+        "transformers' code",
+        config=json.dumps({**CONFIGS[model_type], **config}, sort_keys=True),
+        scale=pairs(None),
+    )
+
+
+def _gen(
+    model_type: str, batch: int, prompt: int, new: int, precision: str, **kw: Any
+) -> Inference:
+    attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
+    return Inference(
+        batch=batch, prompt=prompt, new_tokens=new, precision=precision,
+        attention=attention, implementation="hf", **kw,
+    )  # fmt: skip
+
+
+def derived_generate_cases() -> list[Case]:
+    """The ``dgen-*`` cases."""
+    return [
+        # Gemma-2: window 16; the generation crosses it, starts beyond it, stays inside it
+        _case("gemma2", "cross-fp32", _gen("gemma2", 2, 12, 8, "fp32")),
+        _case("gemma2", "beyond-bf16", _gen("gemma2", 1, 24, 5, "bf16")),
+        _case("gemma2", "inside-bf16", _gen("gemma2", 2, 6, 4, "bf16")),
+        _case("gemma2", "static-fp32", _gen("gemma2", 2, 12, 6, "fp32", cache="static")),
+        # Gemma-3: two sliding layers and a full one
+        _case("gemma3_text", "cross-bf16", _gen("gemma3_text", 2, 10, 9, "bf16")),
+        _case("gemma3_text", "fp32", _gen("gemma3_text", 1, 20, 3, "fp32")),
+        # Phi-3 (fused qkv and gate_up)
+        _case("phi3", "fp32", _gen("phi3", 2, 16, 5, "fp32")),
+        _case("phi3", "bf16-one-row", _gen("phi3", 1, 24, 8, "bf16")),
+        _case("phi3", "static-bf16", _gen("phi3", 2, 8, 6, "bf16", cache="static")),
+        # dense types: norms after the blocks, multipliers, LayerNorm with biases, parallel blocks
+        _case("olmo2", "fp32", _gen("olmo2", 2, 12, 4, "fp32")),
+        _case("granite", "bf16", _gen("granite", 2, 10, 6, "bf16")),
+        _case("starcoder2", "fp32", _gen("starcoder2", 1, 16, 5, "fp32")),
+        _case("cohere", "bf16-static", _gen("cohere", 2, 8, 4, "bf16", cache="static")),
+        # mixtures of experts (grouped_mm: sizes independent of the routing)
+        _case("mixtral", "bf16", _gen("mixtral", 2, 12, 5, "bf16")),
+        _case("qwen3_moe", "fp32", _gen("qwen3_moe", 1, 16, 4, "fp32")),
+        _case("qwen2_moe", "bf16", _gen("qwen2_moe", 2, 8, 3, "bf16")),
+        _case("deepseek_v2", "bf16", _gen("deepseek_v2", 2, 10, 4, "bf16")),
+        # hand-modelled types replayed as derived: equal to the hand graph and the measurement
+        infer("dgen-llama-derived-fp32", LLAMA, impl="derived", tags=("derived", "generate"),
+              batch=2, prompt=8, new_tokens=5, precision="fp32"),
+        infer("dgen-qwen2-derived-static-bf16", QWEN2, impl="derived",
+              tags=("derived", "generate"), batch=1, prompt=12, new_tokens=6, precision="bf16",
+              cache="static"),
+    ]  # fmt: skip
