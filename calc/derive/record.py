@@ -434,9 +434,13 @@ def _generate(
             book.phase = "decode"
 
     handles.append(model.register_forward_pre_hook(count))
+    handles.append(model.register_forward_hook(lambda _m, _a, out: _file_cache(book, out)))
     kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
     if model.generation_config.eos_token_id is None:
         kw["eos_token_id"] = 0
+    # a static cache is sized for the longest of the model's generate calls (generation/
+    # utils.py:2184-2215): each recording starts as a fresh model's first call
+    vars(model).pop("_previous_max_cache_length", None)
     _start(book, model, prefix, (ids,))
     book.phase = "prefill"
     book.tag_now = "embed"
@@ -445,3 +449,18 @@ def _generate(
         del out
     for h in handles:
         h.remove()
+
+
+def _file_cache(book: Book, out: Any) -> None:
+    """The tensors of the cache a forward returns (``out.cache``, each layer's keys and values)
+    filed as KV cache (under the layer that made them)."""
+    cache = out.get("cache") if hasattr(out, "get") else None
+    cache = cache if cache is not None else getattr(out, "past_key_values", None)
+    for layer in getattr(cache, "layers", ()):
+        found: list = []
+        tensors_in(list(vars(layer).values()), found)
+        for t in found:
+            st = storage_of(t)
+            sid = book.known(st) if st is not None else None
+            if sid is not None:
+                book.classify(sid, StorageKind.KV_CACHE, "kv_cache", book.tag[sid])

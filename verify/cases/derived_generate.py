@@ -72,6 +72,14 @@ def derived_generate_cases() -> list[Case]:
         _case("qwen3_moe", "fp32", _gen("qwen3_moe", 1, 16, 4, "fp32")),
         _case("qwen2_moe", "bf16", _gen("qwen2_moe", 2, 8, 3, "bf16")),
         _case("deepseek_v2", "bf16", _gen("deepseek_v2", 2, 10, 4, "bf16")),
+        # short prompts, many new tokens: the peak is in the last decode step
+        _case("gemma2", "decode-bf16", _gen("gemma2", 6, 3, 40, "bf16")),
+        _case("phi3", "decode-fp32", _gen("phi3", 5, 3, 40, "fp32")),
+        _case("gemma3_text", "decode-static-fp32",
+              _gen("gemma3_text", 4, 2, 32, "fp32", cache="static")),
+        _case("qwen2_moe", "decode-fp32", _gen("qwen2_moe", 6, 2, 36, "fp32")),
+        # a one-token prompt (no mask at the prefill)
+        _case("olmo2", "prompt-one-bf16", _gen("olmo2", 3, 1, 6, "bf16")),
         # hand-modelled types replayed as derived: equal to the hand graph and the measurement
         infer("dgen-llama-derived-fp32", LLAMA, impl="derived", tags=("derived", "generate"),
               batch=2, prompt=8, new_tokens=5, precision="fp32"),
