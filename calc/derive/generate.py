@@ -67,7 +67,7 @@ def stop_after(max_length: int) -> Iterator[None]:
         del done
         return length >= max_length
 
-    utils.StopCheck.__call__ = call  # type: ignore[method-assign]
+    utils.StopCheck.__call__ = call  # type: ignore[method-assign,assignment]
     try:
         yield
     finally:

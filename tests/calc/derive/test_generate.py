@@ -26,8 +26,8 @@ def test_regime_of_a_generation_that_crosses_a_window_fixes_the_prompt() -> None
     reg = generate_regime(2, 12, 8, [16, 512])
     assert ("s", 12) in reg.fixed and ("n", 8) in reg.fixed
     assert [name for name, *_ in reg.free] == ["b"]
-    # beyond the window (24 > 16 + 2) with a short max_position_embeddings: also fixed, as
-    # (18, 505] cannot hold four multiples of 64 ... it can: 64, 128, 192, 256
+    # beyond the window (24 > 16 + 2), one row: b fixed at 1; s sampled in (18, 4089] (4096
+    # - 5 - 2: every sampled generation ends 2 tokens before max_position_embeddings)
     beyond = generate_regime(1, 24, 5, [16, 4096])
     assert ("b", 1) in beyond.fixed and ("s", 18, 4089) in beyond.free
 
