@@ -29,7 +29,7 @@ from calc.derive.book import (
     storage_of,
     tensors_in,
 )
-from calc.derive.generate import stop_after
+from calc.derive.generate import cut, stop_after
 from calc.replay.kinds import StorageKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -294,6 +294,7 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
 
         def trace(batch: int, seq: int, context: int = 0) -> Trace:
             book = Book()
+            starts: list[int] = []  # generate's forwards, where the stream is cut
             with recorder(book) as mode:
                 for name, t in held:
                     st = storage_of(t)
@@ -305,10 +306,11 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
                 if isinstance(job, Training):
                     _train(book, mode, model, job, backend, batch, seq, _vocab(config))
                 elif job.new_tokens > 0:
-                    _generate(book, model, job, backend, batch, seq, _vocab(config))
+                    vocab = _vocab(config)
+                    starts = _generate(book, model, job, backend, batch, seq, context, vocab)
                 else:
                     _prefill(book, model, job, backend, batch, seq, context, _vocab(config))
-            return book.trace()
+            return cut(book.trace(), starts) if context and starts else book.trace()
 
         yield trace
 
@@ -416,21 +418,25 @@ def _prefill(
 
 
 def _generate(
-    book: Book, model: Any, job: Inference, backend: str, batch: int, prompt: int, vocab: int
-) -> None:
-    """``model.generate`` of ``job.new_tokens`` tokens after ``prompt`` (``verify/run/step.py``,
-    ``generate``): greedy, no attention mask, the cache ``job.cache_impl``, token 0 as the eos
-    where the config has none. Phase ``prefill`` up to the first forward's end, then
-    ``decode`` (`calc.derive.generate`)."""
+    book: Book, model: Any, job: Inference, backend: str, batch: int, prompt: int,
+    context: int, vocab: int,
+) -> list[int]:  # fmt: skip
+    """``model.generate`` of ``job.new_tokens`` tokens after ``prompt`` (``context - prompt``
+    when ``context`` is given) (``verify/run/step.py``, ``generate``): greedy, no attention
+    mask, the cache ``job.cache_impl``, token 0 as the eos where the config has none. Phase
+    ``prefill`` up to the first forward's end, then ``decode``. Returns the stream index where
+    each forward starts (`calc.derive.generate.cut`)."""
     import torch
 
+    new_tokens = context - prompt if context else job.new_tokens
     ids = torch.randint(0, vocab, (batch, prompt))
     prefix, handles = _hooks(model, book, _layers_of(model))
-    forwards = [0]
+    starts: list[int] = []
 
     def count(*_: Any) -> None:
-        forwards[0] += 1
-        if forwards[0] > 1:
+        book.drain(book.tag_now)
+        starts.append(len(book.stream))
+        if len(starts) > 1:
             book.phase = "decode"
 
     handles.append(model.register_forward_pre_hook(count))
@@ -444,11 +450,12 @@ def _generate(
     _start(book, model, prefix, (ids,))
     book.phase = "prefill"
     book.tag_now = "embed"
-    with torch.no_grad(), _sdpa(backend), stop_after(prompt + job.new_tokens):
-        out = model.generate(ids, max_new_tokens=job.new_tokens, do_sample=False, **kw)
+    with torch.no_grad(), _sdpa(backend), stop_after(prompt + new_tokens):
+        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
         del out
     for h in handles:
         h.remove()
+    return starts
 
 
 def _file_cache(book: Book, out: Any) -> None:

@@ -24,9 +24,8 @@ from calc.config.hf_config import hf_config_dict
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
-from calc.derive import lift
+from calc.derive import generate, lift
 from calc.derive.book import DeriveError
-from calc.derive.generate import generate_regime
 from calc.derive.record import (
     count_parameters,
     first_sentence,
@@ -149,7 +148,9 @@ def _regime(job: Training | Inference, config: dict[str, Any]) -> lift.Regime:
     """`calc.derive.lift.regime` of the job's sizes; for ``generate``
     `calc.derive.generate.generate_regime` (the new tokens fixed)."""
     if isinstance(job, Inference) and job.new_tokens > 0:
-        return generate_regime(job.batch, job.prompt_len, job.new_tokens, thresholds(config))
+        return generate.generate_regime(
+            job.batch, job.prompt_len, job.new_tokens, thresholds(config)
+        )
     return lift.regime(job_values(job), thresholds(config))
 
 
@@ -259,6 +260,8 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
     }
     if isinstance(job, Inference):
         structure.pop("context"), structure.pop("prompt")
+        if generate.is_cut(reg):  # the regime holds the sizes (b, s, c): any new_tokens
+            structure.pop("new_tokens")
     name = _cache_name(
         {"schema": SCHEMA, "config": traced, "job": structure, "kind": type(job).__name__,
          "regime": asdict(reg), "backend": backend, **_versions()}
@@ -275,7 +278,7 @@ def _record(
     config: dict[str, Any], job: Training | Inference, backend: str, reg: lift.Regime, exact: bool
 ) -> DerivedStream:
     """Record at every point of the regime's plan, check one structure, fit the sizes."""
-    grid, held = lift.sample_plan(reg)
+    grid, held = generate.sample_plan(reg)
     traces = []
     try:
         with session(config, job, backend) as trace:

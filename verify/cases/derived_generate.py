@@ -78,9 +78,15 @@ def derived_generate_cases() -> list[Case]:
         _case("gemma3_text", "decode-static-fp32",
               _gen("gemma3_text", 4, 2, 32, "fp32", cache="static")),
         _case("qwen2_moe", "decode-fp32", _gen("qwen2_moe", 6, 2, 36, "fp32")),
+        # long generations, recorded at shorter ones and cut (prompt and context sampled)
+        _case("olmo2", "long-fp32", _gen("olmo2", 2, 40, 30, "fp32")),
+        _case("gemma2", "long-beyond-bf16", _gen("gemma2", 2, 24, 30, "bf16")),
+        _case("deepseek_v2", "long-bf16", _gen("deepseek_v2", 3, 4, 28, "bf16", cache="static")),
         # a one-token prompt (no mask at the prefill)
         _case("olmo2", "prompt-one-bf16", _gen("olmo2", 3, 1, 6, "bf16")),
         # hand-modelled types replayed as derived: equal to the hand graph and the measurement
+        infer("dgen-llama-derived-decode-fp32", LLAMA, impl="derived",
+              tags=("derived", "generate"), batch=4, prompt=2, new_tokens=40, precision="fp32"),
         infer("dgen-llama-derived-fp32", LLAMA, impl="derived", tags=("derived", "generate"),
               batch=2, prompt=8, new_tokens=5, precision="fp32"),
         infer("dgen-qwen2-derived-static-bf16", QWEN2, impl="derived",

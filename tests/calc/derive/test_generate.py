@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 import calc
-from calc.derive.generate import generate_regime
+from calc.derive.book import Trace
+from calc.derive.generate import cut, generate_regime, sample_plan
 
 
 def test_regime_far_from_every_window_samples_batch_and_prompt() -> None:
@@ -32,6 +33,59 @@ def test_regime_of_a_generation_that_crosses_a_window_fixes_the_prompt() -> None
     assert ("b", 1) in beyond.fixed and ("s", 18, 4089) in beyond.free
 
 
+def test_long_generation_samples_prompt_and_context() -> None:
+    # 100 + 200 tokens, window 4096: cut regime. s: lengths s .. s + 2 (HEAD) must stay 2
+    # tokens above the one-token prompt (s > 1 + 2 + 2 - 2 = 3) and below the window (s + 2 <=
+    # 4096 - 3, s <= 4091); samples 4, 8, 12 (16 held). c: the last forward's lengths c - 2 .. c
+    # above 1 and 2 tokens under the window (c <= 4093); samples at least 8 tokens beyond the
+    # largest prompt sample 16: 28, 32 (36 held).
+    reg = generate_regime(2, 100, 200, [4096])
+    assert reg.free == (("b", 1, -1), ("s", 3, 4091), ("c", 1, 4093))
+    grid, held = sample_plan(reg)
+    assert sorted({(p["s"], p["c"]) for p in grid}) == [
+        (s, c) for s in (4, 8, 12) for c in (28, 32)
+    ]
+    assert (held["b"], held["s"], held["c"]) == (4, 16, 36)
+
+
+def test_long_generation_across_a_window_fixes_the_prompt_only() -> None:
+    # prompt 3, 40 new tokens, window 16: the prompt is near the one-token threshold (fixed);
+    # the context 43 lies beyond the window: c sampled above 16 + 2 + 2 = 20 (and above 3 + 8).
+    reg = generate_regime(6, 3, 40, [16, 512])
+    assert ("s", 3) in reg.fixed and ("c", 20, 509) in reg.free
+    grid, held = sample_plan(reg)
+    assert {p["c"] for p in grid} == {24, 28} and held["c"] == 32
+
+
+def _trace(stream: list[tuple[bool, int]], baseline: tuple[int, ...] = (0,)) -> Trace:
+    n = 1 + max(sid for _, sid in stream)
+    return Trace(
+        nbytes=tuple(100 + i for i in range(n)),
+        info=tuple(("act", f"t{i}", "base") for i in range(n)),
+        baseline=baseline,
+        stream=tuple((a, sid, "decode", "base") for a, sid in stream),
+    )
+
+
+def test_cut_keeps_what_lives_on_and_drops_the_middle() -> None:
+    # Five forwards starting at events 0, 2, 4, 6, 8; the head is forwards 0 and 1, the tail
+    # forward 4. Forward 0 makes 1 (its state) and 2 (lives to the end); forward 1 makes 3 and
+    # frees 1; forward 2 (middle) makes 4 and frees 3: the free is kept, 3 was made before;
+    # forward 3 (middle) makes 5 and frees 4: 4 lived only in the middle, dropped; 5 outlives
+    # the middle, kept; forward 4 makes 6, frees 5 and 6.
+    stream = [(True, 1), (True, 2), (True, 3), (False, 1), (True, 4), (False, 3), (True, 5),
+              (False, 4), (True, 6), (False, 5), (False, 6)]  # fmt: skip
+    got = cut(_trace(stream), [0, 2, 4, 6, 8])
+    # kept: 1+ 2+ 3+ 1- | 3- 5+ | 6+ 5- 6-; renumbered in order of first use: 5 -> 4, 6 -> 5
+    assert [(a, sid) for a, sid, _, _ in got.stream] == [
+        (True, 1), (True, 2), (True, 3), (False, 1), (False, 3), (True, 4), (True, 5),
+        (False, 4), (False, 5),
+    ]  # fmt: skip
+    assert got.nbytes == (100, 101, 102, 103, 105, 106) and got.baseline == (0,)
+    # too few forwards to have a middle: unchanged
+    assert cut(_trace(stream), [0, 4, 8]) == _trace(stream)
+
+
 def test_regime_refuses_no_new_tokens() -> None:
     with pytest.raises(ValueError, match="new_tokens=0"):
         generate_regime(2, 12, 0, [])
@@ -51,13 +105,19 @@ def _own_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))  # record, never read a stale trace
 
 
-@pytest.mark.parametrize("cache", ["dynamic", "static"])
-def test_derived_generate_equals_the_hand_graph(cache: str) -> None:
+@pytest.mark.parametrize(
+    ("cache", "prompt", "new_tokens"),
+    [("dynamic", 8, 5), ("static", 8, 5), ("dynamic", 2, 40), ("static", 40, 30)],
+)
+def test_derived_generate_equals_the_hand_graph(cache: str, prompt: int, new_tokens: int) -> None:
     # The hand-written generate replay of llama (calc/models/hf_generate.py, checked against
     # the CPU tracker by the gen-* verify cases) gives the same bytes as the one recorded from
-    # transformers' generate; 7 layers, recorded with 5 and generalised.
+    # transformers' generate; 7 layers, recorded with 5 and generalised. 40 and 30 new tokens:
+    # recorded at shorter generations and cut.
     spec = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
-    job = calc.Inference(batch=2, prompt=8, new_tokens=5, precision="fp32", cache=cache)
+    job = calc.Inference(
+        batch=2, prompt=prompt, new_tokens=new_tokens, precision="fp32", cache=cache
+    )
     hand = calc.estimate(spec, job, device="cpu")
     derived = calc.estimate(spec, replace(job, implementation="derived"), device="cpu")
     assert derived.peak_bytes == hand.peak_bytes
