@@ -24,7 +24,6 @@ torch and transformers are imported only inside `stop_after`: ``calc`` imports w
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Iterator, Sequence
 
 from calc.derive import lift
@@ -143,13 +142,7 @@ def sample_plan(reg: lift.Regime) -> tuple[list[dict[str, int]], dict[str, int]]
         else:
             top = axes["s"][-1] if "s" in axes else fixed["s"]
             axes[name] = _axis(max(low, top + MIN_NEW), 3)
-    names = list(axes)
-    grid = [
-        {**dict(zip(names, combo, strict=True)), **fixed}
-        for combo in itertools.product(*(axes[n][:-1] for n in names))
-    ]
-    held = {**{n: axes[n][-1] for n in names}, **fixed}
-    return grid, held
+    return lift.points(axes, fixed)
 
 
 def is_cut(reg: lift.Regime) -> bool:

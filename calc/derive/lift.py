@@ -94,6 +94,14 @@ def sample_plan(reg: Regime) -> tuple[list[dict[str, int]], dict[str, int]]:
         axes[name] = _axis(name, low, top)
         if name == "s":
             top = axes[name][-1]
+    return points(axes, fixed)
+
+
+def points(
+    axes: Mapping[str, Sequence[int]], fixed: Mapping[str, int]
+) -> tuple[list[dict[str, int]], dict[str, int]]:
+    """(grid, held-out point) of sample ``axes`` (the values of each free symbol, the last one
+    held out): the tensor product of all but the last value of each, fixed symbols added."""
     names = list(axes)
     grid = [
         {**dict(zip(names, combo, strict=True)), **fixed}

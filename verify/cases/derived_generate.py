@@ -12,29 +12,20 @@ measurement.
 
 from __future__ import annotations
 
-import json
+from dataclasses import replace
 from typing import Any
 
 from calc.config.jobs import Inference
-from verify.cases.case import LLAMA, QWEN2, TOLERANCE_PCT, Case, infer, pairs
-from verify.cases.derived import CONFIGS
+from verify.cases.case import LLAMA, QWEN2, Case, infer
+from verify.cases.derived import _case as derived_case
 
 __all__ = ["derived_generate_cases"]
 
 
-def _case(model_type: str, label: str, job: Inference, **config: Any) -> Case:
-    return Case(
-        name=f"dgen-{model_type}-{label}",
-        card=model_type,
-        job=job,
-        impl="hf",
-        tolerance_pct=TOLERANCE_PCT["hf"],
-        tags=("inference", "hf", "derived", "generate"),
-        note="generate on an architecture without a hand-written graph: derived from "
-        "transformers' code",
-        config=json.dumps({**CONFIGS[model_type], **config}, sort_keys=True),
-        scale=pairs(None),
-    )
+def _case(model_type: str, label: str, job: Inference) -> Case:
+    """`verify.cases.derived`'s case of ``job`` on the tiny ``model_type``, named ``dgen-``."""
+    made = derived_case(model_type, label, job)
+    return replace(made, name=f"dgen-{model_type}-{label}", tags=(*made.tags, "generate"))
 
 
 def _gen(

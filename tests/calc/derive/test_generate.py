@@ -93,16 +93,7 @@ def test_regime_refuses_no_new_tokens() -> None:
 
 pytest.importorskip("transformers")
 
-TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 7, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
-    "max_position_embeddings": 1024,
-}  # fmt: skip
-
-
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))  # record, never read a stale trace
+from tests.calc.derive.test_replay import TINY_LLAMA, _own_cache  # noqa: E402, F401 (fixture)
 
 
 @pytest.mark.parametrize(
