@@ -78,6 +78,9 @@ def derived_generate_cases() -> list[Case]:
         # hand-modelled types replayed as derived: equal to the hand graph and the measurement
         infer("dgen-llama-derived-decode-fp32", LLAMA, impl="derived",
               tags=("derived", "generate"), batch=4, prompt=2, new_tokens=40, precision="fp32"),
+        # eager attention, which the hand graph leaves out: answered by the derived replay
+        infer("dgen-llama-eager-fallback-fp32", LLAMA, impl="hf", tags=("derived", "generate"),
+              batch=2, prompt=8, new_tokens=4, precision="fp32", attention="eager"),
         infer("dgen-llama-derived-fp32", LLAMA, impl="derived", tags=("derived", "generate"),
               batch=2, prompt=8, new_tokens=5, precision="fp32"),
         infer("dgen-qwen2-derived-static-bf16", QWEN2, impl="derived",
