@@ -126,6 +126,7 @@ _KIND_RANK = {
     StorageKind.GRAD: 1,
     StorageKind.STATE: 2,
     StorageKind.INPUT: 3,
+    StorageKind.KV_CACHE: 4,
 }
 
 

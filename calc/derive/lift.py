@@ -98,8 +98,14 @@ def _axes(reg: Regime) -> dict[str, list[int]]:
 def sample_plan(reg: Regime) -> tuple[list[dict[str, int]], dict[str, int]]:
     """(grid points, held-out point): ``degree + 1`` values per free symbol, one more for the
     check; fixed symbols at their value."""
-    fixed = dict(reg.fixed)
-    axes = _axes(reg)
+    return points(_axes(reg), dict(reg.fixed))
+
+
+def points(
+    axes: Mapping[str, Sequence[int]], fixed: Mapping[str, int]
+) -> tuple[list[dict[str, int]], dict[str, int]]:
+    """(grid, held-out point) of sample ``axes`` (the values of each free symbol, the last one
+    held out): the tensor product of all but the last value of each, fixed symbols added."""
     names = list(axes)
     grid = [
         {**dict(zip(names, combo, strict=True)), **fixed}

@@ -30,6 +30,7 @@ from calc.derive.book import (
     storage_of,
     tensors_in,
 )
+from calc.derive.generate import cut, stop_after
 from calc.replay.kinds import StorageKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -299,6 +300,7 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
 
         def trace(batch: int, seq: int, context: int = 0, steps: int = 2) -> Trace:
             book = Book()
+            starts: list[int] = []  # generate's forwards, where the stream is cut
             with recorder(book) as mode:
                 for name, t in held:
                     st = storage_of(t)
@@ -309,9 +311,12 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
                             book.classify(sid, StorageKind.BUFFER, name, "base")
                 if isinstance(job, Training):
                     _train(book, mode, model, job, backend, batch, seq, _vocab(config), steps)
+                elif job.new_tokens > 0:
+                    vocab = _vocab(config)
+                    starts = _generate(book, model, job, backend, batch, seq, context, vocab)
                 else:
                     _prefill(book, model, job, backend, batch, seq, context, _vocab(config))
-            return book.trace()
+            return cut(book.trace(), starts) if context and starts else book.trace()
 
         yield trace
 
@@ -428,3 +433,59 @@ def _prefill(
         del out, cache
     for h in handles:
         h.remove()
+
+
+def _generate(
+    book: Book, model: Any, job: Inference, backend: str, batch: int, prompt: int,
+    context: int, vocab: int,
+) -> list[int]:  # fmt: skip
+    """``model.generate`` of ``job.new_tokens`` tokens after ``prompt`` (``context - prompt``
+    when ``context`` is given) (``verify/run/step.py``, ``generate``): greedy, no attention
+    mask, the cache ``job.cache_impl``, token 0 as the eos where the config has none. Phase
+    ``prefill`` up to the first forward's end, then ``decode``. Returns the stream index where
+    each forward starts (`calc.derive.generate.cut`)."""
+    import torch
+
+    new_tokens = context - prompt if context else job.new_tokens
+    ids = torch.randint(0, vocab, (batch, prompt))
+    prefix, handles = _hooks(model, book, _layers_of(model))
+    starts: list[int] = []
+
+    def count(*_: Any) -> None:
+        book.drain(book.tag_now)
+        starts.append(len(book.stream))
+        if len(starts) > 1:
+            book.phase = "decode"
+
+    handles.append(model.register_forward_pre_hook(count))
+    handles.append(model.register_forward_hook(lambda _m, _a, out: _file_cache(book, out)))
+    kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
+    if model.generation_config.eos_token_id is None:
+        kw["eos_token_id"] = 0
+    # a static cache is sized for the longest of the model's generate calls (generation/
+    # utils.py:2184-2215): each recording starts as a fresh model's first call
+    vars(model).pop("_previous_max_cache_length", None)
+    _start(book, model, prefix, (ids,))
+    book.phase = "prefill"
+    book.tag_now = "embed"
+    with torch.no_grad(), _sdpa(backend), stop_after(prompt + new_tokens):
+        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
+        del out
+    for h in handles:
+        h.remove()
+    return starts
+
+
+def _file_cache(book: Book, out: Any) -> None:
+    """The tensors of the cache a forward returns (``out.cache``, each layer's keys and values)
+    filed as KV cache (under the layer that made them)."""
+    cache = out.get("cache") if hasattr(out, "get") else None
+    cache = cache if cache is not None else getattr(out, "past_key_values", None)
+    for layer in getattr(cache, "layers", ()):
+        found: list = []
+        tensors_in(list(vars(layer).values()), found)
+        for t in found:
+            st = storage_of(t)
+            sid = book.known(st) if st is not None else None
+            if sid is not None:
+                book.classify(sid, StorageKind.KV_CACHE, "kv_cache", book.tag[sid])

@@ -26,7 +26,7 @@ from calc.config.hf_config import hf_config_dict
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import read_plan_cache, write_plan_cache
-from calc.derive import lift
+from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
 from calc.derive.record import (
     count_parameters,
@@ -145,7 +145,17 @@ def job_values(job: Training | Inference) -> dict[str, int]:
 
 def regime_of(model: ModelSpec, job: Training | Inference) -> lift.Regime:
     """The regime of ``job`` on ``model`` (part of the compile key)."""
-    return lift.regime(job_values(job), thresholds(hf_config_dict(model)))
+    return _regime(job, hf_config_dict(model))
+
+
+def _regime(job: Training | Inference, config: dict[str, Any]) -> lift.Regime:
+    """`calc.derive.lift.regime` of the job's sizes; for ``generate``
+    `calc.derive.generate.generate_regime` (the new tokens fixed)."""
+    if isinstance(job, Inference) and job.new_tokens > 0:
+        return generate.generate_regime(
+            job.batch, job.prompt_len, job.new_tokens, thresholds(config)
+        )
+    return lift.regime(job_values(job), thresholds(config))
 
 
 def check_job(model: ModelSpec, job: Training | Inference) -> None:
@@ -161,11 +171,6 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
         raise NotImplementedError(
             f"{', '.join(used)} on a derived architecture is not modelled yet (the derived "
             "replay records plain training, LoRA and prefill)"
-        )
-    if isinstance(job, Inference) and job.new_tokens > 0:
-        raise NotImplementedError(
-            "generate (new_tokens > 0) on a derived architecture is not modelled yet (the "
-            "derived replay records the prefill)"
         )
     if isinstance(job, Training):
         check_loss_chunks(job)
@@ -252,7 +257,7 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
     check_experts(config)
     exact = heterogeneous(config)
     layers = model.n_layers if exact else n_layers
-    reg = lift.regime(job_values(job), thresholds(config))
+    reg = _regime(job, config)
     traced = _traced_config(config, layers)
     backend = _backend(model, job, config)
     structure = {
@@ -260,6 +265,8 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
     }
     if isinstance(job, Inference):
         structure.pop("context"), structure.pop("prompt")
+        if generate.is_cut(reg):  # the regime holds the sizes (b, s, c): any new_tokens
+            structure.pop("new_tokens")
     name = _cache_name(
         {"schema": SCHEMA, "config": traced, "job": structure, "kind": type(job).__name__,
          "regime": asdict(reg), "backend": backend, **_versions()}
@@ -277,8 +284,9 @@ def _record(
 ) -> DerivedStream:
     """Record at the points of the regime's plan, check one structure, fit the sizes: first
     `lift.factor_plan`'s few points; when a size is of another form, the rest of the grid."""
-    grid, held = lift.sample_plan(reg)
-    quick = lift.factor_plan(reg)
+    grid, held = generate.sample_plan(reg)
+    generating = isinstance(job, Inference) and job.new_tokens > 0
+    quick = None if generating else lift.factor_plan(reg)  # generate: the full grid, as verified
     with contextlib.ExitStack() as stack:
         trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend)))
 

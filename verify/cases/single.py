@@ -18,6 +18,7 @@ from verify.cases.case import train as _train
 from verify.cases.compiled import compiled_cases
 from verify.cases.compression import compression_cases
 from verify.cases.derived import derived_cases
+from verify.cases.derived_generate import derived_generate_cases
 from verify.cases.derived_train import derived_lora_cases, derived_training_cases
 from verify.cases.full_size import full_size_cases
 from verify.cases.generate import generate_cases
@@ -413,6 +414,7 @@ def _all() -> tuple[Case, ...]:
         *compiled_cases(),  # torch.compile of the model
         *derived_training_cases(),  # their loops, losses and optimizer variants
         *derived_lora_cases(),
+        *derived_generate_cases(),  # their generate
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

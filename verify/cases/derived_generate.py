@@ -1,0 +1,89 @@
+"""HF ``generate`` on architectures with no hand-written graph: calc records transformers'
+real ``generate`` (`calc.derive.generate`) and checks it against the CPU tracker
+(`verify.run.step.generate`: greedy, no attention mask, the default ``DynamicCache`` or
+``cache_implementation="static"``).
+
+The tiny configs are `verify.cases.derived.CONFIGS`'. Gemma-2's window is 16 tokens: a prompt
+of 12 with 8 new tokens crosses it (its sliding layers stop growing at the window), a prompt of
+24 starts beyond it. A llama and a qwen2 case run ``implementation="derived"`` on a hand-
+modelled type: the derived replay must equal the hand graph (`calc.models.hf_generate`) and the
+measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from calc.config.jobs import Inference
+from verify.cases.case import LLAMA, QWEN2, Case, infer
+from verify.cases.derived import _case as derived_case
+
+__all__ = ["derived_generate_cases"]
+
+
+def _case(model_type: str, label: str, job: Inference) -> Case:
+    """`verify.cases.derived`'s case of ``job`` on the tiny ``model_type``, named ``dgen-``."""
+    made = derived_case(model_type, label, job)
+    return replace(made, name=f"dgen-{model_type}-{label}", tags=(*made.tags, "generate"))
+
+
+def _gen(
+    model_type: str, batch: int, prompt: int, new: int, precision: str, **kw: Any
+) -> Inference:
+    attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
+    return Inference(
+        batch=batch, prompt=prompt, new_tokens=new, precision=precision,
+        attention=attention, implementation="hf", **kw,
+    )  # fmt: skip
+
+
+def derived_generate_cases() -> list[Case]:
+    """The ``dgen-*`` cases."""
+    return [
+        # Gemma-2: window 16; the generation crosses it, starts beyond it, stays inside it
+        _case("gemma2", "cross-fp32", _gen("gemma2", 2, 12, 8, "fp32")),
+        _case("gemma2", "beyond-bf16", _gen("gemma2", 1, 24, 5, "bf16")),
+        _case("gemma2", "inside-bf16", _gen("gemma2", 2, 6, 4, "bf16")),
+        _case("gemma2", "static-fp32", _gen("gemma2", 2, 12, 6, "fp32", cache="static")),
+        # Gemma-3: two sliding layers and a full one
+        _case("gemma3_text", "cross-bf16", _gen("gemma3_text", 2, 10, 9, "bf16")),
+        _case("gemma3_text", "fp32", _gen("gemma3_text", 1, 20, 3, "fp32")),
+        # Phi-3 (fused qkv and gate_up)
+        _case("phi3", "fp32", _gen("phi3", 2, 16, 5, "fp32")),
+        _case("phi3", "bf16-one-row", _gen("phi3", 1, 24, 8, "bf16")),
+        _case("phi3", "static-bf16", _gen("phi3", 2, 8, 6, "bf16", cache="static")),
+        # dense types: norms after the blocks, multipliers, LayerNorm with biases, parallel blocks
+        _case("olmo2", "fp32", _gen("olmo2", 2, 12, 4, "fp32")),
+        _case("granite", "bf16", _gen("granite", 2, 10, 6, "bf16")),
+        _case("starcoder2", "fp32", _gen("starcoder2", 1, 16, 5, "fp32")),
+        _case("cohere", "bf16-static", _gen("cohere", 2, 8, 4, "bf16", cache="static")),
+        # mixtures of experts (grouped_mm: sizes independent of the routing)
+        _case("mixtral", "bf16", _gen("mixtral", 2, 12, 5, "bf16")),
+        _case("qwen3_moe", "fp32", _gen("qwen3_moe", 1, 16, 4, "fp32")),
+        _case("qwen2_moe", "bf16", _gen("qwen2_moe", 2, 8, 3, "bf16")),
+        _case("deepseek_v2", "bf16", _gen("deepseek_v2", 2, 10, 4, "bf16")),
+        # short prompts, many new tokens: the peak is in the last decode step
+        _case("gemma2", "decode-bf16", _gen("gemma2", 6, 3, 40, "bf16")),
+        _case("phi3", "decode-fp32", _gen("phi3", 5, 3, 40, "fp32")),
+        _case("gemma3_text", "decode-static-fp32",
+              _gen("gemma3_text", 4, 2, 32, "fp32", cache="static")),
+        _case("qwen2_moe", "decode-fp32", _gen("qwen2_moe", 6, 2, 36, "fp32")),
+        # long generations, recorded at shorter ones and cut (prompt and context sampled)
+        _case("olmo2", "long-fp32", _gen("olmo2", 2, 40, 30, "fp32")),
+        _case("gemma2", "long-beyond-bf16", _gen("gemma2", 2, 24, 30, "bf16")),
+        _case("deepseek_v2", "long-bf16", _gen("deepseek_v2", 3, 4, 28, "bf16", cache="static")),
+        # a one-token prompt (no mask at the prefill)
+        _case("olmo2", "prompt-one-bf16", _gen("olmo2", 3, 1, 6, "bf16")),
+        # hand-modelled types replayed as derived: equal to the hand graph and the measurement
+        infer("dgen-llama-derived-decode-fp32", LLAMA, impl="derived",
+              tags=("derived", "generate"), batch=4, prompt=2, new_tokens=40, precision="fp32"),
+        # eager attention, which the hand graph leaves out: answered by the derived replay
+        infer("dgen-llama-eager-fallback-fp32", LLAMA, impl="hf", tags=("derived", "generate"),
+              batch=2, prompt=8, new_tokens=4, precision="fp32", attention="eager"),
+        infer("dgen-llama-derived-fp32", LLAMA, impl="derived", tags=("derived", "generate"),
+              batch=2, prompt=8, new_tokens=5, precision="fp32"),
+        infer("dgen-qwen2-derived-static-bf16", QWEN2, impl="derived",
+              tags=("derived", "generate"), batch=1, prompt=12, new_tokens=6, precision="bf16",
+              cache="static"),
+    ]  # fmt: skip
