@@ -46,26 +46,32 @@ def verified_cases() -> tuple[VerifiedCase, ...]:
 
 
 def estimate_verdict(
-    model: Model, job: calc.Training | calc.Inference, est: calc.Estimate, gpu: gpus.GPU
+    model: Model,
+    job: calc.Training | calc.Inference,
+    est: calc.Estimate,
+    gpu: gpus.GPU,
+    parallel: calc.Parallelism | None = None,
 ) -> tuple[bool, str]:
     """Whether the estimate's peak (a parallel layout's: the most-loaded rank's) fits one GPU,
     in the words of a planner row
     (``calc.plan.result.Evaluated.verdict``), with the error ``python -m verify`` observed on
     the nearest verified cases (``calc.plan.evidence.error_bar``: chosen by the job's fields; the
-    parallel layout is not one of the similarity fields)."""
+    parallel layout is not one of the similarity fields). Usable: ``GPU.usable_for(parallel)``
+    (the total less the memory outside PyTorch, NCCL's buffers included)."""
     gib = display.gib
-    headroom = gpu.usable_bytes - est.peak_bytes
+    usable = gpu.usable_for(parallel)
+    headroom = usable - est.peak_bytes
     fits = headroom >= 0
     if fits:
-        pct = 100.0 * headroom / gpu.usable_bytes
+        pct = 100.0 * headroom / usable
         text = (
             f"fits with {pct:.1f}% headroom ({gib(headroom):.2f} GiB of "
-            f"{gib(gpu.usable_bytes):.2f} GiB usable on {gpu.id}) on every rank"
+            f"{gib(usable):.2f} GiB usable on {gpu.id}) on every rank"
         )
     else:
         text = (
             f"does not fit: peak of rank {est.rank} {gib(est.peak_bytes):.2f} GiB > "
-            f"{gib(gpu.usable_bytes):.2f} GiB usable on {gpu.id}, needs {gib(-headroom):.2f} "
+            f"{gib(usable):.2f} GiB usable on {gpu.id}, needs {gib(-headroom):.2f} "
             "GiB more"
         )
     bar = evidence.error_bar(job, model.spec, verified_cases())

@@ -69,7 +69,7 @@ if evaluated is not None and evaluated.peak_bytes is not None:
     fits, verdict = evaluated.fits, evaluated.verdict()
 else:  # a parallel layout (calc.plan.planner.evaluate is single-GPU: the most-loaded rank's
     # estimate), or a job the planner's tables refuse that calc.estimate derived
-    fits, verdict = cached.estimate_verdict(model, job, est, gpu)
+    fits, verdict = cached.estimate_verdict(model, job, est, gpu, parallel)
 columns = st.columns(4 if parallel else 3)
 columns[0].metric(
     "peak per GPU",
