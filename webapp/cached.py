@@ -11,6 +11,8 @@ import streamlit as st
 import calc
 from calc.data import gpus
 from calc.data.cards import load_verify_report
+from calc.estimate import device_fit
+from calc.estimate.device_fit import DeviceFit
 from calc.plan import evidence
 from calc.plan import planner as plan
 from calc.plan.evidence import VerifiedCase
@@ -33,10 +35,12 @@ def estimate(
     job: calc.Training | calc.Inference,
     parallel: calc.Parallelism | None,
     device: str,
+    gpu_id: str | None = None,
 ) -> calc.Estimate:
     """``calc.estimate`` of the job (``key`` names the model for the cache); with ``parallel``
-    the most-loaded rank's, every rank's peak in ``rank_peaks``."""
-    return calc.estimate(_model.spec, job, parallel, device=device)
+    the most-loaded rank's, every rank's peak in ``rank_peaks``; ``gpu_id``: that GPU's cuBLAS
+    workspaces (as the planner's verdict charges them)."""
+    return calc.estimate(_model.spec, job, parallel, device=device, gpu=gpu_id)
 
 
 @st.cache_resource(show_spinner=False)
@@ -78,6 +82,16 @@ def estimate_verdict(
     if bar is not None:
         text += f"; {bar.text()} (cases chosen by the job's fields, not the layout)"
     return fits, text
+
+
+@st.cache_resource(max_entries=32, show_spinner="replaying the caching allocator...")
+def device_fits(
+    _model: Model, key: str, job: calc.Training | calc.Inference, gpu_id: str
+) -> list[DeviceFit]:
+    """`calc.estimate.device_fit.device_fits` of the one-GPU CUDA job on ``gpu_id`` (its cuBLAS
+    workspace size; seconds: every layer replayed through the allocator)."""
+    gpu = gpus.get_gpu(gpu_id)
+    return device_fit.device_fits(calc.estimate(_model.spec, job, gpu=gpu), gpu)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

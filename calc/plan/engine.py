@@ -23,6 +23,7 @@ from calc.data.gpus import GPU, get_gpu
 from calc.estimate.api import estimate
 from calc.estimate.core import ReplayOptions, StructureKey
 from calc.estimate.ranks import expand_layers, rank_replays
+from calc.estimate.workspace import gpu_delta_bytes
 from calc.plan import grid as plan_grid
 from calc.plan import grid_eval as plan_eval
 from calc.plan.axes import (
@@ -221,6 +222,11 @@ class Evaluator:
             self._bars[key] = error_bar(job, self.model, self.cases, self.device)
         return self._bars[key]
 
+    def _workspace(self, job: Training | Inference) -> int:
+        """This GPU's cuBLAS workspaces less the Hopper charge the compiled tables carry
+        (`calc.estimate.workspace.gpu_delta_bytes`: by compute capability)."""
+        return gpu_delta_bytes(job, self.device, self.gpu)
+
     def _verdict(self, peak: int, parallel: Parallelism | None = None) -> tuple[int, bool, str]:
         """Headroom, fits and the reason against ``GPU.usable_for(parallel)``: the total less
         the memory outside PyTorch (`calc.data.outside`, NCCL's buffers on several GPUs)."""
@@ -257,7 +263,7 @@ class Evaluator:
         distillation)."""
         choices, job, label, parallel = self._layout(choices, job)
         try:
-            est = estimate(self.model, job, parallel, self.device)
+            est = estimate(self.model, job, parallel, self.device, gpu=self.gpu)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
         except ValueError as exc:
@@ -326,7 +332,9 @@ class Evaluator:
                     best_peak[n], best_rank[n] = peak, rank0
                     best_phase[n] = peaks.phases[int(peaks.phase_index[n])]
         return [
-            self._parallel_done(ch, job, label, par, int(best_peak[n]), best_phase[n])
+            self._parallel_done(
+                ch, job, label, par, int(best_peak[n]) + self._workspace(job), best_phase[n]
+            )
             for n, (ch, job, label, par, _r) in enumerate(items)
         ]
 
@@ -351,7 +359,7 @@ class Evaluator:
         bar = self._bar(key, exemplar)
         rows = []
         for n, (choices, job) in enumerate(members):
-            peak = int(peaks.peak_bytes[n])
+            peak = int(peaks.peak_bytes[n]) + self._workspace(job)
             headroom, fits, reason = self._verdict(peak)
             rows.append(self._row(
                 choices, job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,

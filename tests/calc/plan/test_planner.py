@@ -473,3 +473,22 @@ def test_changes_to_fit_offer_layouts_on_two_gpus() -> None:
         assert par is not None and par.dp * cfg.job.micro_batch * cfg.job.grad_accum == 4
         assert c.evaluated.peak_bytes == calc.estimate(TINY, cfg.job, par).peak_bytes
         assert c.evaluated.peak_bytes <= ddp.peak_bytes - 1
+
+
+@pytest.mark.parametrize("gpu_count", [1, 2])
+def test_planner_charges_the_chosen_gpus_cublas_workspace(gpu_count: int) -> None:
+    # PyTorch's CublasHandlePool.cpp: ":4096:2:16:8" = 4096 KiB x 2 + 16 KiB x 8 = 8,519,680 B
+    # per workspace before Hopper (an A100 is compute capability 8.0), 4096 KiB x 8 = 32 MiB on
+    # Hopper (9.0); a training step has 2 (the forward's thread, autograd's device thread)
+    job = calc.Training(micro_batch=1, seq_len=8, precision="bf16", optimizer="adamw",
+                        implementation="reference")  # fmt: skip
+    a100 = P.evaluate(TINY, job, gpu="a100-80gb", gpu_count=gpu_count, report={})
+    h100 = P.evaluate(TINY, job, gpu="h100-80gb", gpu_count=gpu_count, report={})
+    assert a100.peak_bytes is not None and h100.peak_bytes is not None
+    assert h100.peak_bytes - a100.peak_bytes == 2 * (33_554_432 - 8_519_680)
+    par = a100.config.parallel if gpu_count > 1 else None
+    assert a100.peak_bytes == calc.estimate(TINY, job, par, gpu="a100-80gb").peak_bytes
+    # inference: one handle
+    inf = calc.Inference(batch=1, context=8, implementation="reference")
+    a, h = (P.evaluate(TINY, inf, gpu=g, report={}).peak_bytes for g in ("a100-80gb", "h100-80gb"))
+    assert a is not None and h is not None and h - a == 33_554_432 - 8_519_680
