@@ -11,6 +11,8 @@ import streamlit as st
 import calc
 from calc.data import gpus
 from calc.data.cards import load_verify_report
+from calc.estimate import device_fit
+from calc.estimate.device_fit import DeviceFit
 from calc.plan import evidence
 from calc.plan import planner as plan
 from calc.plan.evidence import VerifiedCase
@@ -33,10 +35,12 @@ def estimate(
     job: calc.Training | calc.Inference,
     parallel: calc.Parallelism | None,
     device: str,
+    gpu_id: str | None = None,
 ) -> calc.Estimate:
     """``calc.estimate`` of the job (``key`` names the model for the cache); with ``parallel``
-    the most-loaded rank's, every rank's peak in ``rank_peaks``."""
-    return calc.estimate(_model.spec, job, parallel, device=device)
+    the most-loaded rank's, every rank's peak in ``rank_peaks``; ``gpu_id``: that GPU's cuBLAS
+    workspaces (as the planner's verdict charges them)."""
+    return calc.estimate(_model.spec, job, parallel, device=device, gpu=gpu_id)
 
 
 @st.cache_resource(show_spinner=False)
@@ -46,32 +50,48 @@ def verified_cases() -> tuple[VerifiedCase, ...]:
 
 
 def estimate_verdict(
-    model: Model, job: calc.Training | calc.Inference, est: calc.Estimate, gpu: gpus.GPU
+    model: Model,
+    job: calc.Training | calc.Inference,
+    est: calc.Estimate,
+    gpu: gpus.GPU,
+    parallel: calc.Parallelism | None = None,
 ) -> tuple[bool, str]:
     """Whether the estimate's peak (a parallel layout's: the most-loaded rank's) fits one GPU,
     in the words of a planner row
     (``calc.plan.result.Evaluated.verdict``), with the error ``python -m verify`` observed on
     the nearest verified cases (``calc.plan.evidence.error_bar``: chosen by the job's fields; the
-    parallel layout is not one of the similarity fields)."""
+    parallel layout is not one of the similarity fields). Usable: ``GPU.usable_for(parallel)``
+    (the total less the memory outside PyTorch, NCCL's buffers included)."""
     gib = display.gib
-    headroom = gpu.usable_bytes - est.peak_bytes
+    usable = gpu.usable_for(parallel)
+    headroom = usable - est.peak_bytes
     fits = headroom >= 0
     if fits:
-        pct = 100.0 * headroom / gpu.usable_bytes
+        pct = 100.0 * headroom / usable
         text = (
             f"fits with {pct:.1f}% headroom ({gib(headroom):.2f} GiB of "
-            f"{gib(gpu.usable_bytes):.2f} GiB usable on {gpu.id}) on every rank"
+            f"{gib(usable):.2f} GiB usable on {gpu.id}) on every rank"
         )
     else:
         text = (
             f"does not fit: peak of rank {est.rank} {gib(est.peak_bytes):.2f} GiB > "
-            f"{gib(gpu.usable_bytes):.2f} GiB usable on {gpu.id}, needs {gib(-headroom):.2f} "
+            f"{gib(usable):.2f} GiB usable on {gpu.id}, needs {gib(-headroom):.2f} "
             "GiB more"
         )
     bar = evidence.error_bar(job, model.spec, verified_cases())
     if bar is not None:
         text += f"; {bar.text()} (cases chosen by the job's fields, not the layout)"
     return fits, text
+
+
+@st.cache_resource(max_entries=32, show_spinner="replaying the caching allocator...")
+def device_fits(
+    _model: Model, key: str, job: calc.Training | calc.Inference, gpu_id: str
+) -> list[DeviceFit]:
+    """`calc.estimate.device_fit.device_fits` of the one-GPU CUDA job on ``gpu_id`` (its cuBLAS
+    workspace size; seconds: every layer replayed through the allocator)."""
+    gpu = gpus.get_gpu(gpu_id)
+    return device_fit.device_fits(calc.estimate(_model.spec, job, gpu=gpu), gpu)
 
 
 @st.cache_resource(max_entries=256, show_spinner=False)

@@ -27,7 +27,7 @@ from calc.config import jobs
 from calc.config.jobs import Inference, Training
 from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.data.cards import list_cards
-from calc.data.gpus import DEFAULT_GPU, get_gpu
+from calc.data.gpus import DEFAULT_GPU, GPU, get_gpu
 from calc.derive.replay import param_count
 from calc.estimate.api import estimate
 from calc.estimate.device_fit import DeviceFit, device_fits
@@ -325,14 +325,16 @@ def format_gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.2f} GiB"
 
 
-def capacity(args: argparse.Namespace) -> tuple[int, str]:
+def capacity(args: argparse.Namespace, parallel: Parallelism | None = None) -> tuple[int, str]:
     """The bytes the verdict compares with and their name: ``--gpu-gib`` when given, else the
-    usable memory of the ``--gpu`` catalog entry (`calc.data.gpus.GPU.usable_bytes`, what the
-    web app and the planner compare with, so the three agree)."""
+    usable memory of the ``--gpu`` catalog entry on one rank of ``parallel``
+    (`calc.data.gpus.GPU.usable_for`: the total less the memory outside PyTorch, what the web
+    app and the planner compare with, so the three agree)."""
     if args.gpu_gib is not None:
         return int(args.gpu_gib * GIB), f"{args.gpu_gib:g} GiB"
     gpu = get_gpu(args.gpu)
-    return gpu.usable_bytes, f"{gpu.id} ({format_gib(gpu.usable_bytes)} usable)"
+    usable = gpu.usable_for(parallel)
+    return usable, f"{gpu.id} ({format_gib(usable)} usable)"
 
 
 def verdict(peak_bytes: int, capacity_bytes: int, size: str) -> tuple[bool, int, str]:
@@ -345,24 +347,68 @@ def verdict(peak_bytes: int, capacity_bytes: int, size: str) -> tuple[bool, int,
     return False, headroom, f"does not fit in {size}: needs {format_gib(-headroom)} more"
 
 
-def fit_lines(rows: Sequence[DeviceFit], gpu_id: str) -> list[str]:
+def fit_lines(rows: Sequence[DeviceFit], gpu: GPU) -> list[str]:
     """The ``--reserved`` lines: per allocator setting, allocated, reserved and what nvidia-smi
-    would show against the GPU's total (`calc.estimate.device_fit`)."""
+    would show against the GPU's total (`calc.estimate.device_fit`), then the terms outside
+    PyTorch with their ranges and sources (`calc.data.outside`)."""
     lines = []
     for f in rows:
         verdict_word = "fits" if f.fits else "does not fit"
         lines.append(
             f"{f.setting + ':':<21}allocated {format_gib(f.allocated_bytes)}, reserved "
             f"{format_gib(f.reserved_bytes)} ({f.segments} segments) + outside PyTorch "
-            f"{format_gib(f.outside_bytes)} = {format_gib(f.shown_bytes)} of {gpu_id}'s "
+            f"{format_gib(f.outside_bytes)} = {format_gib(f.shown_bytes)} of {gpu.id}'s "
             f"{format_gib(f.total_bytes)}: {verdict_word}"
         )
     if rows:
         lines.append(
             "(allocated/reserved: modelled from PyTorch's source, not measured on a GPU; "
-            "outside PyTorch: the catalog's stated default)"
+            "outside PyTorch: the upper end of each term's range below)"
         )
+        lines.extend(outside_lines(gpu))
     return lines
+
+
+def device_lines(
+    args: argparse.Namespace, peak_bytes: int, parallel: Parallelism | None,
+    fit_rows: Sequence[DeviceFit],
+) -> list[str]:  # fmt: skip
+    """The ``device:`` line (a catalog GPU, not ``--gpu-gib``) and the ``--reserved`` lines."""
+    gpu = get_gpu(args.gpu)
+    head = (
+        []
+        if args.gpu_gib is not None
+        else [f"device:     {device_line(peak_bytes, gpu, parallel)}"]
+    )
+    return head + fit_lines(fit_rows, gpu)
+
+
+def device_line(peak_bytes: int, gpu: GPU, parallel: Parallelism | None) -> str:
+    """The verdict's terms side by side: the allocated peak, the memory outside PyTorch (upper
+    end, with its range) and their sum against the GPU's total (what ``nvidia-smi`` shows,
+    less the allocator's reserve above the peak: ``--reserved`` replays it)."""
+    out = gpu.outside(parallel)
+    shown = peak_bytes + gpu.total_bytes - gpu.usable_for(parallel)
+    return (
+        f"allocated peak {format_gib(peak_bytes)} + outside PyTorch "
+        f"{format_gib(shown - peak_bytes)} (range {format_gib(out.low_bytes)} to "
+        f"{format_gib(out.high_bytes)}) = {format_gib(shown)} of {gpu.id}'s "
+        f"{format_gib(gpu.total_bytes)} total (reserved above the peak: --reserved)"
+    )
+
+
+def outside_json(gpu: GPU, parallel: Parallelism | None) -> list[dict[str, object]]:
+    """The terms outside PyTorch's allocator on ``gpu`` (one rank of ``parallel``)."""
+    return [dataclasses.asdict(t) for t in gpu.outside(parallel).terms]
+
+
+def outside_lines(gpu: GPU, parallel: Parallelism | None = None) -> list[str]:
+    """One line per term outside PyTorch's allocator: its range, basis and source."""
+    return [
+        f"  outside/{t.key}: {format_gib(t.low_bytes)} to {format_gib(t.high_bytes)} "
+        f"({t.basis}: {t.source})"
+        for t in gpu.outside(parallel).terms
+    ]
 
 
 def render_table(est: Estimate, depth: int | None) -> list[str]:
@@ -399,7 +445,7 @@ def run(args: argparse.Namespace) -> int:
     catalog_gpu = None if args.gpu_gib is not None else args.gpu  # its cuBLAS workspace size
     est = estimate(model, job, parallel, device=args.device, gpu=catalog_gpu)
     peak = int(est.peak_bytes)
-    capacity_bytes, size = capacity(args)
+    capacity_bytes, size = capacity(args, parallel)
     fits, headroom, sentence = verdict(peak, capacity_bytes, size)
     fit_rows = device_fits(est, get_gpu(args.gpu)) if args.reserved else []
 
@@ -420,6 +466,7 @@ def run(args: argparse.Namespace) -> int:
             "gpu_gib": capacity_bytes / GIB,
             "fits": fits,
             "headroom_bytes": headroom,
+            "outside_pytorch": outside_json(get_gpu(args.gpu), parallel),
         }
         if fit_rows:
             out["device_fit"] = [
@@ -461,7 +508,7 @@ def run(args: argparse.Namespace) -> int:
               f"{spread if len(peaks) > 1 else ' (every rank the same)'}")  # fmt: skip
     print(f"verdict:    {sentence}")
     print("\n".join(f"note:       {note}" for note in est.notes), end="\n" if est.notes else "")
-    for line in fit_lines(fit_rows, args.gpu):
+    for line in device_lines(args, peak, parallel, fit_rows):
         print(line)
     if stored is not None:
         print()

@@ -4,8 +4,9 @@ The catalog is a data file, ``hardware/gpus.json`` (read by ``calc.data.cards``,
 ``calc`` that reads files). Units are explicit: vendors sell memory in "GB" that, for HBM and
 GDDR parts, is a binary capacity (an "80 GB" H100 carries 80 GiB = 80 x 2**30 bytes of DRAM),
 while the driver keeps part of it; ``total_bytes`` is what ``cudaMemGetInfo`` / ``nvidia-smi``
-report as total, ``usable_bytes`` what ``torch.cuda.max_memory_allocated`` can reach: the
-total less the CUDA context and the driver's reservations (``reserved_bytes``).
+report as total, ``usable_bytes`` what ``torch.cuda.memory_reserved`` can reach: the total
+less the memory outside PyTorch's allocator (``reserved_bytes``: the driver's reservation and
+the CUDA context, `calc.data.outside`, each at the upper end of what its sources support).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from calc.config.parallelism import Parallelism
 from calc.data.cards import load_gpu_catalog_data
+from calc.data.outside import Outside, communicators, nccl_term, outside_pytorch
 from calc.units import GIB
 
 _ARCH = ("compute_capability", "compute_capability_source", "gfx_arch", "gfx_arch_source")
@@ -44,9 +47,9 @@ class GPU:
     cuda_total_source: str = ""
     """Where ``cuda_total_bytes`` comes from (a cited log line)."""
     reserved_bytes: int
-    """Bytes of ``total_bytes`` PyTorch's allocator cannot hand out: the CUDA/HIP context,
-    kernel images and the driver's reservations (measured where ``source`` says so, else the
-    catalog's stated default)."""
+    """Bytes of ``total_bytes`` PyTorch's allocator cannot hand out on one GPU: the driver's
+    reservation and the CUDA/HIP context with its kernel images. The catalog fills it with
+    `calc.data.outside`'s upper end (``outside().high_bytes``)."""
     source: str
     """Where ``total_bytes`` comes from (a cited nvidia-smi/rocm-smi reading)."""
     marketed_source: str = ""
@@ -101,13 +104,24 @@ class GPU:
         """Bytes a job's ``max_memory_allocated`` may reach: ``total - reserved``."""
         return self.total_bytes - self.reserved_bytes
 
+    def outside(self, parallel: Parallelism | None = None) -> Outside:
+        """The memory outside PyTorch's allocator of one rank, term by term with its sources
+        (`calc.data.outside`; NCCL's communicators when ``parallel`` spans several GPUs)."""
+        return outside_pytorch(self.total_bytes, self.cuda_total_bytes, parallel)
+
+    def usable_for(self, parallel: Parallelism | None = None) -> int:
+        """Bytes PyTorch's allocator may reserve on one rank of ``parallel``: ``usable_bytes``
+        less the upper end of its NCCL communicators' buffers (`calc.data.outside`)."""
+        count = communicators(parallel)
+        return self.usable_bytes - (nccl_term(count).high_bytes if count else 0)
+
     @property
     def usable_gib(self) -> float:
         """``usable_bytes`` in GiB (2**30 bytes)."""
         return self.usable_bytes / GIB
 
 
-_FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "reserved_bytes", "source")
+_FIELDS = ("id", "name", "vendor", "marketed", "total_bytes", "source")
 _OPTIONAL = ("marketed_source", "cuda_total_source", *_ARCH)
 
 
@@ -124,9 +138,19 @@ def gpu_catalog() -> dict[str, GPU]:
         fields: dict[str, Any] = {name: row.get(name) for name in _FIELDS}  # GPU checks them
         fields.update({name: str(row[name]) for name in _OPTIONAL if name in row})
         fields["cuda_total_bytes"] = row.get("cuda_total_bytes")  # GPU checks it
+        fields["reserved_bytes"] = _outside_bytes(fields)
         gpus.append(GPU(**fields))
     gpus.sort(key=lambda g: (g.usable_bytes, g.id))
     return {g.id: g for g in gpus}
+
+
+def _outside_bytes(fields: dict[str, Any]) -> int:
+    """The upper end of `calc.data.outside` for a catalog row (0 where its totals are not
+    integers: `GPU` then names the bad field)."""
+    total, cuda = fields["total_bytes"], fields["cuda_total_bytes"]
+    if not isinstance(total, int) or not (cuda is None or isinstance(cuda, int)):
+        return 0
+    return outside_pytorch(total, cuda).high_bytes
 
 
 DEFAULT_GPU = "h100-80gb"

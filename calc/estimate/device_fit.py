@@ -2,12 +2,11 @@
 PyTorch, against the GPU's total, for both allocator settings.
 
 ``reserved_bytes`` is `Estimate.reserved` (the caching allocator's model). What lives outside
-PyTorch's allocator (the CUDA context and kernel images, the driver's reservation, library
-handles: "does not include memory allocated outside of the caching allocator ... or memory held
-by the driver", the allocator's out-of-memory message) is the catalog's ``reserved_bytes``
-(`calc.data.gpus.GPU`): a stated 1 GiB default, not measured (lazy module loading, on by
-default on Linux since CUDA 12.2, keeps the context smaller than eager loading would). NCCL
-communicator buffers are not included (one GPU).
+PyTorch's allocator (the driver's reservation, the CUDA context with its kernel images and
+library handles: "does not include memory allocated outside of the caching allocator ... or
+memory held by the driver", the allocator's out-of-memory message) is `calc.data.outside`'s
+model, at the upper end of what its sources support (``GPU.reserved_bytes``). NCCL
+communicator buffers are not included (the allocator is replayed for one GPU only).
 """
 
 from __future__ import annotations
@@ -38,7 +37,8 @@ class DeviceFit:
     segments: int
     """Segments the allocator made."""
     outside_bytes: int
-    """Memory outside PyTorch's allocator (the catalog's stated ``reserved_bytes``)."""
+    """Memory outside PyTorch's allocator (``GPU.reserved_bytes``: `calc.data.outside`'s
+    upper end)."""
     total_bytes: int
     """The GPU's total as the driver reports it."""
 

@@ -58,6 +58,19 @@ def workspace_charge(job: Training | Inference, device: str) -> int:
     return _device_terms(job, device)[0]
 
 
+def gpu_delta_bytes(job: Training | Inference, device: str, gpu: GPU) -> int:
+    """Bytes ``gpu``'s cuBLAS workspaces add to (negative: take off) the default Hopper charge
+    for ``job`` on ``device``: handles x (``cublas_workspace_bytes(gpu)`` - 32 MiB), 0 off
+    CUDA. A constant on every allocation (what `for_gpu` adds; the planner adds it to its
+    vectorised peaks, `calc.plan.engine`)."""
+    charged = workspace_charge(job, device)
+    if not charged:
+        return 0
+    return (
+        charged // CUBLAS_WORKSPACE_BYTES * (cublas_workspace_bytes(gpu) - CUBLAS_WORKSPACE_BYTES)
+    )
+
+
 def for_gpu(est: Estimate, job: Training | Inference, gpu: GPU) -> Estimate:
     """``est`` (a ``device="cuda"`` estimate, charged Hopper's workspaces) with ``gpu``'s
     workspace size instead: every total, phase and rank peak moves by the same constant."""
@@ -66,7 +79,7 @@ def for_gpu(est: Estimate, job: Training | Inference, gpu: GPU) -> Estimate:
         return est
     handles = charged // CUBLAS_WORKSPACE_BYTES
     size = cublas_workspace_bytes(gpu)
-    delta = handles * (size - CUBLAS_WORKSPACE_BYTES)
+    delta = gpu_delta_bytes(job, est.device, gpu)
     arch = gpu.compute_capability or gpu.gfx_arch or "unknown"
     note = f"cuBLAS workspaces: {handles} x {size:,} B ({gpu.id}, {arch}; from PyTorch's source)"
     old_breakdown, old_expr, old_peak_expr = (

@@ -23,6 +23,7 @@ from calc.data.gpus import GPU, get_gpu
 from calc.estimate.api import estimate
 from calc.estimate.core import ReplayOptions, StructureKey
 from calc.estimate.ranks import expand_layers, rank_replays
+from calc.estimate.workspace import gpu_delta_bytes
 from calc.plan import grid as plan_grid
 from calc.plan import grid_eval as plan_eval
 from calc.plan.axes import (
@@ -202,6 +203,7 @@ class Evaluator:
         self, choices: Mapping, job: Training | Inference | None, *, reason: str,
         peak_bytes: int | None = None, fits: bool = False, headroom_bytes: int | None = None,
         throughput_proxy: float = 0.0, error_bar: ErrorBar | None = None, peak_phase: str = "",
+        parallel: Parallelism | None = None,
     ) -> Evaluated:  # fmt: skip
         """A row of the answer; without a peak, a configuration excluded for ``reason``."""
         grad_accum = job.grad_accum if isinstance(job, Training) else 1
@@ -209,7 +211,7 @@ class Evaluator:
             job=job, gpu_count=self.ctx.gpu_count, choices=dict(choices), grad_accum=grad_accum
         )
         return Evaluated(
-            config=config, usable_bytes=self.gpu.usable_bytes, gpu_id=self.gpu.id,
+            config=config, usable_bytes=self.gpu.usable_for(parallel), gpu_id=self.gpu.id,
             peak_bytes=peak_bytes, fits=fits, headroom_bytes=headroom_bytes,
             throughput_proxy=throughput_proxy, reason=reason, error_bar=error_bar,
             peak_phase=peak_phase,
@@ -220,10 +222,18 @@ class Evaluator:
             self._bars[key] = error_bar(job, self.model, self.cases, self.device)
         return self._bars[key]
 
-    def _verdict(self, peak: int) -> tuple[int, bool, str]:
-        headroom = self.gpu.usable_bytes - peak
+    def _workspace(self, job: Training | Inference) -> int:
+        """This GPU's cuBLAS workspaces less the Hopper charge the compiled tables carry
+        (`calc.estimate.workspace.gpu_delta_bytes`: by compute capability)."""
+        return gpu_delta_bytes(job, self.device, self.gpu)
+
+    def _verdict(self, peak: int, parallel: Parallelism | None = None) -> tuple[int, bool, str]:
+        """Headroom, fits and the reason against ``GPU.usable_for(parallel)``: the total less
+        the memory outside PyTorch (`calc.data.outside`, NCCL's buffers on several GPUs)."""
+        usable = self.gpu.usable_for(parallel)
+        headroom = usable - peak
         reason = "" if headroom >= 0 else (
-            f"peak {peak / 2**30:.2f} GiB > {self.gpu.usable_bytes / 2**30:.2f} GiB "
+            f"peak {peak / 2**30:.2f} GiB > {usable / 2**30:.2f} GiB "
             f"usable on {self.gpu.id}: needs {-headroom / 2**30:.2f} GiB more"
         )  # fmt: skip
         return headroom, headroom >= 0, reason
@@ -237,13 +247,13 @@ class Evaluator:
         self, choices: Mapping, job: Training | Inference, label: str, parallel: Parallelism,
         peak: int, phase: str,
     ) -> Evaluated:  # fmt: skip
-        headroom, fits, reason = self._verdict(peak)
+        headroom, fits, reason = self._verdict(peak, parallel)
         key = ("parallel", label, plan_grid.structure_id(self.model, job))
         comm = communication_factor(parallel)
         return self._row(
             choices, job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,
             throughput_proxy=throughput_proxy(self.model, job, comm), reason=reason,
-            error_bar=self._bar(key, job), peak_phase=phase,
+            error_bar=self._bar(key, job), peak_phase=phase, parallel=parallel,
         )  # fmt: skip
 
     def _parallel_row(self, choices: Mapping, job: Training | Inference) -> Evaluated:
@@ -253,7 +263,7 @@ class Evaluator:
         distillation)."""
         choices, job, label, parallel = self._layout(choices, job)
         try:
-            est = estimate(self.model, job, parallel, self.device)
+            est = estimate(self.model, job, parallel, self.device, gpu=self.gpu)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
         except ValueError as exc:
@@ -322,7 +332,9 @@ class Evaluator:
                     best_peak[n], best_rank[n] = peak, rank0
                     best_phase[n] = peaks.phases[int(peaks.phase_index[n])]
         return [
-            self._parallel_done(ch, job, label, par, int(best_peak[n]), best_phase[n])
+            self._parallel_done(
+                ch, job, label, par, int(best_peak[n]) + self._workspace(job), best_phase[n]
+            )
             for n, (ch, job, label, par, _r) in enumerate(items)
         ]
 
@@ -347,7 +359,7 @@ class Evaluator:
         bar = self._bar(key, exemplar)
         rows = []
         for n, (choices, job) in enumerate(members):
-            peak = int(peaks.peak_bytes[n])
+            peak = int(peaks.peak_bytes[n]) + self._workspace(job)
             headroom, fits, reason = self._verdict(peak)
             rows.append(self._row(
                 choices, job, peak_bytes=peak, fits=fits, headroom_bytes=headroom,

@@ -10,7 +10,8 @@ with compiled, vectorised expressions (``calc.plan.grid``: the same timelines as
 ``calc.estimate.ranks.rank_replays``, with DDP's buckets as per-step constants; pipeline and context
 parallelism, pruning and distillation on 2+ GPUs fall back to one ``calc.estimate`` call
 each), so
-every peak equals ``calc.estimate(model, config.job, config.parallel).peak_bytes``, and
+every peak equals ``calc.estimate(model, config.job, config.parallel, gpu=gpu).peak_bytes``
+(the GPU's cuBLAS workspace size, by compute capability: `calc.estimate.workspace`), and
 returns those that fit, ranked by a throughput proxy (``calc.plan.throughput``) or by headroom, with the reason each
 other one fails and the error observed on the nearest verified cases (``calc.plan.evidence``).
 
@@ -218,7 +219,7 @@ def evaluate(
 
     ``parallel``: a layout label of ``calc.plan.layouts`` for training on 2+ GPUs (default:
     DDP over all of them). The peak is ``calc.estimate(model, job, config.parallel,
-    device).peak_bytes``."""
+    device, gpu=gpu).peak_bytes``."""
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
     check_choice("device", device, DEVICES)

@@ -64,7 +64,9 @@ class Evaluated:
     """Predicted peak per GPU in bytes (``calc.estimate(model, config.job).peak_bytes``); None
     when the cost model does not cover the configuration (see ``reason``)."""
     usable_bytes: int
-    """Usable memory of one GPU (``GPU.usable_bytes``)."""
+    """What PyTorch's allocator may use on one GPU of this configuration
+    (``GPU.usable_for(parallel)``: the total less the memory outside PyTorch, `calc.data.outside`,
+    at the upper end of its sources' ranges)."""
     fits: bool
     """``peak_bytes <= usable_bytes``."""
     headroom_bytes: int | None

@@ -1,8 +1,10 @@
 """The CUDA caching allocator, replayed on an alloc/free stream: reserved bytes and segments.
 
 Written from ``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch; read at @001074d, see
-shared/reference/memory-facts.md section 3, and the current ``find_expandable_block``) with
-the constants of the torch 2.13 wheel's ``include/c10/core/AllocatorConfig.h`` (lines 17-25):
+shared/reference/memory-facts.md section 3, and the current ``find_expandable_block``), cited by
+function name (line numbers move), with the constants of the torch 2.13 wheel's
+``include/c10/core/AllocatorConfig.h`` (``kMinBlockSize``, ``kSmallSize``, ``kSmallBuffer``,
+``kMinLargeAlloc``, ``kRoundLarge``; ``kLargeBuffer`` in the .cpp):
 
 * ``round_size``: every request is a multiple of ``kMinBlockSize`` = 512 bytes, at least 512
   (``roundup_power2_divisions`` unset, the default);
@@ -26,9 +28,22 @@ the constants of the torch 2.13 wheel's ``include/c10/core/AllocatorConfig.h`` (
   extends the free block at the end of the mapped range (``try_allocate_expandable_block``,
   ``map_block``).
 
-Not modelled: ``garbage_collection_threshold`` and the out-of-memory retry (both act only near
-the device's limit, which this replay does not have), ``roundup_power2_divisions``, streams
-other than one, and ``empty_cache``.
+* ``garbage_collection_threshold`` (with ``allowed_bytes``: PyTorch runs it only under
+  ``torch.cuda.set_per_process_memory_fraction``, ``set_fraction`` in ``DeviceCachingAllocator::
+  malloc`` and ``get_free_block``): every ``get_free_block`` call counts one per pool, a free
+  block's age is the count since it entered the pool (``BlockPool::insert_into_blocks``,
+  ``Block::gc_count``); when no cached block fits, ``garbage_collect_cached_blocks`` runs before
+  a new segment: if the reserved bytes exceed threshold x allowed, it releases (``release_block``)
+  whole free segments of the large pool whose age is at least the average age, pass after
+  pass, until it has reclaimed the excess or frees nothing;
+* ``allowed_bytes`` (the memory fraction x the device's total): ``alloc_block`` refuses a segment
+  that would pass it; ``malloc`` then releases every whole free segment (``release_cached_blocks``,
+  ``release_blocks``) and tries once more, else raises `AllocatorOutOfMemory`.
+
+Not modelled: ``roundup_power2_divisions``, streams other than one, ``empty_cache``, and
+``release_available_cached_blocks`` (frees oversize blocks first under ``max_split_size_mb`` and
+a memory cap); with expandable segments the cap and the collection are not applied (their
+segments are unmapped page by page, ``unmap_block``).
 """
 
 from __future__ import annotations
@@ -54,11 +69,35 @@ class AllocatorConfig:
     """``expandable_segments:True``."""
     max_split_size_bytes: int | None = None
     """``max_split_size_mb`` in bytes, or None (unlimited, the default)."""
+    garbage_collection_threshold: float | None = None
+    """``garbage_collection_threshold`` in (0, 1), or None (off, the default); needs
+    ``allowed_bytes``, as PyTorch collects only under a memory fraction."""
+    allowed_bytes: int | None = None
+    """``torch.cuda.set_per_process_memory_fraction(f)``: f x the device's total
+    (``allowed_memory_maximum``), or None (no cap, the default)."""
 
     def __post_init__(self) -> None:
         m = self.max_split_size_bytes
         if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m <= K_SMALL_SIZE):
             raise ValueError(f"max_split_size_bytes={m!r} must be None or an int above 1 MiB")
+        a = self.allowed_bytes
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int) or a <= 0):
+            raise ValueError(f"allowed_bytes={a!r} must be None or a positive int")
+        t = self.garbage_collection_threshold
+        if t is not None and (
+            isinstance(t, bool) or not isinstance(t, int | float) or not 0.0 < t < 1.0
+        ):
+            raise ValueError(f"garbage_collection_threshold={t!r} must be None or in (0, 1)")
+        if t is not None and a is None:
+            raise ValueError(
+                "garbage_collection_threshold needs allowed_bytes (PyTorch collects only under "
+                "set_per_process_memory_fraction)"
+            )
+
+
+class AllocatorOutOfMemory(MemoryError):
+    """A request the replay cannot place under ``AllocatorConfig.allowed_bytes`` (PyTorch's
+    ``OutOfMemoryError``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +124,7 @@ class _Block:
     addr: int
     size: int
     small: bool
+    gc_base: int = 0  # the pool's get_free_block count when the block entered the pool
 
 
 def round_size(nbytes: int) -> int:
@@ -115,9 +155,13 @@ class CachingAllocator:
         self.reserved = self.allocated = self.requested = 0
         self.peak_reserved = self.peak_allocated = self.peak_requested = 0
         self.segments = 0
+        self._segment_size: dict[int, int] = {}  # cudaMalloc segments: start -> size
+        self._calls = {True: 0, False: 0}  # get_free_block calls per pool (collection on)
+        self._collect = self.config.garbage_collection_threshold is not None
 
     # -- free lists ---------------------------------------------------------------------------
     def _insert_free(self, b: _Block) -> None:
+        b.gc_base = self._calls[b.small]
         bisect.insort(self._free[b.small], (b.size, b.addr))
         self._by_start[b.addr] = b
         self._by_end[b.addr + b.size] = b
@@ -129,6 +173,8 @@ class CachingAllocator:
         del self._by_end[b.addr + b.size]
 
     def _best_fit(self, small: bool, size: int) -> _Block | None:
+        if self._collect:  # get_free_block: counts its calls while collection is on
+            self._calls[small] += 1
         lst = self._free[small]
         i = bisect.bisect_left(lst, (size, -1))
         if i == len(lst):
@@ -145,11 +191,62 @@ class CachingAllocator:
     # -- new memory ---------------------------------------------------------------------------
     def _new_segment(self, small: bool, size: int) -> _Block:
         seg = allocation_size(size)
+        cap = self.config.allowed_bytes
+        if cap is not None and self.reserved + seg > cap:  # alloc_block refuses, then
+            self._release_whole(small=None)  # release_cached_blocks, and one more try
+            if self.reserved + seg > cap:
+                raise AllocatorOutOfMemory(
+                    f"{size:,} B: {self.reserved:,} B reserved + a {seg:,} B segment > "
+                    f"allowed {cap:,} B"
+                )
         b = _Block(self._next_addr, seg, small)
+        self._segment_size[b.addr] = seg
         self._next_addr += seg + _GAP
         self.segments += 1
         self.reserved += seg
         return b
+
+    def _whole(self, b: _Block) -> bool:
+        """Not split: the free block is its whole segment (``!block->is_split()``)."""
+        return self._segment_size.get(b.addr) == b.size
+
+    def _release(self, b: _Block) -> None:
+        """``release_block``: the free whole segment goes back to CUDA."""
+        self._remove_free(b)
+        del self._segment_size[b.addr]
+        self.reserved -= b.size
+
+    def _release_whole(self, small: bool | None) -> None:
+        """``release_blocks`` of one pool (``small``) or both (None)."""
+        for pool in (True, False) if small is None else (small,):
+            for _size, addr in list(self._free[pool]):
+                b = self._by_start[addr]
+                if self._whole(b):
+                    self._release(b)
+
+    def _garbage_collect(self) -> None:
+        """``garbage_collect_cached_blocks``: whole free segments of the large pool, oldest
+        (at least the average age) first, until the reserve is back under the threshold."""
+        threshold = self.config.garbage_collection_threshold
+        cap = self.config.allowed_bytes
+        assert threshold is not None and cap is not None
+        limit = int(threshold * cap)
+        if self.reserved <= limit:
+            return
+        target, reclaimed = self.reserved - limit, 0
+        count = self._calls[False]
+        ages = {a: count - self._by_start[a].gc_base for _s, a in self._free[False]
+                if self._whole(self._by_start[a])}  # fmt: skip
+        freed = True
+        while reclaimed < target and freed and ages:
+            average = sum(ages.values()) / len(ages)
+            freed = False
+            for _size, addr in list(self._free[False]):  # by size, then address
+                if addr in ages and ages[addr] >= average:
+                    freed = True
+                    reclaimed += self._by_start[addr].size
+                    del ages[addr]
+                    self._release(self._by_start[addr])
 
     def _expand(self, small: bool, size: int) -> _Block:
         page = K_SMALL_BUFFER if small else K_LARGE_BUFFER
@@ -186,6 +283,8 @@ class CachingAllocator:
         elif self.config.expandable_segments:
             b = self._expand(small, size)
         else:
+            if self._collect:
+                self._garbage_collect()
             b = self._new_segment(small, size)
         if self._should_split(b, size):
             self._insert_free(_Block(b.addr + size, b.size - size, small))

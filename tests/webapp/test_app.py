@@ -95,7 +95,7 @@ def _check_page(
     with ``parallel``, the most-loaded rank and every rank's peak too."""
     assert not at.exception, [e.value for e in at.exception]
     try:
-        est = calc.estimate(model, job, parallel)
+        est = calc.estimate(model, job, parallel, gpu=gpu_id)
     except (ValueError, NotImplementedError) as exc:
         assert str(exc) in _messages(at)
         assert not at.metric  # no number for a job the cost model refuses
@@ -106,7 +106,7 @@ def _check_page(
         assert _metric(at, "most-loaded rank") == str(est.rank)
         ranks = at.dataframe[1].value
         assert dict(zip(ranks["rank"], ranks["bytes"], strict=True)) == est.rank_peaks
-    usable = gpus.get_gpu(gpu_id).usable_bytes
+    usable = gpus.get_gpu(gpu_id).usable_for(parallel)
     if est.peak_bytes <= usable:
         assert any(str(s.value).startswith("fits with") for s in at.success), _messages(at)
     else:
@@ -575,7 +575,7 @@ def test_planner_page_changes_to_fit_list_changes_that_fit(plan_cache) -> None:
     model = calc.load_card(CARD)
     usable = gpus.get_gpu("a100-40gb").usable_bytes
     base = calc.Training(micro_batch=4, seq_len=4096)
-    assert calc.estimate(model, base).peak_bytes > usable
+    assert calc.estimate(model, base, gpu="a100-40gb").peak_bytes > usable
     for text in changes:
         knobs = dict(part.split(": ") for part in text.split(" (peak")[0].split(", "))
         fields: dict[str, object] = {}
@@ -585,7 +585,7 @@ def test_planner_page_changes_to_fit_list_changes_that_fit(plan_cache) -> None:
         if "micro_batch" in fields:
             fields["grad_accum"] = 4 // int(fields["micro_batch"])  # type: ignore[call-overload]
         job = dataclasses.replace(base, **fields)  # type: ignore[arg-type]
-        peak = calc.estimate(model, job).peak_bytes
+        peak = calc.estimate(model, job, gpu="a100-40gb").peak_bytes
         assert peak <= usable, (text, peak)
         assert f"peak {peak / 2**30:.2f} GiB" in text
 

@@ -17,6 +17,7 @@ import pytest
 
 import calc
 from calc.data import gpus
+from calc.estimate.device_fit import device_fits
 from webapp import browser
 
 MISSING = [
@@ -102,3 +103,26 @@ def test_the_largest_accumulation_answers_like_the_smallest(server_url: str) -> 
         body = page.inner_text("body")
     assert f"{est.peak_bytes / 2**30:.2f} GiB" in body and "Traceback" not in body
     assert seconds < HANG_GUARD_SECONDS, f"{seconds:.2f} s"
+
+
+def test_device_table_and_allocator_replay_in_chromium(server_url: str, tmp_path) -> None:
+    """The verdict's terms side by side (allocated peak, each term outside PyTorch, the total),
+    then, on the toggle, the allocator's reserved memory for both settings: the figures calc
+    gives here, as the page prints them."""
+    job = calc.Training(micro_batch=1, seq_len=128)
+    h100 = gpus.get_gpu("h100-80gb")
+    est = calc.estimate(calc.load_card("gpt2"), job, gpu=h100)
+    fits = device_fits(est, h100)
+    with browser.browser_page() as page:
+        browser.load(page, f"{server_url}/?card=gpt2&seq_len=128", browser.VERDICT)
+        body = page.inner_text("body")
+        page.get_by_text("replay the caching allocator").click()
+        page.get_by_text("expandable_segments").first.wait_for(timeout=120_000)
+        page.screenshot(path=str(tmp_path / "device.png"), full_page=True)
+        replayed = page.inner_text("body")
+    for term in ("driver_reserved", "cuda_context", "device total (nvidia-smi)"):
+        assert term in body
+    assert f"{h100.total_bytes / 2**30:.3f}" in body  # 79.650: nvidia-smi's 81559 MiB
+    for f in fits:
+        assert f"{f.reserved_bytes / 2**30:.3f}" in replayed, f.setting
+    assert "Traceback" not in replayed

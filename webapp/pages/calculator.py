@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 import calc
-from calc.present import display
+from calc.present import device, display
 from calc.present.sweep import SWEEP_FIELDS
 from webapp import cached, charts, planning, prefetch, widgets
 
@@ -49,7 +49,7 @@ st.caption(
     + f" · predicting {'torch.cuda.max_memory_allocated' if inputs.device == 'cuda' else 'the CPU tracker'}"
 )
 try:
-    est = cached.estimate(model, key, job, parallel, inputs.device)
+    est = cached.estimate(model, key, job, parallel, inputs.device, gpu.id)
 except ValueError as exc:  # e.g. a layout that does not divide the model
     st.error(str(exc), icon=":material/error:")
     st.stop()
@@ -69,14 +69,19 @@ if evaluated is not None and evaluated.peak_bytes is not None:
     fits, verdict = evaluated.fits, evaluated.verdict()
 else:  # a parallel layout (calc.plan.planner.evaluate is single-GPU: the most-loaded rank's
     # estimate), or a job the planner's tables refuse that calc.estimate derived
-    fits, verdict = cached.estimate_verdict(model, job, est, gpu)
+    fits, verdict = cached.estimate_verdict(model, job, est, gpu, parallel)
 columns = st.columns(4 if parallel else 3)
 columns[0].metric(
     "peak per GPU",
     f"{display.gib(est.peak_bytes):.2f} GiB",
     help="the most-loaded rank's peak" if parallel else None,
 )
-columns[1].metric(f"{gpu.name}, usable", f"{gpu.usable_gib:.2f} GiB")
+usable_gib = display.gib(gpu.usable_for(parallel))
+columns[1].metric(
+    f"{gpu.name}, usable",
+    f"{usable_gib:.2f} GiB",
+    help="the total less the memory outside PyTorch (upper end): see 'On the device' below",
+)
 columns[2].metric("peak phase", est.peak_phase, help=f"at the allocation of {est.peak_event}")
 if parallel:
     columns[3].metric("most-loaded rank", str(est.rank), help=f"of {parallel.world_size} GPUs")
@@ -84,10 +89,26 @@ if parallel:
     verdict, icon=":material/check_circle:" if fits else ":material/cancel:"
 )
 
-gpu_label = f"{gpu.name}: {gpu.usable_gib:.1f} GiB"
+with st.expander("On the device: allocated, reserved, outside PyTorch and total", expanded=True):
+    st.markdown(
+        device.markdown_table(device.device_rows(est.peak_bytes, gpu, parallel, inputs.device))
+    )
+    if parallel is None and inputs.device == "cuda":
+        if st.toggle(
+            "replay the caching allocator: reserved memory for both allocator settings (seconds)",
+            key="replay_allocator",
+        ):
+            fit_rows = device.reserved_rows(cached.device_fits(model, key, job, gpu.id))
+            st.markdown(device.markdown_table(fit_rows))
+            st.caption(
+                "Reserved memory is modelled from PyTorch's CUDACachingAllocator source, not "
+                "measured on a GPU; 'nvidia-smi' = reserved + outside PyTorch (upper end)."
+            )
+
+gpu_label = f"{gpu.name}: {usable_gib:.1f} GiB"
 st.subheader("What is live at the peak")
 st.vega_lite_chart(
-    charts.breakdown_chart(display.stacked_levels(est), gpu.usable_gib, gpu_label),
+    charts.breakdown_chart(display.stacked_levels(est), usable_gib, gpu_label),
     width="stretch",
 )
 with st.expander("breakdown table"):
@@ -122,7 +143,7 @@ if parallel and est.rank_peaks:
     )
     if len(peaks) <= MAX_CHART_RANKS:
         st.vega_lite_chart(
-            charts.rank_chart(ranks.to_dict("records"), gpu.usable_gib, gpu_label),
+            charts.rank_chart(ranks.to_dict("records"), usable_gib, gpu_label),
             width="stretch",
         )
     with st.expander("rank table"):
@@ -134,7 +155,7 @@ if parallel and est.rank_peaks:
         )
 st.subheader("Phases of the step")
 st.vega_lite_chart(
-    charts.phases_chart(display.phase_rows(est), gpu.usable_gib, gpu_label), width="stretch"
+    charts.phases_chart(display.phase_rows(est), usable_gib, gpu_label), width="stretch"
 )
 
 st.subheader("Formula")
@@ -173,7 +194,7 @@ for column, field, title, high in (
     with column:
         st.vega_lite_chart(
             charts.sweep_chart(
-                display.sweep_rows(result), field, title, gpu.usable_gib, gpu_label, current
+                display.sweep_rows(result), field, title, usable_gib, gpu_label, current
             ),
             width="stretch",
         )

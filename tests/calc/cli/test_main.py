@@ -492,14 +492,14 @@ def test_with_attention_dropout_on_cuda_the_hand_graphs_refusal_stands(capsys) -
 
 
 def test_the_default_verdict_uses_the_h100s_usable_memory_like_the_app(capsys) -> None:
-    """The CLI compared with 80 GiB, the app with the catalog's 78.65 GiB usable (issue 16)."""
-    catalog = json.loads((Path(__file__).parents[3] / "hardware" / "gpus.json").read_text())
-    h100 = next(g for g in catalog["gpus"] if g["id"] == "h100-80gb")
+    """The CLI compared with 80 GiB, the app with the catalog's usable memory (issue 16)."""
     code, out, _ = run_cli(["--card", "gpt2", "--seq-len", "64", "--json"], capsys)
     assert code == 0
     got = json.loads(out)
     assert got["gpu"] == "h100-80gb"
-    assert round(got["gpu_gib"] * 2**30) == h100["total_bytes"] - h100["reserved_bytes"]
+    # the CUDA total PyTorch reports on an H100, "79.11 GiB" (vllm-project/vllm issue #27508),
+    # less the CUDA context's upper end, ">1000MB" (pytorch/pytorch issue #107667)
+    assert round(got["gpu_gib"] * 2**30) == round(79.11 * 2**30) - 1000 * 2**20
     from webapp.widgets import _default_gpu
 
     assert _default_gpu({"h100-80gb": None, "t4-16gb": None}) == "h100-80gb"  # type: ignore[dict-item]

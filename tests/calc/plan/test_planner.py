@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import calc
+from calc.data import outside
 from calc.data.gpus import GPU
 from calc.plan import planner as P
 from calc.plan.throughput import recompute_factor, throughput_proxy
@@ -38,6 +39,16 @@ def _gpu(usable_bytes: int) -> GPU:
         id="test-gpu", name="test", vendor="nvidia", marketed="test",
         total_bytes=usable_bytes + MIB, reserved_bytes=MIB, source="test",
     )  # fmt: skip
+
+
+NCCL_ONE = 1638 * MIB
+"""One NCCL communicator's upper end, about 1.6 GB (NVIDIA/nccl issue #864): every layout on
+2 GPUs has one (its data-, tensor- or pipeline-parallel group), charged on every rank."""
+
+
+def _gpu2(usable_bytes: int) -> GPU:
+    """A GPU on which each rank of a 2-GPU layout may use ``usable_bytes``."""
+    return _gpu(usable_bytes + NCCL_ONE)
 
 
 def _plan(usable: int, **kw: object) -> P.Plan:
@@ -234,9 +245,13 @@ def test_least_hardware() -> None:
     )
 
 
-def test_least_hardware_searches_gpu_counts() -> None:
+def test_least_hardware_searches_gpu_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     # One recipe; a GPU one byte smaller than its least single-GPU peak: 1 GPU fails, and on
     # 2 GPUs sharding (ZeRO/FSDP/offload) takes some per-rank bytes off, so 2 is the least.
+    # NCCL's buffers (a constant per communicator, tests/calc/data/test_outside.py) set to 0:
+    # on a GPU this small they alone would refuse every layout.
+    monkeypatch.setattr(outside, "NCCL_COMMUNICATOR_LOW_BYTES", 0)
+    monkeypatch.setattr(outside, "NCCL_COMMUNICATOR_HIGH_BYTES", 0)
     fixed = {"precision": ("bf16",), "optimizer": ("adamw",), "recompute": ("none",)}
     one = _plan(1 << 40, fixed=fixed)
     least_one = min(e.peak_bytes for e in one.fitting)
@@ -388,7 +403,7 @@ def test_evaluate_and_changes_keep_a_layout() -> None:
     assert row.config.parallel == zero3
     assert row.peak_bytes == calc.estimate(TINY, job, zero3).peak_bytes
     # one byte short: a change that fits keeps ZeRO-3 over 2 GPUs
-    tight = _gpu(row.peak_bytes - 1)
+    tight = _gpu2(row.peak_bytes - 1)
     changes = P.changes_to_fit(TINY, job, gpu=tight, gpu_count=2, parallel="dp2-zero3",
                                report={}, knobs=("micro_batch", "recompute"))  # fmt: skip
     assert changes  # recomputation or a smaller micro-batch frees activations
@@ -410,7 +425,7 @@ def test_evaluate_and_changes_keep_a_layout() -> None:
 def test_property_two_gpu_split_agrees_with_estimate(usable_kib: int, global_batch: int) -> None:
     usable = usable_kib * 1024
     fixed = {"precision": ("amp-bf16",), "optimizer": ("adamw",), "recompute": ("none",)}
-    p = _plan(usable, gpu_count=2, global_batch=global_batch, fixed=fixed)
+    p = _plan(usable + NCCL_ONE, gpu_count=2, global_batch=global_batch, fixed=fixed)
     assert len(p.fitting) + len(p.excluded) == p.n_configurations
     for e in p.fitting + p.excluded:
         par = e.config.parallel
@@ -446,7 +461,7 @@ def test_changes_to_fit_offer_layouts_on_two_gpus() -> None:
                         implementation="reference")  # fmt: skip
     ddp = P.evaluate(TINY, job, gpu=_gpu(1 << 40), gpu_count=2, report={})
     assert ddp.config.parallel == calc.Parallelism(dp=2)  # the default layout: DDP
-    changes = P.changes_to_fit(TINY, job, gpu=_gpu(ddp.peak_bytes - 1), gpu_count=2,
+    changes = P.changes_to_fit(TINY, job, gpu=_gpu2(ddp.peak_bytes - 1), gpu_count=2,
                                report={}, knobs=("parallel", "micro_batch"))  # fmt: skip
     # sharding optimizer states (ZeRO-1 and up) takes bytes off every rank: a layout fits
     assert any(set(c.changes) == {"parallel"} for c in changes)
@@ -458,3 +473,22 @@ def test_changes_to_fit_offer_layouts_on_two_gpus() -> None:
         assert par is not None and par.dp * cfg.job.micro_batch * cfg.job.grad_accum == 4
         assert c.evaluated.peak_bytes == calc.estimate(TINY, cfg.job, par).peak_bytes
         assert c.evaluated.peak_bytes <= ddp.peak_bytes - 1
+
+
+@pytest.mark.parametrize("gpu_count", [1, 2])
+def test_planner_charges_the_chosen_gpus_cublas_workspace(gpu_count: int) -> None:
+    # PyTorch's CublasHandlePool.cpp: ":4096:2:16:8" = 4096 KiB x 2 + 16 KiB x 8 = 8,519,680 B
+    # per workspace before Hopper (an A100 is compute capability 8.0), 4096 KiB x 8 = 32 MiB on
+    # Hopper (9.0); a training step has 2 (the forward's thread, autograd's device thread)
+    job = calc.Training(micro_batch=1, seq_len=8, precision="bf16", optimizer="adamw",
+                        implementation="reference")  # fmt: skip
+    a100 = P.evaluate(TINY, job, gpu="a100-80gb", gpu_count=gpu_count, report={})
+    h100 = P.evaluate(TINY, job, gpu="h100-80gb", gpu_count=gpu_count, report={})
+    assert a100.peak_bytes is not None and h100.peak_bytes is not None
+    assert h100.peak_bytes - a100.peak_bytes == 2 * (33_554_432 - 8_519_680)
+    par = a100.config.parallel if gpu_count > 1 else None
+    assert a100.peak_bytes == calc.estimate(TINY, job, par, gpu="a100-80gb").peak_bytes
+    # inference: one handle
+    inf = calc.Inference(batch=1, context=8, implementation="reference")
+    a, h = (P.evaluate(TINY, inf, gpu=g, report={}).peak_bytes for g in ("a100-80gb", "h100-80gb"))
+    assert a is not None and h is not None and h - a == 33_554_432 - 8_519_680

@@ -1,8 +1,8 @@
 """`calc.replay.caching_allocator` on hand-made streams, each expected value derived by hand
-from the rules of ``c10/cuda/CUDACachingAllocator.cpp`` its module docstring cites (constants:
-the torch 2.13 wheel's ``include/c10/core/AllocatorConfig.h`` lines 17-25: kSmallBuffer 2 MiB,
-kMinBlockSize 512, kSmallSize 1 MiB, kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB; kLargeBuffer
-20 MiB from the .cpp)."""
+from the rules of ``c10/cuda/CUDACachingAllocator.cpp`` its module docstring cites by function
+name (constants: the torch 2.13 wheel's ``include/c10/core/AllocatorConfig.h``: kSmallBuffer
+2 MiB, kMinBlockSize 512, kSmallSize 1 MiB, kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB;
+kLargeBuffer 20 MiB from the .cpp)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from calc.replay.caching_allocator import (
     AllocatorConfig,
+    AllocatorOutOfMemory,
     CachingAllocator,
     allocation_size,
     replay,
@@ -124,3 +125,62 @@ def test_reserved_never_below_allocated() -> None:
         alloc.malloc(i, n)
     st = alloc.stats()
     assert st.reserved_bytes >= st.allocated_bytes >= st.requested_bytes
+
+
+def _seq(*steps: tuple[str, int]) -> list[tuple[bool, object, int]]:
+    """``("+a", n)`` allocates ``n`` MiB for ``a``; ``("-a", 0)`` frees it."""
+    return [(k[0] == "+", k[1:], n * MIB) for k, n in steps]
+
+
+# Four large requests, each freed before the next, none fitting a cached block: 12, 14, 16 MiB
+# (each >= kMinLargeAlloc: a segment of its own size, get_allocation_size), then 30 MiB.
+FOUR = _seq(("+a", 12), ("-a", 0), ("+b", 14), ("-b", 0), ("+c", 16), ("-c", 0), ("+d", 30))
+
+
+def test_garbage_collection_frees_old_whole_segments_first() -> None:
+    # garbage_collection_threshold 0.25 of allowed 60 MiB: collect above 15 MiB reserved.
+    # get_free_block counts a call per malloc (collection on); a free block's age is the count
+    # since it entered the pool (insert_into_blocks, Block::gc_count).
+    # a: call 1, segment 12 (reserved 12); freed at count 1.
+    # b: call 2, no fit; 12 <= 15: no collection; segment 14 -> 26; freed at count 2.
+    # c: call 3, no fit; 26 > 15: target 11; ages A 2, B 1, average 1.5: A (12) released,
+    #    12 >= 11, done: 14; segment 16 -> 30; freed at count 3.
+    # d: call 4, no fit; 30 > 15: target 15; ages B 2, C 1, average 1.5: B released (14 < 15);
+    #    a second pass, average over C alone 1: C released (30); segment 30 -> 30.
+    config = AllocatorConfig(garbage_collection_threshold=0.25, allowed_bytes=60 * MIB)
+    st = replay(FOUR, config)
+    assert (st.reserved_bytes, st.segments) == (30 * MIB, 4)
+    # without collection, the cap alone: d finds 42 + 30 > 60, release_cached_blocks frees
+    # every whole cached segment (42 -> 0) and retries: 30; the peak was 42.
+    capped = replay(FOUR, AllocatorConfig(allowed_bytes=60 * MIB))
+    assert (capped.reserved_bytes, capped.segments) == (42 * MIB, 4)
+    # no cap at all: every segment stays cached, 12 + 14 + 16 + 30
+    assert replay(FOUR).reserved_bytes == 72 * MIB
+
+
+def test_collection_keeps_young_blocks_when_one_pass_reclaims_enough() -> None:
+    # allowed 100 MiB, threshold 0.4: collect above 40 MiB. a 30 (freed at count 1), b 40:
+    # 30 <= 40, segment 40 -> 70 (freed at count 2). c 50: call 3; 70 > 40, target 30; ages
+    # A 2, B 1, average 1.5: A (30) released, 30 >= 30: B stays; 40 + 50 = 90.
+    steps = _seq(("+a", 30), ("-a", 0), ("+b", 40), ("-b", 0), ("+c", 50))
+    config = AllocatorConfig(garbage_collection_threshold=0.4, allowed_bytes=100 * MIB)
+    assert replay(steps, config).reserved_bytes == 90 * MIB
+
+
+def test_a_request_beyond_the_allowed_memory_is_out_of_memory() -> None:
+    # allowed 20 MiB: a (12) live, b (12): 24 > 20 and nothing cached to release
+    with pytest.raises(AllocatorOutOfMemory, match="allowed"):
+        replay(_seq(("+a", 12), ("+b", 12)), AllocatorConfig(allowed_bytes=20 * MIB))
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        ({"garbage_collection_threshold": 0.5}, "allowed_bytes"),  # needs a memory fraction
+        ({"garbage_collection_threshold": 1.0, "allowed_bytes": MIB}, "garbage_collection"),
+        ({"allowed_bytes": 0}, "allowed_bytes"),
+    ],
+)
+def test_collection_settings_are_validated(fields: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        AllocatorConfig(**fields)
