@@ -21,7 +21,7 @@ Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafact
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
-Implementation = Literal["hf", "reference", "derived"]
+Implementation = Literal["hf", "reference", "derived", "torchtune"]
 ZeroGrad = Literal["after_step", "before_backward"]
 Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
@@ -69,7 +69,9 @@ class Training:
     implementation: Implementation = "hf"
     """Which modeling code runs: Hugging Face transformers (``hf``), verify's ``reference``, or
     ``derived``: transformers' code with the replay recorded from it (`calc.derive`) instead of
-    the hand-written graph (the default for model types that have none)."""
+    the hand-written graph (the default for model types that have none); ``torchtune``
+    (training): torchtune's Llama (fp32 RMSNorm and RoPE, logits upcast or chunked) and its
+    recipe's loss step, with ``loop="del-logits"`` (`calc.models.torchtune`)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0

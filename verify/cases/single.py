@@ -18,6 +18,7 @@ from verify.cases.case import train as _train
 from verify.cases.compression import compression_cases
 from verify.cases.derived import derived_cases
 from verify.cases.generate import generate_cases
+from verify.cases.recipes import recipe_cases
 from verify.cases.scale import scaled_spec
 
 
@@ -406,6 +407,7 @@ def _all() -> tuple[Case, ...]:
         *_pruning_cases(),
         *_distill_cases(),
         *derived_cases(),  # architectures without a hand-written graph
+        *recipe_cases(),  # the implementations users run (torchtune)
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}
