@@ -65,7 +65,10 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
     count cut to the micro-batches the replay plays out (`calc.step.training.replayed_micro_batches`):
     every ``grad_accum >= 2`` shares one structure."""
     if isinstance(job, Training):
-        return replace(job, micro_batch=1, seq_len=1, grad_accum=replayed_micro_batches(job))
+        # torchtune's chunked loss copies a chunk of more than one sequence (calc.models.torchtune)
+        chunks = job.implementation == "torchtune" and job.loss == "chunked-ce"
+        b = min(job.micro_batch, 2) if chunks else 1
+        return replace(job, micro_batch=b, seq_len=1, grad_accum=replayed_micro_batches(job))
     if job.new_tokens > 0:  # generate: every new_tokens >= 4 shares one (calc.models.hf_generate)
         # batch 1 and batch > 1 differ (generate's right-padding check): two structures
         n = replayed_new_tokens(job)

@@ -275,13 +275,17 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cache: Tensor) -> Tensor:
     return hid
 
 
-def forward(tape: Tape, sh: Shape, w: Weights, cache: Tensor, loss: str, chunks: int) -> Tensor:
+def forward(
+    tape: Tape, sh: Shape, w: Weights, cache: Tensor, loss: str, chunks: int, one_sequence: bool
+) -> Tensor:
     """The recipe's ``_loss_step``: the model's logits, the labels shifted with
-    ``torch.hstack`` (int64 [b, s]), the loss, ``del logits``; returns the loss."""
+    ``torch.hstack`` (int64 [b, s]), the loss, ``del logits``; returns the loss.
+    ``one_sequence``: a micro-batch of one sequence (the chunks of ``chunked-ce`` are then
+    contiguous: no copies)."""
     n = sh.b * sh.s
     hid = hidden(tape, sh, w, cache)
     if loss == "chunked-ce":
-        logits = _chunked_logits(tape, sh, w, hid, chunks)
+        logits = _chunked_logits(tape, sh, w, hid, chunks, one_sequence)
     else:
         out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
         logits = [ops.to_dtype(tape, out, FP32, "logits.float")]
@@ -289,7 +293,7 @@ def forward(tape: Tape, sh: Shape, w: Weights, cache: Tensor, loss: str, chunks:
     tape.drop(hid)
     labels = tape.new(n, INT64, "labels.hstack")
     if loss == "chunked-ce":
-        result = _chunked_loss(tape, sh, logits)
+        result = _chunked_loss(tape, sh, logits, one_sequence)
     else:
         flat = ops.view(tape, logits[0])  # logits.reshape(-1, V)
         result = ops.cross_entropy(tape, flat, n, sh.V, FP32)
@@ -298,7 +302,9 @@ def forward(tape: Tape, sh: Shape, w: Weights, cache: Tensor, loss: str, chunks:
     return result
 
 
-def _chunked_logits(tape: Tape, sh: Shape, w: Weights, hid: Tensor, k: int) -> list[Tensor]:
+def _chunked_logits(
+    tape: Tape, sh: Shape, w: Weights, hid: Tensor, k: int, one_sequence: bool
+) -> list[Tensor]:
     """``[output(c) for c in h.chunk(k, dim=1)]``: ``split`` views (one ``SplitBackward0``:
     the gradients concatenated, one input-sized tensor); with more than one sequence a chunk
     [b, s/k, h] is not a view of [b*s/k, h], so ``linear`` folds it with a copy (``matmul``'s
@@ -313,7 +319,7 @@ def _chunked_logits(tape: Tape, sh: Shape, w: Weights, hid: Tensor, k: int) -> l
     pieces = [tape.alias(hid, split, i, numel=rows * sh.h) for i in range(k)]
     out = []
     for i, piece in enumerate(pieces):
-        src = ops.clone(tape, piece, f"hidden.{i}.fold") if sh.b != 1 else piece
+        src = piece if one_sequence else ops.clone(tape, piece, f"hidden.{i}.fold")
         out.append(ops.linear(tape, src, w.head, None, rows, sh.V, f"logits.{i}"))
         if src is not piece:
             tape.drop(src)
@@ -321,7 +327,7 @@ def _chunked_logits(tape: Tape, sh: Shape, w: Weights, hid: Tensor, k: int) -> l
     return out
 
 
-def _chunked_loss(tape: Tape, sh: Shape, chunks: list[Tensor]) -> Tensor:
+def _chunked_loss(tape: Tape, sh: Shape, chunks: list[Tensor], one_sequence: bool) -> Tensor:
     """``CEWithChunkedOutputLoss.forward``: ``(labels != -100).sum()``; each labels chunk
     ``reshape(-1)`` (a copy with more than one sequence); per chunk ``cross_entropy(
     chunk.float(), ..., reduction="sum")``: the first added to the Python float ``0.0`` (a new
@@ -331,7 +337,8 @@ def _chunked_loss(tape: Tape, sh: Shape, chunks: list[Tensor]) -> Tensor:
     mask = tape.new(n, 1, "labels.ne")
     count = tape.new(1, INT64, "labels.count")
     tape.drop(mask)
-    targets = [tape.new(rows, INT64, f"labels.{i}") for i in range(len(chunks)) if sh.b != 1]
+    copies = 0 if one_sequence else len(chunks)
+    targets = [tape.new(rows, INT64, f"labels.{i}") for i in range(copies)]
     total: Tensor | None = None
     for i, c in enumerate(chunks):
         up = ops.to_dtype(tape, c, FP32, f"logits.{i}.float")

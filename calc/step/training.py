@@ -287,7 +287,8 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         return loss
     if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
         assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
-        return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks)
+        one = job.micro_batch == 1
+        return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one)
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:

@@ -34,6 +34,19 @@ def recipe_cases() -> list[Case]:
             tags=tags,
             **TT,
         ),
+        _train(
+            "tt-bf16-gqa2-llama3", LLAMA3, precision="bf16", scale={"kv_heads": 2}, tags=tags, **TT
+        ),
+        _train(
+            "tt-fp32-gqa2-chunked-llama3",
+            LLAMA3,
+            loss="chunked-ce",
+            loss_chunks=2,
+            micro_batch=3,
+            scale={"kv_heads": 2},
+            tags=tags,
+            **TT,
+        ),
         _train("tt-fp32-recompute-llama3", LLAMA3, recompute="full", tags=tags, **TT),
         _train(
             "tt-bf16-recompute-chunked-qwen2",
