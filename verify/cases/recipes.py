@@ -47,6 +47,16 @@ def recipe_cases() -> list[Case]:
             tags=tags,
             **TT,
         ),
+        _train(
+            "tt-bf16-opt-in-bwd-recompute-chunked-llama3",
+            LLAMA3,
+            precision="bf16",
+            optimizer_in_backward=True,
+            recompute="full",
+            loss="chunked-ce",
+            tags=tags,
+            **TT,
+        ),
         _train("tt-fp32-recompute-llama3", LLAMA3, recompute="full", tags=tags, **TT),
         _train(
             "tt-bf16-recompute-chunked-qwen2",
