@@ -130,18 +130,6 @@ def _fused_rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     return tape.output(out, n)
 
 
-def _select(tape: Tape, x: Tensor, name: str) -> Tensor:
-    """``x[..., i]`` on a last dimension of 2 (a view); ``SelectBackward0`` allocates a
-    zero-filled tensor of the input's size and copies the gradient into it."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.new(x.numel, g.itemsize, f"d{name}") if g is not None else None]
-
-    n = tape.node("Select", rule, [x])
-    return tape.alias(x, n, numel=divide(x.numel, 2))
-
-
 def _sub(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
     """``x - y``: saves nothing; backward hands ``grad`` to x and ``-grad`` (new) to y."""
 
@@ -153,17 +141,6 @@ def _sub(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
     return tape.output(tape.new(x.numel, x.itemsize, name), n)
 
 
-def _stack2(tape: Tape, x: Tensor, y: Tensor, name: str) -> Tensor:
-    """``torch.stack([x, y], -1)``: backward ``unbind`` (two views of the gradient)."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.alias(g, numel=x.numel), tape.alias(g, numel=y.numel)]
-
-    n = tape.node("Stack", rule, [x, y])
-    return tape.output(tape.new(x.numel + y.numel, x.itemsize, name), n)
-
-
 def rope(tape: Tape, x: Tensor, cache: Tensor, name: str) -> Tensor:
     """``RotaryPositionalEmbeddings.forward(x)`` on ``x`` [b, s, heads, d]: ``x.float()``
     paired on the last dimension, ``stack([x0*c - x1*s, x1*c + x0*s], -1)`` (each product and
@@ -171,19 +148,23 @@ def rope(tape: Tape, x: Tensor, cache: Tensor, name: str) -> Tensor:
     xf = ops.to_dtype(tape, x, FP32, f"{name}.float")  # ``xshaped``: a local until return
     xs = ops.view(tape, xf)
     c = tape.alias(cache)  # views of the buffer: cache[:s][..., 0] and [..., 1]
-    x0 = _select(tape, xs, f"{name}.x0")
+    # ``xs[..., i]`` selects half the elements (a view) and its ``SelectBackward0`` fills an
+    # input-sized zero tensor, as a slice of half the last dimension does: `ops.slice_half`
+    x0 = ops.slice_half(tape, xs, f"{name}.x0")
     t1 = ops.mul(tape, x0, c, f"{name}.x0c", out_numel=x0.numel)
-    x1 = _select(tape, xs, f"{name}.x1")
+    x1 = ops.slice_half(tape, xs, f"{name}.x1")
     t2 = ops.mul(tape, x1, c, f"{name}.x1s", out_numel=x1.numel)
     real = _sub(tape, t1, t2, f"{name}.real")
     tape.drop(x0, t1, x1, t2)
-    x1 = _select(tape, xs, f"{name}.x1")
+    x1 = ops.slice_half(tape, xs, f"{name}.x1")
     t3 = ops.mul(tape, x1, c, f"{name}.x1c", out_numel=x1.numel)
-    x0 = _select(tape, xs, f"{name}.x0")
+    x0 = ops.slice_half(tape, xs, f"{name}.x0")
     t4 = ops.mul(tape, x0, c, f"{name}.x0s", out_numel=x0.numel)
     imag = ops.add(tape, t3, t4, f"{name}.imag")
     tape.drop(x1, t3, x0, t4, c)
-    out = _stack2(tape, real, imag, f"{name}.rope")
+    # stack([real, imag], -1): a new tensor of both; backward ``unbind`` hands each a view of
+    # the gradient, as `ops.cat2`'s narrowed views do
+    out = ops.cat2(tape, real, imag, f"{name}.rope")
     tape.drop(real, imag)
     flat = ops.view(tape, out)
     tape.drop(out)
