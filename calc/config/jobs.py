@@ -22,6 +22,7 @@ OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
 Implementation = Literal["hf", "reference", "derived", "torchtune"]
+InferenceImplementation = Literal["hf", "reference", "derived"]
 ZeroGrad = Literal["after_step", "before_backward"]
 Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
@@ -35,6 +36,7 @@ OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+INFERENCE_IMPLEMENTATIONS: tuple[str, ...] = get_args(InferenceImplementation)
 ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
 LOOPS: tuple[str, ...] = get_args(Loop)
 LOSSES: tuple[str, ...] = get_args(Loss)
@@ -176,8 +178,8 @@ class Inference:
     """Weights, activations and KV cache dtype."""
     attention: Attention = "sdpa"
     """Attention kernel for the prefill."""
-    implementation: Implementation = "hf"
-    """Which modeling code runs."""
+    implementation: InferenceImplementation = "hf"
+    """Which modeling code runs (``torchtune`` is a training implementation)."""
     quant: Quant | None = None
     """Weight-only quantization of the weights (``calc.Quant``); ``None`` keeps ``precision``."""
     kv_quant: KVQuant | None = None
@@ -206,7 +208,7 @@ class Inference:
             check_size("prompt", self.prompt, 1, self.context)
         check_choice("precision", self.precision, INFERENCE_PRECISIONS)
         check_choice("attention", self.attention, ATTENTIONS)
-        check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+        check_choice("implementation", self.implementation, INFERENCE_IMPLEMENTATIONS)
         if self.cache is not None:
             check_choice("cache", self.cache, CACHE_IMPLS)
             if self.new_tokens == 0 and self.cache == "dynamic":

@@ -17,7 +17,7 @@ GQA2 = {"scale": {"kv_heads": 2}}
 """Two kv heads: grouped k/v expanded by copies (one kv head is expanded by views)."""
 
 TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
-    ("tt-fp32-llama", LLAMA, {"tags": Q}),
+    ("tt-fp32-llama", LLAMA, {}),
     ("tt-bf16-llama3", LLAMA3, BF16),
     ("tt-bf16-chunked-llama3", LLAMA3, {**BF16, **CHUNKED, "tags": Q}),
     ("tt-bf16-chunked-b1-mistral", MISTRAL, {**BF16, **CHUNKED, "micro_batch": 1,
