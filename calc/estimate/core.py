@@ -164,7 +164,8 @@ def _structure_key(
         window_in_context=window_in_context,
         small_params=small_params,
         model_fields=tuple((name, getattr(model, name)) for name in _FROM_MODEL)
-        + _derived_fields(model, job),
+        + _derived_fields(model, job)
+        + _torchtune_fields(model, job),
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
         attention_kernel=attention_kernel(model, job),
@@ -177,6 +178,16 @@ def is_derived(model: ModelSpec, job: Training | Inference) -> bool:
     """Whether the replay is derived from the modeling code (`calc.derive`): a model type with
     no hand-written graph, or ``implementation="derived"``."""
     return model.derived or job.implementation == "derived"
+
+
+def _torchtune_fields(
+    model: ModelSpec, job: Training | Inference
+) -> tuple[tuple[str, object], ...]:
+    """torchtune's RoPE cache holds ``max_positions`` rows (`calc.models.torchtune.buffers`): a
+    constant of its replay; nothing for the other implementations."""
+    if job.implementation != "torchtune":
+        return ()
+    return (("max_positions", model.max_positions),)
 
 
 def _derived_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[str, object], ...]:

@@ -89,11 +89,12 @@ def check(sh: Shape, job: Training, parallel: bool) -> None:
         )
 
 
-def buffers(tape: Tape, sh: Shape) -> Tensor:
-    """The shared RoPE module's fp32 buffers, ``theta`` [d/2] and ``cache`` [P, d/2, 2]; the
-    cache is returned."""
+def buffers(tape: Tape, sh: Shape, max_positions: int) -> Tensor:
+    """The shared RoPE module's fp32 buffers, ``theta`` [d/2] and ``cache`` [max_positions,
+    d/2, 2] (``max_positions`` a number: part of the structure, as the tables of the planner
+    hold no size for it); the cache is returned."""
     tape.existing(divide(sh.d, 2), FP32, "rope_theta", "buffer")
-    return tape.existing(sh.P * sh.d, FP32, "rope_cache", "buffer")
+    return tape.existing(max_positions * sh.d, FP32, "rope_cache", "buffer")
 
 
 def rms_norm(tape: Tape, sh: Shape, x: Tensor, w: Tensor, rows: Size) -> Tensor:

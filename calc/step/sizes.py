@@ -20,6 +20,4 @@ def values_for(model: ModelSpec, job: Training | Inference) -> dict[sp.Symbol, i
         b, s, c = job.batch, job.prompt_len, job.context
     vals = {S.b: b, S.s: s, S.c: c}
     vals.update(model.dims())
-    if isinstance(job, Training) and job.implementation == "torchtune":
-        vals[S.P] = model.max_positions  # the length of torchtune's RoPE cache
     return vals

@@ -246,7 +246,7 @@ def build_step(
     rope = model.model_type != "gpt2"
     rope = rope and not hf_path and not tt  # HF computes cos/sin inside each forward
     if tt:  # the RoPE module's fp32 buffers, the recipe's ignore_labels_cache [b, 1]
-        cache = torchtune.buffers(tape, sh)
+        cache = torchtune.buffers(tape, sh, model.max_positions)
         tape.existing(sh.b, INDEX_ITEMSIZE, "ignore_labels_cache", "input")
     buf = 4 if dp is not None and dp.param_itemsize else sh.weight_itemsize  # fp32 under MP
     cos = tape.existing(sh.s * sh.d, buf, "rope_cos", "buffer") if rope else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import calc
+from calc.plan.planner import plan
 from tests.specs import tiny_llama
 
 JOB = {"micro_batch": 1, "seq_len": 8, "precision": "fp32", "implementation": "torchtune",
@@ -53,3 +54,15 @@ def test_refuses_q_k_norms() -> None:
 def test_implementation_is_validated_by_name() -> None:
     with pytest.raises(ValueError, match="implementation"):
         calc.Training(micro_batch=1, seq_len=8, implementation="torchtitan-x")  # type: ignore[arg-type]
+
+
+def test_planner_tables_count_the_rope_cache() -> None:
+    # The planner evaluates its tables at the model's dimensions, where max_positions is 0 for
+    # RoPE models: torchtune's cache (4096 * 8 * 4 B here) must still be in its peak.
+    model = tiny_llama(n_layers=4, max_positions=4096)
+    job = calc.Training(**{**JOB, "precision": "bf16"})  # type: ignore[arg-type]
+    fixed = {"precision": "bf16", "recompute": "none", "optimizer": "adamw", "attention": "sdpa"}
+    best = plan(model, task="full-finetune", seq_len=8, global_batch=1, gpu="h100-80gb",
+                base=job, fixed=fixed, error_bars=False).best  # fmt: skip
+    assert best is not None and best.config.job.implementation == "torchtune"
+    assert best.peak_bytes == calc.estimate(model, job).peak_bytes
