@@ -187,7 +187,7 @@ INFERENCE: tuple[FormField, ...] = (
     FormField(task="infer", name="attention", label="attention", kind="choice",
               default=_default(I, "attention"), choices=jobs.ATTENTIONS),
     FormField(task="infer", name="implementation", label="modeling code", kind="choice",
-              default=_default(I, "implementation"), choices=jobs.IMPLEMENTATIONS,
+              default=_default(I, "implementation"), choices=jobs.INFERENCE_IMPLEMENTATIONS,
               section="advanced"),
     FormField(task="infer", name="new_tokens", label="new tokens (generate)", kind="int",
               default=0, low=0, high=1 << 24,

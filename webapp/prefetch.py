@@ -41,7 +41,7 @@ NEIGHBOUR_CHOICES: dict[type, dict[str, tuple[str, ...]]] = {
     calc.Inference: {
         "precision": jobs.INFERENCE_PRECISIONS,
         "attention": jobs.ATTENTIONS,
-        "implementation": jobs.IMPLEMENTATIONS,
+        "implementation": jobs.INFERENCE_IMPLEMENTATIONS,
     },
 }
 """The choices whose one-step changes are compiled ahead, per job class, with their values."""

@@ -21,7 +21,8 @@ Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafact
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
-Implementation = Literal["hf", "reference", "derived"]
+Implementation = Literal["hf", "reference", "derived", "torchtune"]
+InferenceImplementation = Literal["hf", "reference", "derived"]
 ZeroGrad = Literal["after_step", "before_backward"]
 Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
@@ -36,6 +37,7 @@ OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
+INFERENCE_IMPLEMENTATIONS: tuple[str, ...] = get_args(InferenceImplementation)
 ZERO_GRADS: tuple[str, ...] = get_args(ZeroGrad)
 LOOPS: tuple[str, ...] = get_args(Loop)
 LOSSES: tuple[str, ...] = get_args(Loss)
@@ -71,7 +73,9 @@ class Training:
     implementation: Implementation = "hf"
     """Which modeling code runs: Hugging Face transformers (``hf``), verify's ``reference``, or
     ``derived``: transformers' code with the replay recorded from it (`calc.derive`) instead of
-    the hand-written graph (the default for model types that have none)."""
+    the hand-written graph (the default for model types that have none); ``torchtune``
+    (training): torchtune's Llama (fp32 RMSNorm and RoPE, logits upcast or chunked) and its
+    recipe's loss step, with ``loop="del-logits"`` (`calc.models.torchtune`)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0
@@ -182,8 +186,8 @@ class Inference:
     """Weights, activations and KV cache dtype."""
     attention: Attention = "sdpa"
     """Attention kernel for the prefill."""
-    implementation: Implementation = "hf"
-    """Which modeling code runs."""
+    implementation: InferenceImplementation = "hf"
+    """Which modeling code runs (``torchtune`` is a training implementation)."""
     quant: Quant | None = None
     """Weight-only quantization of the weights (``calc.Quant``); ``None`` keeps ``precision``."""
     kv_quant: KVQuant | None = None
@@ -212,7 +216,7 @@ class Inference:
             check_size("prompt", self.prompt, 1, self.context)
         check_choice("precision", self.precision, INFERENCE_PRECISIONS)
         check_choice("attention", self.attention, ATTENTIONS)
-        check_choice("implementation", self.implementation, IMPLEMENTATIONS)
+        check_choice("implementation", self.implementation, INFERENCE_IMPLEMENTATIONS)
         if self.cache is not None:
             check_choice("cache", self.cache, CACHE_IMPLS)
             if self.new_tokens == 0 and self.cache == "dynamic":

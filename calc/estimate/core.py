@@ -66,7 +66,10 @@ def _job_structure(job: Training | Inference) -> Training | Inference:
     count cut to the micro-batches the replay plays out (`calc.step.training.replayed_micro_batches`):
     every ``grad_accum >= 2`` shares one structure."""
     if isinstance(job, Training):
-        return replace(job, micro_batch=1, seq_len=1, grad_accum=replayed_micro_batches(job))
+        # torchtune's chunked loss copies a chunk of more than one sequence (calc.models.torchtune)
+        chunks = job.implementation == "torchtune" and job.loss == "chunked-ce"
+        b = min(job.micro_batch, 2) if chunks else 1
+        return replace(job, micro_batch=b, seq_len=1, grad_accum=replayed_micro_batches(job))
     if job.new_tokens > 0:  # generate: every new_tokens >= 4 shares one (calc.models.hf_generate)
         # batch 1 and batch > 1 differ (generate's right-padding check): two structures
         n = replayed_new_tokens(job)
@@ -162,7 +165,8 @@ def _structure_key(
         window_in_context=window_in_context,
         small_params=small_params,
         model_fields=tuple((name, getattr(model, name)) for name in _FROM_MODEL)
-        + _derived_fields(model, job),
+        + _derived_fields(model, job)
+        + _torchtune_fields(model, job),
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
         attention_kernel=attention_kernel(model, job),
@@ -175,6 +179,16 @@ def is_derived(model: ModelSpec, job: Training | Inference) -> bool:
     """Whether the replay is derived from the modeling code (`calc.derive`): a model type with
     no hand-written graph, or ``implementation="derived"``."""
     return model.derived or job.implementation == "derived"
+
+
+def _torchtune_fields(
+    model: ModelSpec, job: Training | Inference
+) -> tuple[tuple[str, object], ...]:
+    """torchtune's RoPE cache holds ``max_positions`` rows (`calc.models.torchtune.buffers`): a
+    constant of its replay; nothing for the other implementations."""
+    if job.implementation != "torchtune":
+        return ()
+    return (("max_positions", model.max_positions),)
 
 
 def _derived_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[str, object], ...]:

@@ -181,7 +181,7 @@ def merge_heads(tape: Tape, sh: Shape, out: Tensor) -> Tensor:
     return o
 
 
-def _known_one(n: Size) -> bool:
+def known_one(n: Size) -> bool:
     """Whether a head count is 1 (a symbol is taken to be more)."""
     return bool(sp.sympify(n) == 1)
 
@@ -201,7 +201,7 @@ def view_grad_copies(sh: Shape) -> tuple[bool, bool, bool]:
     """
     unfused = sh.attention in ("math", "eager")
     rope = sh.model_type != "gpt2"
-    q_one, kv_one = _known_one(sh.a), _known_one(sh.k)
+    q_one, kv_one = known_one(sh.a), known_one(sh.k)
     q = (rope or unfused) and not q_one
     k = rope and not kv_one
     v = unfused and not kv_one

@@ -174,12 +174,12 @@ def chunked_cross_entropy(tape: Tape, sh: Shape, chunks: list[Tensor]) -> Tensor
             tape.drop(total)
             total = acc
     assert total is not None
-    loss = _divide(tape, total, count)
+    loss = divide_by_count(tape, total, count)
     tape.drop(total, count, part)
     return loss
 
 
-def _divide(tape: Tape, x: Tensor, count: Tensor) -> Tensor:
+def divide_by_count(tape: Tape, x: Tensor, count: Tensor) -> Tensor:
     """``x / count`` of 0-d tensors, ``count`` an integer one: ``DivBackward0`` saves
     ``count`` (derivatives.yaml: ``self: div_tensor_self_backward(grad, other, ...)``);
     backward ``grad / count``, a new 0-d tensor."""

@@ -26,8 +26,8 @@ from calc.compress.quant import check_fits
 from calc.config.compression import KVQuant, LoRA, Quant
 from calc.config.jobs import (
     Attention,
-    Implementation,
     Inference,
+    InferenceImplementation,
     Optimizer,
     Precision,
     Recompute,
@@ -52,7 +52,7 @@ WEIGHT_FORMATS: dict[str, tuple[Quant | None, ...]] = {
 """Weight formats per width (defaults of `calc.Quant`: int4 groups of 128, nf4 double-quant)."""
 KV_FORMATS: tuple[KVQuant | None, ...] = (None, "int8", "fp8")
 """KV-cache formats searched for serving."""
-IMPLEMENTATION: Implementation = "reference"
+IMPLEMENTATION: InferenceImplementation = "reference"
 """Every recipe runs verify's plain-PyTorch model (its quantized linears and adapters are what
 verify measures)."""
 ATTENTION: Attention = "sdpa"

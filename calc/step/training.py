@@ -15,7 +15,7 @@ from calc.compress import distill, prune_replay
 from calc.compress.lora import compress_weights
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.models import hf, hf_gpt2, reference
+from calc.models import hf, hf_gpt2, reference, torchtune
 from calc.models.attention import flash_head_pad, kernel_for
 from calc.models.head import Head
 from calc.parallel import data as data_parallel
@@ -111,6 +111,8 @@ def _check_mixed_precision(job: Training, dp: ReplayPlan) -> None:
 
 
 def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
+    if job.implementation == "torchtune":
+        return ForwardPath.TORCHTUNE
     if job.implementation != "hf":
         return ForwardPath.REFERENCE
     return ForwardPath.HF_GPT2 if model.model_type == "gpt2" else ForwardPath.HF
@@ -126,6 +128,8 @@ def check_supported(
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
         hf_gpt2.check(sh)
+    if path is ForwardPath.TORCHTUNE:
+        torchtune.check(sh, job, parallel=dp is not None)
     if path is ForwardPath.HF:
         if job.recompute == "selective":
             raise NotImplementedError(
@@ -193,6 +197,8 @@ class ForwardPath(Enum):
     """Hugging Face llama-family models, `calc.models.hf`."""
     HF_GPT2 = "hf_gpt2"
     """Hugging Face ``GPT2LMHeadModel``, `calc.models.hf_gpt2`."""
+    TORCHTUNE = "torchtune"
+    """torchtune's Llama and its recipe's loss step, `calc.models.torchtune`."""
 
 
 @dataclass
@@ -222,9 +228,10 @@ def build_step(
     """The tape with the weights, pruning masks, teacher, adapters, inputs and RoPE tables, and
     the parameters the optimizer steps (sharded by ``dp``/FSDP2 when given)."""
     path = _forward_path(model, job)
-    hf_path = path is not ForwardPath.REFERENCE
+    hf_path = path in (ForwardPath.HF, ForwardPath.HF_GPT2)
     tape = Tape(inplace_accumulate=device == "cuda")
-    w = reference.Weights(tape, sh)
+    tt = path is ForwardPath.TORCHTUNE
+    w = torchtune.Weights(tape, sh) if tt else reference.Weights(tape, sh)
     if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
         prune_replay.install(tape, sh, w, job.pruning, model)
     teacher = None
@@ -237,7 +244,10 @@ def build_step(
         tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
     rope = model.model_type != "gpt2"
-    rope = rope and not hf_path  # HF computes cos/sin inside each forward
+    rope = rope and not hf_path and not tt  # HF computes cos/sin inside each forward
+    if tt:  # the RoPE module's fp32 buffers, the recipe's ignore_labels_cache [b, 1]
+        cache = torchtune.buffers(tape, sh, model.max_positions)
+        tape.existing(sh.b, INDEX_ITEMSIZE, "ignore_labels_cache", "input")
     buf = 4 if dp is not None and dp.param_itemsize else sh.weight_itemsize  # fp32 under MP
     cos = tape.existing(sh.s * sh.d, buf, "rope_cos", "buffer") if rope else None
     sin = tape.existing(sh.s * sh.d, buf, "rope_sin", "buffer") if rope else None
@@ -257,6 +267,8 @@ def build_step(
             fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)
     sliding = sh.n_layers if model.sliding_window is not None else 0
+    if tt:
+        cos = cache  # torchtune's one RoPE table
     return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp)
 
 
@@ -273,6 +285,10 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         if setup.fsdp is not None:
             setup.fsdp.end_forward(tape)
         return loss
+    if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
+        assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
+        one = job.micro_batch == 1
+        return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one)
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:

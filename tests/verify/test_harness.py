@@ -138,7 +138,7 @@ def _values(field: str, kind: type) -> set[str]:
         ("implementation", Training, jobs.IMPLEMENTATIONS),
         ("zero_grad", Training, jobs.ZERO_GRADS),
         ("precision", Inference, jobs.INFERENCE_PRECISIONS),
-        ("implementation", Inference, jobs.IMPLEMENTATIONS),
+        ("implementation", Inference, jobs.INFERENCE_IMPLEMENTATIONS),
     ],
 )
 def test_every_job_option_appears(field: str, kind: type, allowed: tuple[str, ...]) -> None:

@@ -22,6 +22,7 @@ from verify.cases.derived_generate import derived_generate_cases
 from verify.cases.derived_train import derived_lora_cases, derived_training_cases
 from verify.cases.full_size import full_size_cases
 from verify.cases.generate import generate_cases
+from verify.cases.recipes import recipe_cases
 from verify.cases.scale import scaled_spec
 
 
@@ -415,6 +416,7 @@ def _all() -> tuple[Case, ...]:
         *derived_training_cases(),  # their loops, losses and optimizer variants
         *derived_lora_cases(),
         *derived_generate_cases(),  # their generate
+        *recipe_cases(),  # the implementations users run (torchtune)
     ]
     names = [c.name for c in cases]
     dupes = {n for n in names if names.count(n) > 1}

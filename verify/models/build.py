@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verify.models import compress, distill, loops, pruning
+from verify.models import compress, distill, loops, pruning, torchtune_llama
 from verify.models import hf as hf_model
 from verify.models.reference import ReferenceLM
 
@@ -66,6 +66,10 @@ def build_model(
     """The model ``job.implementation`` names, with weights in the job's dtype, and its loss
     ``(ids, targets) -> loss`` (hf: ``labels=ids``, shifted inside transformers)."""
     torch.manual_seed(seed)
+    if job.implementation == "torchtune":  # a copy of torchtune's Llama and its recipe's loss
+        with torch.device(device):
+            tt = torchtune_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
+        return tt, torchtune_llama.RecipeLoss(tt, job)
     attention = "eager" if job.attention == "eager" else "sdpa"
     if job.implementation in ("hf", "derived"):  # derived: the hf model, calc derives
         if not hf_model.available():
@@ -89,6 +93,21 @@ def build_model(
     dtype = WEIGHT_DTYPE[job.precision]
     if dtype != torch.float32:
         model.to(dtype)
+    return model, _adapted(model, loss_fn, spec, job, seed=seed, device=device)
+
+
+def _adapted(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    spec: ModelSpec,
+    job: Training | Inference,
+    *,
+    seed: int,
+    device: str,
+) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Compression, pruning, distillation and the loop applied to the built ``model``; the
+    loss function that results."""
+    dtype = WEIGHT_DTYPE[job.precision]
     if getattr(job, "quant", None) is not None or getattr(job, "lora", None) is not None:
         compress.apply(model, job.quant, getattr(job, "lora", None), dtype)
     if getattr(job, "pruning", None) is not None:  # torch.nn.utils.prune, final dtype
@@ -99,7 +118,7 @@ def build_model(
         loss_fn = distill.wrap(model, job, seed=seed, device=device)
     if hasattr(job, "loop") and not loops.is_default(job):  # another loop or loss
         loss_fn = loops.Loop(model, job)
-    return model, loss_fn
+    return loss_fn
 
 
 def build_reference_on_meta(spec: ModelSpec) -> ReferenceLM:

@@ -1,0 +1,68 @@
+"""torchtune's Llama (`calc.models.torchtune`): its buffers by hand, and what it refuses. The
+whole step is checked against the CPU tracker by the ``tt-*`` verify cases (torchtune's model
+code, copied in verify/models/torchtune_llama.py and compared with the library in
+tests/verify/models/test_torchtune_llama.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+import calc
+from calc.plan.planner import plan
+from tests.specs import tiny_llama
+
+JOB = {"micro_batch": 1, "seq_len": 8, "precision": "fp32", "implementation": "torchtune",
+       "loop": "del-logits"}  # fmt: skip
+
+
+def _estimate(model: calc.ModelSpec | None = None, **kw: object) -> calc.Estimate:
+    job = calc.Training(**{**JOB, **kw})  # type: ignore[arg-type]
+    return calc.estimate(model or tiny_llama(), job, device="cpu")
+
+
+def test_rope_buffers_are_fp32_over_max_positions() -> None:
+    # One RoPE module shared by the layers: theta [d/2] fp32 = 4 * 4 B -> one 512-B block, and
+    # cache [max_positions, d/2, 2] fp32 = 64 * 8 * 4 = 2,048 B (tiny llama: d = 8, P = 64).
+    assert _estimate().breakdown["buffers"] == 512 + 2048
+    # P = 1024: 1024 * 8 * 4 = 32,768 B; the buffers live through the whole step, in bf16 too
+    long = _estimate(tiny_llama(max_positions=1024), precision="bf16")
+    assert long.breakdown["buffers"] == 512 + 32768
+    short = _estimate(precision="bf16")
+    assert long.peak_bytes - short.peak_bytes == 32768 - 2048
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        ({"precision": "amp-bf16"}, "autocast"),
+        ({"loop": "drop-output"}, "loop='drop-output'"),
+        ({"loss": "sum"}, "loss='sum'"),
+        ({"recompute": "selective"}, "whole layers"),
+        ({"attention": "eager"}, "'eager'"),
+    ],
+)
+def test_refuses_what_torchtune_does_not_run(change: dict, words: str) -> None:
+    with pytest.raises(NotImplementedError, match=words):
+        _estimate(**change)
+
+
+def test_refuses_q_k_norms() -> None:
+    with pytest.raises(NotImplementedError, match="q/k norms"):
+        _estimate(tiny_llama(model_type="qwen3", qk_norm=True))
+
+
+def test_implementation_is_validated_by_name() -> None:
+    with pytest.raises(ValueError, match="implementation"):
+        calc.Training(micro_batch=1, seq_len=8, implementation="torchtitan-x")  # type: ignore[arg-type]
+
+
+def test_planner_tables_count_the_rope_cache() -> None:
+    # The planner evaluates its tables at the model's dimensions, where max_positions is 0 for
+    # RoPE models: torchtune's cache (4096 * 8 * 4 B here) must still be in its peak.
+    model = tiny_llama(n_layers=4, max_positions=4096)
+    job = calc.Training(**{**JOB, "precision": "bf16"})  # type: ignore[arg-type]
+    fixed = {"precision": "bf16", "recompute": "none", "optimizer": "adamw", "attention": "sdpa"}
+    best = plan(model, task="full-finetune", seq_len=8, global_batch=1, gpu="h100-80gb",
+                base=job, fixed=fixed, error_bars=False).best  # fmt: skip
+    assert best is not None and best.config.job.implementation == "torchtune"
+    assert best.peak_bytes == calc.estimate(model, job).peak_bytes

@@ -1,0 +1,44 @@
+"""Cases of the implementations users run (`calc.Training`'s ``implementation``): torchtune's
+Llama (``tt-*``, a faithful copy of its model code, `verify.models.torchtune_llama`) in fp32 and
+pure bf16, with its recipe's losses, layer recomputation and optimizer in backward, on the CPU
+tracker."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, Case, Q
+from verify.cases.case import train as _train
+
+TT = {"impl": "torchtune", "loop": "del-logits"}
+BF16 = {"precision": "bf16"}
+CHUNKED = {"loss": "chunked-ce"}
+GQA2 = {"scale": {"kv_heads": 2}}
+"""Two kv heads: grouped k/v expanded by copies (one kv head is expanded by views)."""
+
+TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("tt-fp32-llama", LLAMA, {}),
+    ("tt-bf16-llama3", LLAMA3, BF16),
+    ("tt-bf16-chunked-llama3", LLAMA3, {**BF16, **CHUNKED, "tags": Q}),
+    ("tt-bf16-chunked-b1-mistral", MISTRAL, {**BF16, **CHUNKED, "micro_batch": 1,
+                                             "loss_chunks": 4}),
+    ("tt-bf16-gqa2-llama3", LLAMA3, {**BF16, **GQA2}),
+    ("tt-fp32-gqa2-chunked-llama3", LLAMA3, {**CHUNKED, **GQA2, "loss_chunks": 2,
+                                             "micro_batch": 3}),
+    ("tt-bf16-opt-in-bwd-recompute-chunked-llama3", LLAMA3, {**BF16, **CHUNKED,
+                                                              "optimizer_in_backward": True,
+                                                              "recompute": "full"}),
+    ("tt-fp32-recompute-llama3", LLAMA3, {"recompute": "full"}),
+    ("tt-bf16-recompute-chunked-qwen2", QWEN2, {**BF16, **CHUNKED, "recompute": "full"}),
+)  # fmt: skip
+"""torchtune: name, card, the job's fields (``tags``: extra tags)."""
+
+
+def recipe_cases() -> list[Case]:
+    """The `TORCHTUNE` cases, tagged ``implementation``."""
+    out = []
+    for name, card, fields in TORCHTUNE:
+        kw = dict(fields)
+        tags = (*kw.pop("tags", ()), "implementation")
+        out.append(_train(name, card, tags=tags, **TT, **kw))
+    return out
