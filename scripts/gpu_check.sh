@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
-# The first GPU run (issue 14), one command: on a machine with an NVIDIA GPU,
+# The GPU run (issue 14), one command: on a machine with an NVIDIA GPU,
 #   bash scripts/gpu_check.sh            # about 8 minutes at most
 #   bash scripts/gpu_check.sh --dry-run  # print the commands only (no GPU needed)
-# runs the most informative single-process verify cases (verify/gpu_check.py: SDPA kernels with
-# and without dropout, eager, every precision recipe, 8-bit Adam, NF4, KV cache, inference)
+# first reads the memory outside PyTorch (verify/gpu_probe.py: CUDA context, cuBLAS, lazily
+# loaded kernels, a one-rank NCCL communicator), then runs the most informative single-process
+# verify cases (verify/gpu_check.py: SDPA kernels with and without dropout, eager, every
+# precision recipe, 8-bit Adam, NF4, KV cache, inference; then full-size GPT-2 and Qwen2.5-0.5B)
 # with the default allocator and with expandable segments, records per case the allocated and
 # reserved peaks and torch.cuda.mem_get_info, and writes verify/measurements/<gpu>-<date>.json
 # (commit it as it is; tests/verify/test_recorded_measurements.py then checks calc against it).
+# Each run has its own time limit and writes its own report, so one slow run loses only itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
 OUT="${GPU_CHECK_OUT:-/tmp/vramplan-gpu-check}"
-LIMIT_S="${GPU_CHECK_LIMIT_S:-230}"  # per allocator setting: two runs stay within 8 minutes
+LIMIT_S="${GPU_CHECK_LIMIT_S:-110}"            # the small cases, per allocator setting
+FULL_LIMIT_S="${GPU_CHECK_FULL_LIMIT_S:-130}"  # the full-size cases, per allocator setting
+PYPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 
@@ -20,16 +25,27 @@ run() {
   if [ "$DRY" = 0 ]; then "$@"; fi
 }
 
-CASES="$(PYTHONPATH="$PWD" "$PY" -m verify.gpu_check cases)"
-for alloc in default expandable; do
-  # verify exits 1 when a case misses its tolerance: the measurement is what we want, keep going
-  run timeout "$LIMIT_S" env PYTHONPATH="$PWD" "$PY" -m verify --device cuda --cases "$CASES" \
-    --cuda-alloc "$alloc" --no-progress --out "$OUT/$alloc" || true
+CASES="$(PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check cases)"
+FULL="$(PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check cases --full)"
+mkdir -p "$OUT"
+# the probe fails softly: without it the file has no "outside" reading
+run timeout 90 env PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_probe "$OUT/probe.json" || true
+for group in small full; do
+  if [ "$group" = small ]; then sel="$CASES" lim="$LIMIT_S"; else sel="$FULL" lim="$FULL_LIMIT_S"; fi
+  for alloc in default expandable; do
+    # the allocator's setting is in the environment already, so verify measures in this process
+    # (no child that a timeout would leave running); it exits 1 when a case misses its
+    # tolerance: the measurement is what we want, keep going
+    conf=""
+    [ "$alloc" = expandable ] && conf="expandable_segments:True"
+    run timeout "$lim" env -u PYTORCH_CUDA_ALLOC_CONF ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
+      PYTHONPATH="$PYPATH" "$PY" -m verify --device cuda --cases "$sel" \
+      --cuda-alloc "$alloc" --no-progress --out "$OUT/$group-$alloc" || true
+  done
 done
-if [ "$DRY" = 1 ]; then
-  echo "+ $PY -m verify.gpu_check merge $OUT/default/report.json $OUT/expandable/report.json \"<nvidia-smi name, driver, total>\" verify/measurements"
-  exit 0
-fi
-SMI="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
-PYTHONPATH="$PWD" "$PY" -m verify.gpu_check merge "$OUT/default/report.json" \
-  "$OUT/expandable/report.json" "$SMI" verify/measurements
+SMI="<nvidia-smi name, driver, total>"
+[ "$DRY" = 0 ] && SMI="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
+run env PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check merge "$SMI" verify/measurements \
+  --default "$OUT/small-default/report.json" "$OUT/full-default/report.json" \
+  --expandable "$OUT/small-expandable/report.json" "$OUT/full-expandable/report.json" \
+  --probe "$OUT/probe.json"

@@ -51,6 +51,14 @@ CASES = (
     "hf-gpt2-fp32", "hf-llama3-amp-bf16", "hf-qwen2-amp-long",
 )  # fmt: skip
 """The most informative single-process cases (names of `verify.cases.single`)."""
+FULL_CASES = (
+    "full-gpt2-sdpa-dropout-fp32-4x512", "full-gpt2-sdpa-dropout-fp32-4x1024",
+    "full-gpt2-eager-dropout-fp32-4x1024", "full-gpt2-adamw-fp32-dropout",
+    "full-qwen2.5-0.5b-adamw-bf16-2x1024", "full-qwen2.5-0.5b-amp-bf16-2x512",
+    "full-qwen2.5-0.5b-sgd-fp32-hold-output", "full-qwen2.5-0.5b-generate-bf16",
+)  # fmt: skip
+"""Full-size cases (`verify.cases.full_size`): real vocabularies, attention at 1024 tokens; run
+after `CASES` in their own process per allocator setting, so a slow one cannot lose the rest."""
 CATEGORIES = {
     "sdpa": ("attn-sdpa", "attn-flash", "attn-efficient"),
     "dropout": ("dropout-on",),
@@ -69,11 +77,16 @@ REQUIRED = ("gpu", "driver", "torch", "date", "cases")
 
 
 def merge(
-    default_report: dict, expandable_report: dict, smi_line: str, synthetic: bool = False
+    default_report: dict,
+    expandable_report: dict,
+    smi_line: str,
+    synthetic: bool = False,
+    probe: dict | None = None,
 ) -> dict[str, Any]:
     """One measurement file from the two runs' report.json and ``nvidia-smi --query-gpu=name,
     driver_version,memory.total --format=csv,noheader`` (``"NVIDIA H200, 570.86.15, 143771
-    MiB"``)."""
+    MiB"``), with `verify.gpu_probe`'s reading of the memory outside PyTorch under ``outside``
+    when given."""
     parts = [p.strip() for p in smi_line.split(",")]
     if len(parts) != 3:
         raise ValueError(f"nvidia-smi line {smi_line!r}: expected 'name, driver, total MiB'")
@@ -90,6 +103,7 @@ def merge(
                 "allocated_peak": peaks.get("allocated_bytes"),
                 "reserved_peak": peaks.get("reserved_bytes"),
                 "mem_get_info": extra.get("mem_get_info"),
+                "reserved_now": extra.get("reserved_now"),
             })  # fmt: skip
     return {
         "schema": SCHEMA,
@@ -100,8 +114,10 @@ def merge(
         "capability": env.get("capability"),
         "torch": env.get("torch") or default_report.get("meta", {}).get("torch"),
         "cuda": env.get("cuda"),
+        "transformers": default_report.get("meta", {}).get("transformers"),
         "date": default_report.get("meta", {}).get("date"),
         "cases": cases,
+        "outside": probe,
     }
 
 
@@ -152,26 +168,51 @@ def check_file(path: Path) -> list[str]:
     return [p for rec in data["cases"] for p in check_record(rec)]
 
 
+def _combined(paths: Sequence[Path]) -> dict[str, Any]:
+    """The reports at ``paths`` as one: the first one's ``meta``, every case in order. A report
+    that is missing (its run was stopped before writing it) is skipped and named on stderr."""
+    meta: dict[str, Any] = {}
+    cases: list[dict] = []
+    for path in paths:
+        if not path.is_file():
+            print(f"verify.gpu_check: {path} is missing (its run did not finish)", file=sys.stderr)
+            continue
+        report = json.loads(path.read_text(encoding="utf-8"))
+        meta = meta or report.get("meta", {})
+        cases.extend(report.get("cases", []))
+    return {"meta": meta, "cases": cases}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m verify.gpu_check cases`` prints the selection (comma-separated);
-    ``merge DEFAULT_JSON EXPANDABLE_JSON SMI_LINE DEST_DIR`` writes the measurement file and
-    prints its path."""
+    """``python -m verify.gpu_check cases`` prints the selection (comma-separated; ``cases
+    --full``: `FULL_CASES`); ``merge SMI_LINE DEST_DIR --default R.. --expandable R..
+    [--probe P]`` writes the measurement file and prints its path."""
     p = argparse.ArgumentParser(prog="python -m verify.gpu_check")
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("cases")
+    c = sub.add_parser("cases")
+    c.add_argument("--full", action="store_true", help="the full-size selection")
     m = sub.add_parser("merge")
-    m.add_argument("default_json", type=Path)
-    m.add_argument("expandable_json", type=Path)
     m.add_argument("smi_line")
     m.add_argument("dest", type=Path)
+    m.add_argument("--default", type=Path, nargs="+", required=True, help="report.json files")
+    m.add_argument("--expandable", type=Path, nargs="+", required=True, help="report.json files")
+    m.add_argument(
+        "--probe", type=Path, help="verify.gpu_probe's JSON (the memory outside PyTorch)"
+    )
     args = p.parse_args(argv)
     if args.cmd == "cases":
-        print(",".join(CASES))
+        print(",".join(FULL_CASES if args.full else CASES))
         return 0
-    reports = [
-        json.loads(f.read_text(encoding="utf-8")) for f in (args.default_json, args.expandable_json)
-    ]
-    data = merge(reports[0], reports[1], args.smi_line)
+    default, expandable = _combined(args.default), _combined(args.expandable)
+    if not default["cases"] and not expandable["cases"]:
+        print("verify.gpu_check: no case was recorded", file=sys.stderr)
+        return 1
+    if not default["meta"]:
+        default["meta"] = expandable["meta"]
+    probe = None
+    if args.probe is not None and args.probe.is_file():
+        probe = json.loads(args.probe.read_text(encoding="utf-8"))
+    data = merge(default, expandable, args.smi_line, probe=probe)
     args.dest.mkdir(parents=True, exist_ok=True)
     path = args.dest / file_name(data)
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

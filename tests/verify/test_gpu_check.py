@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_selection_names_existing_cases_and_covers_every_category() -> None:
     names = {c.name for c in select(impl="all", substring=None, quick=False)}
-    assert set(G.CASES) <= names
+    assert set(G.CASES) <= names and set(G.FULL_CASES) <= names
     for category, fragments in G.CATEGORIES.items():
         assert any(f in n for n in G.CASES for f in fragments), category
 
@@ -99,26 +99,50 @@ def test_check_file_names_missing_schema_fields(tmp_path: Path) -> None:
 def test_cases_command_prints_the_selection(capsys: pytest.CaptureFixture[str]) -> None:
     assert G.main(["cases"]) == 0
     assert capsys.readouterr().out.strip().split(",") == list(G.CASES)
+    assert G.main(["cases", "--full"]) == 0
+    assert capsys.readouterr().out.strip().split(",") == list(G.FULL_CASES)
 
 
 def test_merge_command_writes_the_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for name in ("d.json", "e.json"):
+    for name in ("d.json", "e.json", "f.json"):
         (tmp_path / name).write_text(json.dumps(_report([_record("prec-bf16-llama")])))
+    (tmp_path / "probe.json").write_text(json.dumps({"schema": "vramplan-gpu-probe/1"}))
     dest = tmp_path / "out"
-    assert G.main(["merge", str(tmp_path / "d.json"), str(tmp_path / "e.json"),
-                   "NVIDIA A100-SXM4-80GB, 550.54, 81920 MiB", str(dest)]) == 0  # fmt: skip
-    written = Path(capsys.readouterr().out.strip())
+    argv = ["merge", "NVIDIA A100-SXM4-80GB, 550.54, 81920 MiB", str(dest),
+            "--default", str(tmp_path / "d.json"), str(tmp_path / "f.json"),
+            "--expandable", str(tmp_path / "e.json"), str(tmp_path / "missing.json"),
+            "--probe", str(tmp_path / "probe.json")]  # fmt: skip
+    assert G.main(argv) == 0
+    out, err = capsys.readouterr()
+    written = Path(out.strip())
     assert written == dest / "nvidia-a100-sxm4-80gb-2026-12-04.json"
-    assert json.loads(written.read_text())["memory_total_mib"] == 81920
+    data = json.loads(written.read_text())
+    assert data["memory_total_mib"] == 81920
+    # two default reports and one expandable (the missing one is named, not fatal)
+    assert [c["alloc"] for c in data["cases"]] == ["default", "default", "expandable"]
+    assert "missing.json is missing" in err
+    assert data["outside"] == {"schema": "vramplan-gpu-probe/1"}
 
 
-def test_script_dry_run_runs_both_allocator_settings_then_merges() -> None:
+def test_merge_command_fails_when_nothing_was_recorded(tmp_path: Path) -> None:
+    argv = ["merge", "NVIDIA H200, 1, 143771 MiB", str(tmp_path),
+            "--default", str(tmp_path / "a.json"), "--expandable", str(tmp_path / "b.json")]  # fmt: skip
+    assert G.main(argv) == 1
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_script_dry_run_probes_then_runs_both_allocator_settings_then_merges() -> None:
     proc = subprocess.run(
         ["bash", "scripts/gpu_check.sh", "--dry-run"], capture_output=True, text=True, cwd=ROOT,
         timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert "--cuda-alloc default" in lines[0] and "--cuda-alloc expandable" in lines[1]
-    assert all("--device cuda" in line and ",".join(G.CASES) in line for line in lines[:2])
-    assert "verify.gpu_check merge" in lines[2] and "verify/measurements" in lines[2]
+    assert "verify.gpu_probe" in lines[0]
+    runs = lines[1:5]
+    assert ["--cuda-alloc default" in r for r in runs] == [True, False, True, False]
+    assert all("--device cuda" in r for r in runs)
+    assert all(",".join(G.CASES) in r for r in runs[:2])
+    assert all(",".join(G.FULL_CASES) in r for r in runs[2:])
+    assert "verify.gpu_check merge" in lines[5] and "verify/measurements" in lines[5]
+    assert "--probe" in lines[5]

@@ -34,6 +34,16 @@ def full_size_cases() -> list[Case]:
         train("full-gemma-3-1b-sgd-bf16", GEMMA3, micro_batch=1, seq_len=256, optimizer="sgd",
               precision="bf16", note="derived from transformers' code (no hand-written graph): "
               "a 262,144-token vocabulary, sliding and full layers", **kw),
+        # Long enough that attention decides the step (chosen for the GPU run, issue 14: on CUDA
+        # SDPA with dropout stays linear in the sequence, eager keeps S x S probabilities)
+        train("full-gpt2-sdpa-dropout-fp32-4x512", GPT2, micro_batch=4, seq_len=512, **kw),
+        train("full-gpt2-sdpa-dropout-fp32-4x1024", GPT2, micro_batch=4, seq_len=1024, **kw),
+        train("full-gpt2-eager-dropout-fp32-4x1024", GPT2, micro_batch=4, seq_len=1024,
+              attention="eager", **kw),
+        train("full-qwen2.5-0.5b-adamw-bf16-2x1024", QWEN2, micro_batch=2, seq_len=1024,
+              precision="bf16", **kw),
+        train("full-qwen2.5-0.5b-amp-bf16-2x512", QWEN2, micro_batch=2, seq_len=512,
+              precision="amp-bf16", **kw),
         infer("full-qwen2.5-0.5b-generate-bf16", QWEN2, batch=1, prompt=128, new_tokens=8,
               precision="bf16", **kw),
         infer("full-gpt2-generate-fp32", GPT2, batch=2, prompt=64, new_tokens=16,

@@ -136,8 +136,9 @@ class QuantLinear(nn.Module):
         blocks = flat.view(-1, block)
         absmax = blocks.abs().amax(-1).clamp_min(1e-8)
         # torch.tensor(list) allocates outside the dispatcher, where the CPU tracker cannot see
-        # it; the clone is an op (the table is a real per-tensor buffer either way).
-        code = torch.tensor(NF4_CODE).clone()
+        # it; the clone is an op (the table is a real per-tensor buffer either way). On another
+        # device the table moves there (a no-op on the CPU).
+        code = torch.tensor(NF4_CODE).clone().to(w.device)
         idx = (blocks / absmax[:, None]).unsqueeze(-1).sub(code).abs().argmin(-1)
         idx = idx.to(torch.uint8).view(-1, 2)
         self.register_buffer("packed", (idx[:, 0] << 4) | idx[:, 1])  # bnb: first in high nibble

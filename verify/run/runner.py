@@ -213,9 +213,13 @@ class CudaMeter:
         rec.measured_peak = max(phases.values())
         rec.measured_peak_phase = max(phases, key=phases.__getitem__)
         free, total = torch.cuda.mem_get_info()  # after the step, before empty_cache
+        # read together with mem_get_info: total - free - reserved is the memory outside
+        # PyTorch's allocator (context, kernel images, libraries) at this point of the process
+        reserved_now, allocated_now = torch.cuda.memory_reserved(), torch.cuda.memory_allocated()
         rec.extra = {"stat_peaks": {k: max(v[k] for v in self.phase_peaks.values())
                                     for k in next(iter(self.phase_peaks.values()))},
                      "mem_get_info": [int(free), int(total)],
+                     "reserved_now": int(reserved_now), "allocated_now": int(allocated_now),
                      **cuda_environment()}  # fmt: skip
 
 
