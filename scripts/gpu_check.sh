@@ -17,6 +17,12 @@ OUT="${GPU_CHECK_OUT:-/tmp/vramplan-gpu-check}"
 LIMIT_S="${GPU_CHECK_LIMIT_S:-110}"            # the small cases, per allocator setting
 FULL_LIMIT_S="${GPU_CHECK_FULL_LIMIT_S:-130}"  # the full-size cases, per allocator setting
 PYPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# torch 2.13 (the pin) shares the cuBLAS workspace with cuBLASLt unless this is set to 0
+# (unified_cublas_and_lt_workspaces in CublasHandlePool.cpp); older torch reads the variable
+# for the size but not for the pointer, and gives Lt GEMMs (addmm with a bias) their own 1 MiB
+# workspace unless it is 1 (measured on torch 2.11: +1 MiB). Set, an older torch on the GPU
+# machine measures what 2.13 does by default.
+export TORCH_CUBLASLT_UNIFIED_WORKSPACE=1
 DRY=0
 [ "${1:-}" = "--dry-run" ] && DRY=1
 

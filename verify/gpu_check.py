@@ -30,13 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import calc
+from calc.config.compression import LoRA, Quant
 from calc.replay.caching_allocator import AllocatorConfig
 
 SCHEMA = "vramplan-gpu-check/1"
 CASES = (
     # SDPA kernels (with and without dropout) and eager attention
-    "attn-sdpa-llama3", "attn-flash-llama3", "attn-efficient-llama3", "attn-math-llama3",
-    "attn-eager-llama3", "dropout-on-llama-sdpa", "dropout-off-gpt2", "dropout-card-gpt2-math",
+    "attn-sdpa-llama3", "attn-math-llama3", "attn-eager-llama3", "attn-math-bf16-mistral", "dropout-on-llama-sdpa", "dropout-off-gpt2", "dropout-card-gpt2-math",
     "dropout-on-gpt2-eager", "act-long-seq-llama3",
     # every precision recipe
     "prec-fp32-llama", "prec-amp-bf16-llama", "prec-amp-fp16-llama", "prec-bf16-llama",
@@ -50,17 +50,19 @@ CASES = (
     # Hugging Face models (GPT-2 under autocast: its CUDA fp32 ops)
     "hf-gpt2-fp32", "hf-llama3-amp-bf16", "hf-qwen2-amp-long",
 )  # fmt: skip
-"""The most informative single-process cases (names of `verify.cases.single`)."""
+"""The most informative single-process cases (names of `verify.cases.single`). Not here:
+``attn-flash-llama3`` and ``attn-efficient-llama3`` force kernels CUDA cannot run on them
+(flash takes no fp32, memory-efficient no grouped key/value heads; `calc.models.attention`)."""
 FULL_CASES = (
     "full-gpt2-sdpa-dropout-fp32-4x512", "full-gpt2-sdpa-dropout-fp32-4x1024",
     "full-gpt2-eager-dropout-fp32-4x1024", "full-gpt2-adamw-fp32-dropout",
     "full-qwen2.5-0.5b-adamw-bf16-2x1024", "full-qwen2.5-0.5b-amp-bf16-2x512",
-    "full-qwen2.5-0.5b-sgd-fp32-hold-output", "full-qwen2.5-0.5b-generate-bf16",
+    "full-qwen2.5-0.5b-adamw-bf16", "full-qwen2.5-0.5b-generate-bf16",
 )  # fmt: skip
 """Full-size cases (`verify.cases.full_size`): real vocabularies, attention at 1024 tokens; run
 after `CASES` in their own process per allocator setting, so a slow one cannot lose the rest."""
 CATEGORIES = {
-    "sdpa": ("attn-sdpa", "attn-flash", "attn-efficient"),
+    "sdpa": ("attn-sdpa",),
     "dropout": ("dropout-on",),
     "eager": ("eager",),
     "precision": ("prec-",),
@@ -127,10 +129,32 @@ def file_name(data: dict) -> str:
     return f"{gpu}-{data['date']}.json"
 
 
-def _estimate(rec: dict) -> calc.Estimate:
-    model = calc.ModelSpec(**rec["spec"])
+def _tuples(value: Any) -> Any:
+    """JSON lists back to the tuples the frozen configs hold."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+NESTED = {"lora": LoRA, "quant": Quant}
+"""Job fields recorded as dicts, and their config classes (the GPU selection uses no pruning,
+distillation or KV quantization object: ``kv_quant`` is a plain string)."""
+
+
+def job_from_record(rec: dict) -> calc.Training | calc.Inference:
+    """The ``calc`` job a recorded case ran (nested configs rebuilt)."""
+    fields = {k: _tuples(v) for k, v in rec["job"].items()}
+    for key, cls in NESTED.items():
+        if isinstance(fields.get(key), dict):
+            fields[key] = cls(**{k: _tuples(v) for k, v in fields[key].items()})
+    for key in ("pruning", "distill"):
+        if fields.get(key) is not None:
+            raise NotImplementedError(f"{rec['name']}: a recorded {key} job is not rebuilt")
     job_cls = calc.Training if rec["kind"] == "training" else calc.Inference
-    return calc.estimate(model, job_cls(**rec["job"]), device="cuda")
+    return job_cls(**fields)
+
+
+def _estimate(rec: dict) -> calc.Estimate:
+    model = calc.ModelSpec(**{k: _tuples(v) for k, v in rec["spec"].items()})
+    return calc.estimate(model, job_from_record(rec), device="cuda")
 
 
 def _pct(predicted: int, measured: int) -> float:

@@ -14,11 +14,24 @@ multiple of 1/16, do). Each kernel saves different tensors (flash: out and an fp
 [b, a, s]; memory-efficient: the logsumexp padded to a multiple of 32 along s; math: the
 s x s probabilities), so the choice is a term of the estimate.
 
+**Grouped-query attention excludes memory-efficient on CUDA.** When the modeling code hands SDPA
+the un-expanded key/value heads (``enable_gqa=True``: transformers' ``sdpa_attention_forward``
+when ``use_gqa_in_sdpa`` holds, i.e. no mask and equal head dims <= 256; verify's reference
+models), flash accepts it (``backend_supports_grouped_query_attention = true`` in
+``can_use_flash_attention``) but memory-efficient does not: its dense constraints instantiate
+``check_batch_size_and_num_heads_dense<false /*supports_grouped_query_attention=*/>``
+(``sdp_utils.cpp``, ``can_use_mem_efficient_attention``). So fp32 GQA attention runs math (the
+s x s probabilities) on CUDA. Measured on an H200 (verify/measurements/, torch 2.11): forcing
+efficient on fp32 GQA raises "No available kernel", and PyTorch warns "both fused kernels require
+query, key and value to have the same num_heads". torchtune expands k/v before SDPA (no
+``enable_gqa``), so efficient stays available there.
+
 The CPU harness forces the same family (``torch.nn.attention.sdpa_kernel``): flash, efficient
 and cuDNN map to the CPU flash kernel, which has no dropout ("Both fused kernels do not support
 non-zero dropout", ``sdp_utils_cpp.h``): with attention dropout the CPU run takes math
 (`cpu_backend`). `kernel_for` is the one place that applies the device.
-Not yet checked on a GPU: this file states the rules as read in the source.
+Checked on a GPU (verify/measurements/): the kernel each case forces runs, and the saved tensors
+it implies match ``max_memory_allocated``.
 """
 
 from __future__ import annotations
@@ -26,19 +39,56 @@ from __future__ import annotations
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 
+EXPANDS_KV_IMPLEMENTATIONS = ("torchtune",)
+"""Implementations that expand key/value heads before SDPA (no ``enable_gqa``)."""
+
+
+def gqa_in_sdpa(model: ModelSpec, job: Training | Inference) -> bool:
+    """Whether SDPA receives fewer key/value heads than query heads (``enable_gqa=True``): a GQA
+    model whose modeling code does not expand k/v first (module docstring)."""
+    return model.n_kv_heads < model.n_heads and job.implementation not in EXPANDS_KV_IMPLEMENTATIONS
+
 
 def attention_kernel(model: ModelSpec, job: Training | Inference) -> str:
     """The attention kernel the job runs on CUDA: ``flash``, ``efficient``, ``math`` or
-    ``eager`` (softmax attention written out in the modeling code)."""
+    ``eager`` (softmax attention written out in the modeling code). Flash needs 16-bit inputs
+    and a head dim up to 256; memory-efficient takes fp32 but not grouped key/value heads
+    (`gqa_in_sdpa`); math takes anything (module docstring)."""
     if job.attention != "sdpa":
         return job.attention
     sixteen_bit = job.precision != "fp32"
     head_ok = model.head_dim % 8 == 0 and model.head_dim <= 256
     if sixteen_bit and head_ok:
         return "flash"
-    if head_ok:
-        return "efficient"
+    if head_ok and not (isinstance(job, Training) and gqa_in_sdpa(model, job)):
+        return "efficient"  # inference: see `check_cuda_kernel`
     return "math"
+
+
+def check_cuda_kernel(model: ModelSpec, job: Training | Inference) -> None:
+    """``ValueError`` for a forced kernel CUDA cannot run: flash on fp32 inputs
+    (``check_dtypes_flash_attention``), memory-efficient on grouped key/value heads (module
+    docstring). The CPU tracker runs both (its flash kernel takes fp32).
+    ``NotImplementedError`` for fp32 grouped-query inference, which runs math on CUDA (not
+    modelled for inference yet; the CPU tracker's stand-in stays its flash kernel)."""
+    if job.attention == "flash" and job.precision == "fp32":
+        raise ValueError(
+            "attention='flash' with precision='fp32': CUDA's flash kernel takes fp16/bf16 only "
+            "(use attention='sdpa', or a bf16/fp16/amp precision)"
+        )
+    if isinstance(job, Inference) and job.attention == "sdpa" and job.precision == "fp32":
+        if gqa_in_sdpa(model, job):
+            raise NotImplementedError(
+                f"fp32 inference of a model with {model.n_heads} query and {model.n_kv_heads} "
+                "key/value heads runs SDPA's math kernel on CUDA (memory-efficient takes no "
+                "grouped-query attention): math prefill is not modelled yet (bf16/fp16 runs flash)"
+            )
+    if job.attention == "efficient" and gqa_in_sdpa(model, job):
+        raise ValueError(
+            f"attention='efficient' with {model.n_heads} query and {model.n_kv_heads} key/value "
+            "heads: CUDA's memory-efficient kernel takes no grouped-query attention "
+            "(use attention='sdpa' or 'math')"
+        )
 
 
 def cpu_backend(kernel: str, attn_dropout: float = 0.0) -> str:
@@ -56,8 +106,10 @@ def kernel_for(
 ) -> str:
     """The kernel the replay runs on ``device``: `attention_kernel` on CUDA (dropout keeps the
     fused kernels, see the module docstring), `cpu_backend` of it on the CPU tracker."""
-    kernel = attention_kernel(model, job)
-    return kernel if device == "cuda" else cpu_backend(kernel, attn_dropout)
+    if device == "cuda":
+        check_cuda_kernel(model, job)
+        return attention_kernel(model, job)
+    return cpu_backend(attention_kernel(model, job), attn_dropout)
 
 
 FLASH_HEAD_ROUNDING = ((128, 32), (256, 64))

@@ -198,6 +198,9 @@ class CudaMeter:
 
     def setup_done(self, model: Any, bundle: Any, ids: torch.Tensor, targets: Any) -> None:
         self._close_phase()
+        # the build's transients (an fp32 init cast to bf16) are not the job's: their cached
+        # segments go back, so the reserved peak starts from the loaded model
+        torch.cuda.empty_cache()
         self.measuring = True
 
     def measure(self, case: Case, rec: Record) -> None:
@@ -300,6 +303,9 @@ def run_case(case: Case, device: str = "cpu") -> Record:
     finally:
         gc.collect()
         if device == "cuda" and torch.cuda.is_available():
+            # cuBLAS keeps a workspace per (handle, stream) for the life of the process
+            # (CublasHandlePool.cpp); cleared, the next case starts as a fresh process does
+            torch._C._cuda_clearCublasWorkspaces()
             torch.cuda.empty_cache()
     rec.seconds = time.perf_counter() - start
     return rec

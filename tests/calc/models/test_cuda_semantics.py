@@ -113,8 +113,9 @@ def test_efficient_logsumexp_is_padded_to_32_on_cuda(device: str, lse_bytes: int
     # _efficient_attention_forward / meta__scaled_dot_product_efficient_attention (2.13 wheel):
     # logsumexp [B, H, ceil(M/32)*32] fp32 when compute_log_sumexp (grad needed). b=1, a=8,
     # s=33: CUDA 8 * 64 * 4 = 2048 B; the CPU flash kernel's [1, 8, 33] fp32 = 1056 B -> 1536.
-    # fp32 training picks efficient on CUDA (flash wants 16-bit).
-    model = calc.load_card("qwen2.5-0.5b")
+    # fp32 training picks efficient on CUDA (flash wants 16-bit) for a model without grouped
+    # key/value heads (with them, efficient is excluded: test_gqa_fp32_training_runs_math_on_cuda).
+    model = calc.load_card("llama-2-7b")
     job = calc.Training(micro_batch=1, seq_len=33, precision="fp32")
     sh = shape_for(model, job, device, 1)
     assert sh.attention == ("efficient" if device == "cuda" else "flash")
@@ -211,3 +212,32 @@ def test_gpt2_gelu_new_under_autocast_runs_pow_in_fp32_on_cuda_only(
     out = hf_gpt2.new_gelu(tape, sh, x)
     assert _live(tape) - base == held_bytes
     assert out.itemsize == (FP32 if device == "cuda" else BF16)
+
+
+def test_gqa_fp32_training_runs_math_on_cuda() -> None:
+    # sdp_utils.cpp, can_use_mem_efficient_attention: check_batch_size_and_num_heads_dense<false>
+    # (no grouped-query attention); flash is excluded by fp32; so math. Measured on an H200
+    # (verify/measurements/): forcing efficient there raised "No available kernel".
+    gqa = calc.load_card("qwen2.5-0.5b")  # 14 query heads, 2 key/value heads
+    fp32 = calc.Training(micro_batch=1, seq_len=64, precision="fp32", implementation="reference")
+    assert attention_kernel(gqa, fp32) == "math"
+    assert attention_kernel(gqa, dataclasses.replace(fp32, precision="bf16")) == "flash"
+    # torchtune expands k/v before SDPA: same-width heads, efficient stays available
+    assert (
+        attention_kernel(gqa, dataclasses.replace(fp32, implementation="torchtune")) == "efficient"
+    )
+    mha = calc.load_card("llama-2-7b")
+    assert attention_kernel(mha, fp32) == "efficient"
+
+
+def test_kernels_cuda_cannot_run_are_refused_with_the_field() -> None:
+    gqa = calc.load_card("qwen2.5-0.5b")
+    with pytest.raises(ValueError, match="attention='flash' with precision='fp32'"):
+        calc.estimate(gqa, calc.Training(micro_batch=1, seq_len=64, attention="flash",
+                                         precision="fp32", implementation="reference"), device="cuda")  # fmt: skip
+    with pytest.raises(ValueError, match="attention='efficient' with 14 query and 2"):
+        calc.estimate(gqa, calc.Training(micro_batch=1, seq_len=64, attention="efficient",
+                                         implementation="reference"), device="cuda")  # fmt: skip
+    with pytest.raises(NotImplementedError, match="math prefill is not modelled"):
+        calc.estimate(gqa, calc.Inference(batch=1, context=64, precision="fp32",
+                                          implementation="reference"), device="cuda")  # fmt: skip

@@ -52,6 +52,9 @@ def test_generalised_peak_equals_the_layer_by_layer_replay(
     model = tiny_llama(**BASE, n_layers=n_layers)
     job = calc.Training(
         micro_batch=b, seq_len=s, optimizer=optimizer, recompute=recompute,
-        implementation=implementation, precision="fp32",
+        implementation=implementation,
+        # hf hands SDPA the grouped k/v heads: in fp32 that is the math kernel on CUDA, which
+        # the hf graph does not model; bf16 runs flash
+        precision="fp32" if implementation == "reference" else "bf16",
     )  # fmt: skip
     assert calc.estimate(model, job, device="cpu").peak_bytes == _replayed_peak(model, job)
