@@ -184,7 +184,7 @@ class CudaMeter:
 
     def _close_phase(self) -> None:
         torch.cuda.synchronize()
-        if self.measuring and self.phase:
+        if self.measuring and self.phase and self.phase != "setup":  # the build is not the job
             stats = torch.cuda.memory_stats()
             peaks = {k: int(stats.get(f"{k}.all.peak", 0)) for k in self._STATS}
             peaks["max_memory_allocated"] = int(torch.cuda.max_memory_allocated())

@@ -7,6 +7,9 @@ states the H100's total in bytes, 85,520,809,984 = 81559 MiB, which checks the u
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from calc.data.gpus import GPU, get_gpu, gpu_catalog
@@ -88,6 +91,9 @@ PUBLISHED_CUDA_TOTAL_GIB = {
     "rtx3090-24gb": 23.58,  # vllm-project/vllm issue #10517: "total_gpu_memory=23.58GiB"
     "t4-16gb": 14.75,  # hpcaitech/Open-Sora issue #697: "a total capacity of 14.75 GiB"
 }
+MEASURED_H200 = (
+    Path(__file__).resolve().parents[3] / "verify/measurements/nvidia-h200-2026-12-04.json"
+)
 
 
 def test_cuda_totals_are_the_published_readings() -> None:
@@ -100,7 +106,10 @@ def test_cuda_totals_are_the_published_readings() -> None:
     for gpu in catalog.values():  # a little below the driver's total, or unknown (None)
         if gpu.cuda_total_bytes is not None:
             assert 0.9 * gpu.total_bytes < gpu.cuda_total_bytes <= gpu.total_bytes, gpu.id
-    assert catalog["h200-141gb"].cuda_total_bytes is None  # no published reading found
+    # the H200's is this project's own measurement (verify/measurements/, probe stage "init")
+    measured = json.loads(MEASURED_H200.read_text())["outside"]["stages"]
+    init = next(s for s in measured if s["stage"] == "init")
+    assert catalog["h200-141gb"].cuda_total_bytes == init["total_bytes"]
 
 
 def test_cuda_total_is_validated() -> None:

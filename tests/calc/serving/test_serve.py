@@ -88,8 +88,11 @@ def test_gpu_from_the_catalog_and_its_refusals() -> None:
     model = tiny_llama()
     est = calc.serve(model, calc.Serving(max_model_len=64), gpu="h100-80gb")
     assert est.total_bytes == calc.data.gpus.get_gpu("h100-80gb").cuda_total_bytes
+    # the H200's CUDA total is measured now (verify/measurements/); the MI300X has none
+    h200 = calc.serve(model, calc.Serving(max_model_len=64), gpu="h200-141gb")
+    assert h200.total_bytes == 150_109_880_320  # torch.cuda.mem_get_info() on the H200 run
     with pytest.raises(ValueError, match="no published cudaMemGetInfo total"):
-        calc.serve(model, calc.Serving(max_model_len=64), gpu="h200-141gb")
+        calc.serve(model, calc.Serving(max_model_len=64), gpu="mi300x-192gb")
     with pytest.raises(ValueError, match="exactly one of total_bytes= and gpu="):
         calc.serve(model, calc.Serving(max_model_len=64))
     with pytest.raises(ValueError, match="max_model_len=128 exceeds"):
