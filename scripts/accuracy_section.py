@@ -152,9 +152,10 @@ def section(report: Mapping[str, Any]) -> str:
         lines.append(
             f"`python -m verify` runs {len(cases)} scaled-down real models and compares "
             '`calc.estimate(..., device="cpu")` with the peak measured by the CPU storage '
-            f"tracker ({versions}{when}). These are CPU-tracker measurements: no GPU "
-            "measurement is recorded yet, so the CUDA-only terms (cuBLAS workspaces, kernel "
-            "choice on the GPU) are not checked by these numbers."
+            f"tracker ({versions}{when}). These are CPU-tracker measurements: the CUDA-only terms "
+            "(cuBLAS workspaces, kernel choice on the GPU, reserved memory) are checked against "
+            "the recorded GPU runs instead ([verify/measurements](verify/measurements/README.md), "
+            "tested on every CI run)."
         )
     else:
         gpu = next((c.get("extra", {}).get("gpu") for c in cases if c.get("extra")), None)

@@ -20,7 +20,10 @@ out-of-memory branch). The terms, per process on one GPU:
   context ..., which took >1000MB" (a PyTorch maintainer, pytorch/pytorch issue #107667). So
   the lazy range is [287,047,680 B, 1000 MiB]; eager is [666,632,192 B, 1000 MiB] (the upper
   end a lower bound in that statement: stated as such). Older readings agree: 200-700 MB on
-  CUDA 10.1 (issue #28113), 300-400 MB (issue #20532).
+  CUDA 10.1 (issue #28113), 300-400 MB (issue #20532). This project's H200 run (CUDA 13.0,
+  driver 580.159.04, verify/measurements/nvidia-h200-2026-12-04.json) measured 552,402,944 B
+  after the first tensor and 787,283,968 B once cuBLAS and the attention, norm, loss and fused
+  AdamW kernels were loaded: inside the range.
 * **cuBLAS/cuDNN handles**: their workspaces go through PyTorch's allocator (counted in the
   peak, `calc.estimate.workspace`); the handles' own state and the libraries' kernel images are
   loaded into the context (inside the context's range). No source gives a separate figure.
@@ -34,7 +37,8 @@ out-of-memory branch). The terms, per process on one GPU:
   the figure comes from measurements: 544 MB for a 2-GPU group and 688 MB for larger groups
   on 4 x A100 NVLink after a 4 MB all-reduce (NVIDIA/nccl issue #964), about 1.6 GB for one
   communicator (issue #864). Range per communicator: [544 MiB, 1.6 GiB] (both readings taken
-  as binary units, as ``nvidia-smi`` prints them). The source's buffers alone at 32 channels,
+  as binary units, as ``nvidia-smi`` prints them). One rank alone (no ring peers) measured
+  587,202,560 B on the H200 run (NCCL 2.28.9). The source's buffers alone at 32 channels,
   2 connections each: 32 x 2 x 9,633,792 B = 588 MiB, inside the range.
 
 The verdict (``fits``) takes each range's upper end: it fits even if every term is at the top

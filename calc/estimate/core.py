@@ -375,7 +375,7 @@ def _device_terms(job: Training | Inference, device: str) -> tuple[int, tuple[st
         return 0, ()
     handles = CUBLAS_HANDLES_TRAINING if isinstance(job, Training) else 1
     return handles * CUBLAS_WORKSPACE_BYTES, (
-        f"cuBLAS workspaces: {handles} x 32 MiB (sm90 default; not yet measured on a GPU)",
+        f"cuBLAS workspaces: {handles} x 32 MiB (sm90 default; measured on an H200)",
     )
 
 

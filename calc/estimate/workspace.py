@@ -12,7 +12,11 @@ each get one):
 * ROCm: 32 MiB, 128 MiB on gfx94x/gfx95x (MI300).
 * cuBLASLt: with ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` (the default on open-source CUDA builds:
   the note of ``torch.backends.cuda.blas_workspace_size`` in the 2.13 wheel) it reuses the
-  cuBLAS allocation, so it adds nothing. On ROCm hipBLASLt keeps its own workspace (76 MiB,
+  cuBLAS allocation, so it adds nothing (``unified_cublas_and_lt_workspaces`` decides both the
+  size and the pointer in 2.13). Older torch read the variable for the size only and gave each
+  thread that runs an Lt GEMM (addmm with a bias) its own ``CUBLASLT_WORKSPACE_SIZE`` = 1 MiB
+  workspace: measured on an H200 with torch 2.11 (+1 MiB, verify/measurements/superseded/);
+  not charged, as calc models 2.13. On ROCm hipBLASLt keeps its own workspace (76 MiB,
   ``parseCUDABlasLtWorkspaceSize``) when it runs a GEMM: not charged (which GEMMs take
   hipBLASLt is not modelled).
 

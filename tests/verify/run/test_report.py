@@ -193,7 +193,7 @@ def test_section_text() -> None:
     assert "**met** (3 compared cases)" in text
     assert "**not met** (4 compared cases; 2 not modelled/runnable" in text
     assert "- implementation='hf' for gpt2 is not modelled yet: h5, h6" in text
-    assert "no GPU measurement is recorded yet" in text
+    assert "checked against the recorded GPU runs" in text
     assert "![predicted vs measured peak, one point per case]" in text
     assert "(verify/reports/latest/pred_vs_meas.png)" in text
     assert "Beyond their group's bar" not in text  # every case within its group's bar
