@@ -36,7 +36,8 @@ from calc.replay.caching_allocator import AllocatorConfig
 SCHEMA = "vramplan-gpu-check/1"
 CASES = (
     # SDPA kernels (with and without dropout) and eager attention
-    "attn-sdpa-llama3", "attn-math-llama3", "attn-eager-llama3", "attn-math-bf16-mistral", "dropout-on-llama-sdpa", "dropout-off-gpt2", "dropout-card-gpt2-math",
+    "attn-sdpa-llama3", "attn-math-llama3", "attn-eager-llama3", "attn-math-bf16-mistral",
+    "dropout-on-llama-sdpa", "dropout-off-gpt2", "dropout-card-gpt2-math",
     "dropout-on-gpt2-eager", "act-long-seq-llama3",
     # every precision recipe
     "prec-fp32-llama", "prec-amp-bf16-llama", "prec-amp-fp16-llama", "prec-bf16-llama",

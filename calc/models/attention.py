@@ -76,13 +76,13 @@ def check_cuda_kernel(model: ModelSpec, job: Training | Inference) -> None:
             "attention='flash' with precision='fp32': CUDA's flash kernel takes fp16/bf16 only "
             "(use attention='sdpa', or a bf16/fp16/amp precision)"
         )
-    if isinstance(job, Inference) and job.attention == "sdpa" and job.precision == "fp32":
-        if gqa_in_sdpa(model, job):
-            raise NotImplementedError(
-                f"fp32 inference of a model with {model.n_heads} query and {model.n_kv_heads} "
-                "key/value heads runs SDPA's math kernel on CUDA (memory-efficient takes no "
-                "grouped-query attention): math prefill is not modelled yet (bf16/fp16 runs flash)"
-            )
+    fp32_sdpa = job.attention == "sdpa" and job.precision == "fp32"
+    if isinstance(job, Inference) and fp32_sdpa and gqa_in_sdpa(model, job):
+        raise NotImplementedError(
+            f"fp32 inference of a model with {model.n_heads} query and {model.n_kv_heads} "
+            "key/value heads runs SDPA's math kernel on CUDA (memory-efficient takes no "
+            "grouped-query attention): math prefill is not modelled yet (bf16/fp16 runs flash)"
+        )
     if job.attention == "efficient" and gqa_in_sdpa(model, job):
         raise ValueError(
             f"attention='efficient' with {model.n_heads} query and {model.n_kv_heads} key/value "
