@@ -23,7 +23,8 @@ the loops of ``verify/models/loops.py`` line by line:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from calc.config.jobs import Training
 from calc.models.shape import Shape
@@ -38,6 +39,16 @@ INT64 = 8
 FP32 = 4
 
 
+class RootHooks(Protocol):
+    """A wrapper's hooks around the root module's forward (FSDP2's root: `calc.parallel.fsdp`):
+    its post-forward when the model returns, its pre-backward when the gradient first reaches
+    the model's output."""
+
+    def end_forward(self, tape: Tape) -> None: ...
+
+    def start_backward(self, tape: Tape) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Head:
     """How one training forward ends (`calc.Training`'s ``loop``, ``loss``, ``loss_chunks``)."""
@@ -45,11 +56,15 @@ class Head:
     loop: str = "drop-output"
     loss: str = "cross-entropy"
     chunks: int = 8
+    root: RootHooks | None = field(default=None, compare=False)
+    """The root wrapper's hooks, which `finish` runs where the loop's code meets the model's
+    when the loop computes the loss (``None``: no wrapper, or the caller runs them around the
+    model's forward and backward: the model's own loss is inside its forward)."""
 
     @classmethod
-    def of(cls, job: Training) -> Head:
-        """The job's head."""
-        return cls(job.loop, job.loss, job.loss_chunks)
+    def of(cls, job: Training, root: RootHooks | None = None) -> Head:
+        """The job's head; ``root``: the wrapper's hooks (`Head.root`)."""
+        return cls(job.loop, job.loss, job.loss_chunks, root)
 
     @property
     def default(self) -> bool:
@@ -107,6 +122,9 @@ def finish(
     base = [hid] if head.loss == "chunked-ce" else []  # the base model's last_hidden_state
     if not base:
         tape.drop(hid)  # a local of the model's forward
+    if head.root is not None:  # the model returned: the wrapper's post-forward, then its
+        head.root.end_forward(tape)  # pre-backward hook on the output's logits
+        logits = [_pre_backward_hook(tape, x, head.root) for x in logits]
     _rebind(tape, held, [*base, *logits, *output] if head.hold else [])
     if not head.hold:  # ``del out``: the rest of the output object dies, the logits stay
         tape.drop(*output, *base)
@@ -119,6 +137,24 @@ def finish(
     if not head.hold:
         tape.drop(*logits)  # ``del logits``
     return loss
+
+
+def _pre_backward_hook(tape: Tape, logits: Tensor, root: RootHooks) -> Tensor:
+    """``logits`` with the hook FSDP2's root post-forward registers on each output tensor
+    (``FSDPState._register_pre_backward_hook``, torch/distributed/fsdp/_fully_shard/
+    _fsdp_state.py): a tensor hook runs before the node that made the tensor, when the
+    gradient reaches it; here a pass-through node between the loss and the head, whose gradient
+    is the incoming one (a view, nothing allocated)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        root.start_backward(tape)
+        g = grads[0]
+        return [tape.alias(g) if g is not None else None]
+
+    n = tape.node("RootPreBackward", rule, [logits])
+    hooked = tape.alias(logits, n)
+    tape.drop(logits)
+    return hooked
 
 
 def _rebind(tape: Tape, held: list[Tensor], new: list[Tensor]) -> None:

@@ -106,8 +106,6 @@ def _check_mixed_precision(job: Training, dp: ReplayPlan) -> None:
             "FSDP2 mixed precision is modelled without selective recomputation, compression "
             "and offload"
         )
-    if not Head.of(job).default:
-        raise NotImplementedError("FSDP2 mixed precision with another loop or loss")
 
 
 def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
@@ -154,7 +152,7 @@ def check_supported(
         )
     if job.distill is not None:
         distill.check(job)
-    _check_head(job, sh, tp_comm or dp is not None)
+    _check_head(job, sh, path, tp_comm, dp is not None)
     if job.optimizer_in_backward and (
         dp is not None or tp_comm or job.grad_accum != 1
         or job.precision in ("amp-fp16", "bf16-master") or job.optimizer == "adam8bit"
@@ -169,17 +167,24 @@ def check_supported(
         )
 
 
-def _check_head(job: Training, sh: reference.Shape, parallel: bool) -> None:
-    """Refuse the loops and losses (`calc.models.head`) where they are not modelled (verified
-    on one GPU: the distributed engines of verify run the model's own loss)."""
-    if job.optimizer is None and parallel:
-        raise NotImplementedError("optimizer=None is modelled on one GPU")
+def _check_head(
+    job: Training, sh: reference.Shape, path: ForwardPath, tp_comm: bool, data_parallel: bool
+) -> None:
+    """Refuse the loops and losses (`calc.models.head`) where they are not modelled. Under data
+    parallelism (DDP, ZeRO, FSDP2) they are verified on Hugging Face models, whose loop calls
+    the wrapped model (verify's reference loops call its submodules, around the wrapper); the
+    chunked loss calls the base model around the wrapper too, and stays on one GPU."""
+    if job.optimizer is None and tp_comm:
+        raise NotImplementedError("optimizer=None is modelled on one GPU and under dp")
     if Head.of(job).default:
         return
     what = f"loop={job.loop!r} with loss={job.loss!r}"
-    if parallel or job.distill is not None or job.lora is not None or job.pruning is not None:
+    if tp_comm or job.distill is not None or job.lora is not None or job.pruning is not None:
+        raise NotImplementedError(f"{what} is modelled without tp, distillation, LoRA and pruning")
+    if data_parallel and (path is not ForwardPath.HF or job.loss == "chunked-ce"):
         raise NotImplementedError(
-            f"{what} is modelled on one GPU, without distillation, LoRA and pruning"
+            f"{what} under dp (DDP, ZeRO, FSDP2) is modelled for implementation='hf' "
+            "Llama-family models, with loss 'cross-entropy' or 'sum'"
         )
     if job.loss == "sum" and sh.autocast_itemsize:
         raise NotImplementedError(
@@ -272,17 +277,27 @@ def build_step(
     return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp)
 
 
+def _head(setup: StepSetup, job: Training) -> Head:
+    """The job's head; under FSDP2 with a loss the loop computes, the root's post-forward and
+    pre-backward run where the model returns its logits (`calc.models.head.finish`), not around
+    the loss."""
+    head = Head.of(job)
+    if setup.fsdp is None or head.in_model:
+        return head
+    return Head.of(job, setup.fsdp)
+
+
 def forward(setup: StepSetup, job: Training) -> Tensor:
     """One micro-batch's forward, to the loss, on the path the model takes."""
     tape, sh, w = setup.tape, setup.sh, setup.w
     use_cache = job.recompute == "none"
-    head, held = Head.of(job), setup.held
+    head, held = _head(setup, job), setup.held
     if setup.path is ForwardPath.HF_GPT2:  # enters and leaves autocast itself
         return hf_gpt2.forward(tape, sh, w, use_cache=use_cache, head=head, held=held)
     if setup.path is ForwardPath.HF:  # hf.forward enters and leaves autocast itself
         loss = hf.forward(tape, sh, w, use_cache=use_cache, sliding_layers=setup.sliding_layers,
                           head=head, held=held)  # fmt: skip
-        if setup.fsdp is not None:
+        if setup.fsdp is not None and head.root is None:
             setup.fsdp.end_forward(tape)
         return loss
     if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
@@ -343,7 +358,7 @@ def run_steps(
                 tape.zero_grad()
             tape.phase = f"step{step}/backward"
             tape.segment = "head"
-            if fsdp is not None:
+            if fsdp is not None and Head.of(job).in_model:  # else at the logits (_head)
                 fsdp.start_backward(tape)
             tape.backward(loss)
             if fsdp is not None:

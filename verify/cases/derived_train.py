@@ -146,4 +146,34 @@ def derived_dist_cases() -> list[DistCase]:
             precision="amp-bf16",
         ),
         dist("ddp-2", "olmo2", Parallelism(dp=2), 512, precision="bf16"),
+        # the loops, losses, accumulation and adapters under DDP: the buckets are constant, the
+        # rest is the recorded single-process step of that loop
+        dist("ddp-hold-2", "phi3", Parallelism(dp=2), 512, loop="hold-output"),
+        dist(
+            "ddp-dellogits-accum-2",
+            "olmo2",
+            Parallelism(dp=2),
+            512,
+            precision="bf16",
+            loop="del-logits",
+            grad_accum=2,
+        ),
+        dist(
+            "ddp-sum-nooptim-2",
+            "mixtral",
+            Parallelism(dp=2),
+            512,
+            precision="bf16",
+            loss="sum",
+            optimizer=None,
+        ),
+        dist(
+            "ddp-lora-before-backward-2",
+            "gemma2",
+            Parallelism(dp=2),
+            512,
+            attention="eager",
+            lora=LoRA(rank=8),
+            zero_grad="before_backward",
+        ),
     ]

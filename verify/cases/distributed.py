@@ -153,6 +153,52 @@ CASES: tuple[DistCase, ...] = (
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
           implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
           note="Hugging Face LlamaForCausalLM under the mixed-precision policy. " + GLOO_ASYNC_NOTE),
+    # The loops and losses of `calc.Training` under data parallelism: the loop calls the
+    # wrapped Hugging Face model (verify.models.loops.Loop with call=the wrapper).
+    _case("dist-ddp-hf-hold-2", "ddp", Parallelism(dp=2), implementation="hf",
+          loop="hold-output", note="out = model(...); out.loss.backward() under DDP: the "
+          "output (logits, the DynamicCache) alive through backward and the bucket all-reduce"),
+    _case("dist-ddp-hf-dellogits-bf16-2", "ddp", Parallelism(dp=2), implementation="hf",
+          precision="bf16", loop="del-logits", note="logits returned, the loss computed by the "
+          "loop, the logits deleted before backward (torchtitan's loop), bf16 buckets"),
+    _case("dist-ddp-hf-nooptim-2", "ddp", Parallelism(dp=2), implementation="hf",
+          optimizer=None, note="forward and backward alone under DDP: gradients and buckets, "
+          "no optimizer states"),
+    _case("dist-zero1-hf-hold-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM),
+          implementation="hf", loop="hold-output",
+          note="the held output under ZeroRedundancyOptimizer"),
+    _case("dist-fsdp2-hf-hold-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
+          loop="hold-output", tolerance_pct=GLOO_ASYNC_PCT,
+          note="the held output under FSDP2: logits and cache alive while the layers "
+          "re-gather and reduce-scatter. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-hf-hold-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          implementation="hf", loop="hold-output", tolerance_pct=GLOO_ASYNC_PCT,
+          note="the common hand-written FSDP2 loop: mixed-precision policy, output held "
+          "through backward (bf16 logits). " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-hf-dellogits-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
+          implementation="hf", loop="del-logits", seq_len=128, tolerance_pct=GLOO_ASYNC_PCT,
+          tags=Q,
+          note="torchtitan-style loop under the policy: the root's post-forward (reshard) runs "
+          "before the loop's loss and its pre-backward (re-gather, prefetch) when the gradient "
+          "reaches the logits; with the model's own loss both sit around the loss (+131,584 B "
+          "forward at 32 tokens). " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-hf-dellogits-accum-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          implementation="hf", loop="del-logits", grad_accum=2, seq_len=128,
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="the same loop, two micro-batches, fp32 reduce. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-hf-sum-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
+          precision="bf16", loss="sum", seq_len=128, tolerance_pct=GLOO_ASYNC_PCT,
+          note="logits.sum() as benchmark scripts do, bf16 FSDP2. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-hf-hold-sum-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          implementation="hf", precision="bf16", loop="hold-output", loss="sum", seq_len=128,
+          tolerance_pct=GLOO_ASYNC_PCT, note="logits.sum() of a held output: the root's "
+          "pre-backward hook on held logits. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-hf-nooptim-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          implementation="hf", optimizer=None, seq_len=128, tolerance_pct=GLOO_ASYNC_PCT,
+          note="forward and backward alone: sharded gradients, no states. " + GLOO_ASYNC_NOTE),
     # LoRA / QLoRA under DDP: the frozen base (requires_grad=False) is not in the reducer's
     # buckets; the buckets hold the adapters' gradients only.
     _case("dist-lora-ddp-2", "ddp", Parallelism(dp=2), lora=LoRA(rank=8), tags=Q,

@@ -21,6 +21,7 @@ import torch
 
 from verify.cases.case import DistCase
 from verify.dist.engine import Built, RankContext, built_from, case_model
+from verify.models import loops
 from verify.models.build import LEARNING_RATE, SGD_MOMENTUM, build_optimizer, impl_kwargs
 
 
@@ -41,7 +42,14 @@ def _ddp(case: DistCase, model: torch.nn.Module) -> torch.nn.Module:
     )
 
 
-def _call(wrapped: torch.nn.Module, case: DistCase) -> Any:
+def _call(wrapped: torch.nn.Module, case: DistCase, model: torch.nn.Module) -> Any:
+    """The rank's ``(ids, targets) -> loss`` through ``wrapped``: the model's own loss, or the
+    job's loop (`verify.models.loops.Loop`, Hugging Face models only: the reference model's
+    loops call its submodules, around the wrapper)."""
+    if not loops.is_default(case.job):
+        if case.impl != "hf":
+            raise ValueError(f"{case.name}: another loop or loss runs on implementation='hf'")
+        return loops.Loop(model, case.job, call=wrapped)
     if case.impl == "hf":
         return lambda ids, targets: wrapped(input_ids=ids, labels=targets).loss
     return lambda ids, targets: wrapped(ids, targets)
@@ -52,7 +60,7 @@ def ddp(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     model, _ = case_model(case, spec, ctx)
     wrapped = _ddp(case, model)
     bundle = build_optimizer(model, case.job, device=ctx.device)
-    return built_from(wrapped, _call(wrapped, case), bundle)
+    return built_from(wrapped, _call(wrapped, case, model), bundle)
 
 
 _OPTIM_CLASSES = {
@@ -83,7 +91,7 @@ def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     )
     return Built(
         model=wrapped,
-        loss_fn=_call(wrapped, case),
+        loss_fn=_call(wrapped, case, model),
         optimizer=opt,
         step=opt.step,
         zero_grad=lambda: opt.zero_grad(set_to_none=True),
@@ -122,4 +130,4 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
     bundle = build_optimizer(model, case.job, device=ctx.device)
-    return built_from(model, _call(model, case), bundle)
+    return built_from(model, _call(model, case, model), bundle)

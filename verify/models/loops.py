@@ -51,8 +51,13 @@ def chunked_cross_entropy(chunks: list[torch.Tensor], targets: torch.Tensor) -> 
 class Loop:
     """``(ids, targets) -> loss`` for one micro-batch, the loop's output held in ``out``."""
 
-    def __init__(self, model: torch.nn.Module, job: Training) -> None:
+    def __init__(
+        self, model: torch.nn.Module, job: Training, call: torch.nn.Module | None = None
+    ) -> None:
         self.model = model
+        self.call = model if call is None else call
+        """What the loop calls for the whole model: ``model`` or its data-parallel wrapper (DDP's
+        forward prepares the reducer; FSDP2's root forward all-gathers the root's parameters)."""
         self.job = job
         self.hf = hasattr(model, "config")
         self.out: Any = None
@@ -68,7 +73,7 @@ class Loop:
         in_model = job.loss == "cross-entropy" and job.loop != "del-logits"
         if in_model:  # the model's cross-entropy (hold-output)
             if self.hf:
-                out = self.model(input_ids=ids, labels=targets)
+                out = self.call(input_ids=ids, labels=targets)
                 self.out = out
                 return out.loss
             logits = F.linear(self.model.hidden_states(ids), self._head_weight())
@@ -77,7 +82,7 @@ class Loop:
             return loss
         if job.loss == "chunked-ce":
             return self._chunked(ids, targets, hold)
-        out = self.model(input_ids=ids) if self.hf else None
+        out = self.call(input_ids=ids) if self.hf else None
         if out is not None:
             logits = out.logits
         else:

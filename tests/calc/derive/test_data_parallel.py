@@ -3,6 +3,8 @@ and the one message for the layouts the recording does not hold."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import calc
@@ -28,13 +30,26 @@ def test_a_ddp_rank_holds_one_bucket_of_every_gradient_more() -> None:
     assert ddp - single == 591_360
 
 
+def test_the_held_output_under_ddp_adds_the_same_bucket() -> None:
+    # DDP's buckets are constant storages: the held output changes the single-process step
+    # and the DDP rank by the same bytes (the bucket of 591,360 B is on both).
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3)
+    job = replace(JOB, loop="hold-output")
+    single = calc.estimate(spec, job, device="cpu").peak_bytes
+    ddp = calc.estimate(spec, job, calc.Parallelism(dp=2), device="cpu").peak_bytes
+    assert ddp - single == 591_360
+
+
 @pytest.mark.parametrize(
     ("parallel", "job", "says"),
     [
         (calc.Parallelism(dp=2, fsdp=True), JOB, "only DDP without gradient_as_bucket_view"),
         (calc.Parallelism(dp=2, gradient_as_bucket_view=True), JOB, "bucket views"),
-        (calc.Parallelism(dp=2), calc.Training(micro_batch=2, seq_len=32, loop="hold-output"),
-         "loop='hold-output'"),
+        (calc.Parallelism(dp=2), calc.Training(micro_batch=2, seq_len=32, loss="chunked-ce"),
+         "loss='chunked-ce'"),
+        (calc.Parallelism(dp=2),
+         calc.Training(micro_batch=2, seq_len=32, precision="fp32", optimizer_in_backward=True),
+         "optimizer_in_backward"),
     ],
 )  # fmt: skip
 def test_what_the_recording_does_not_hold_is_refused_by_name(

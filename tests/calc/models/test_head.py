@@ -70,10 +70,57 @@ def test_refusals_and_validation() -> None:
         calc.estimate(tiny_llama(), calc.Training(**JOB, loss="chunked-ce", loss_chunks=3))
     with pytest.raises(NotImplementedError, match="loss='sum' under autocast"):
         calc.estimate(tiny_llama(), calc.Training(**{**JOB, "precision": "amp-bf16"}, loss="sum"))
-    with pytest.raises(NotImplementedError, match="on one GPU"):
+    with pytest.raises(NotImplementedError, match="without tp"):
         calc.estimate(
             tiny_llama(n_heads=2), calc.Training(**JOB, loop="hold-output"), calc.Parallelism(tp=2)
         )
+    # under dp the loops are verified on Hugging Face models: verify's reference loops call the
+    # model's submodules around the wrapper, and the chunked loss calls the base model
+    with pytest.raises(NotImplementedError, match="implementation='hf'"):
+        calc.estimate(tiny_llama(), calc.Training(**JOB, loop="hold-output"), DDP2)
+    with pytest.raises(NotImplementedError, match="'cross-entropy' or 'sum'"):
+        calc.estimate(tiny_llama(), calc.Training(**HF_JOB, loss="chunked-ce"), FSDP2)
+
+
+DDP2 = calc.Parallelism(dp=2)
+FSDP2 = calc.Parallelism(dp=2, fsdp=True)
+HF_JOB = {**JOB, "implementation": "hf"}
+
+
+@pytest.mark.parametrize(
+    "parallel", [calc.Parallelism(), DDP2, calc.Parallelism(dp=2, zero=1), FSDP2],
+    ids=["one-gpu", "ddp", "zero1", "fsdp2"],
+)  # fmt: skip
+def test_the_held_output_costs_the_same_under_data_parallelism(parallel) -> None:
+    # Hugging Face tiny llama, one sequence of 8 tokens, fp32: the held output keeps through
+    # the optimizer step the logits [8, 50] (1,600 B -> 2,048), the DynamicCache's k and v of
+    # both layers ([2 heads, 8, 8] fp32 = 512 B each, 2,048) and out.loss (0-d, 512): 4,608 B
+    # more than the Trainer loop, whatever wraps the model (DDP's buckets, ZeRO's states and
+    # FSDP2's shards are there in both loops).
+    def phases(**kw: object) -> dict[str, int]:
+        job = calc.Training(**HF_JOB, **kw)
+        return dict(calc.estimate(tiny_llama(), job, parallel, device="cpu").phases)
+
+    drop, hold = phases(), phases(loop="hold-output")
+    assert hold["step1/optimizer"] - drop["step1/optimizer"] == 4608
+    assert hold["step2/forward"] - drop["step2/forward"] == 4608
+    assert hold["step1/forward"] == drop["step1/forward"]
+
+
+def test_fsdp2_root_hooks_run_where_the_model_returns() -> None:
+    # FSDP2 (2 ranks, reshard_after_forward) on the Hugging Face tiny llama: with the model's
+    # own loss, the root's post-forward runs after the loss: it reshards the root (frees its
+    # gathered embedding, head and norm) and frees the last all-gather output (the last
+    # layer's). Under del-logits the loop's loss runs after the model returned, so both are
+    # gone while the fp32 log-probabilities exist: with the forward peak at the loss, it is
+    # lower by the [50, 16] fp32 embedding and head (3,200 B -> 3,584 each), the norm (64 B ->
+    # 512) and the last layer's flat all-gather output (4x16x16 + 3x16x24 + 2x16 = 2,208 fp32
+    # parameters, 8,832 B -> 9,216): 16,896 B.
+    def forward_peak(loop: str) -> int:
+        job = calc.Training(**{**HF_JOB, "micro_batch": 8, "seq_len": 32}, loop=loop)
+        return dict(calc.estimate(tiny_llama(), job, FSDP2, device="cpu").phases)["step1/forward"]
+
+    assert forward_peak("drop-output") - forward_peak("del-logits") == 16896
 
 
 torch = pytest.importorskip("torch")
