@@ -294,6 +294,10 @@ COMPRESSION: tuple[FormField, ...] = (
     FormField(task="train", name="lora_modules", label="LoRA modules", kind="multi",
               default=LORA_MODULES, choices=LORA_MODULES, section="compression", of="lora",
               needs="lora_rank", help="projections of each layer that get an adapter"),
+    FormField(task="train", name="lora_dropout", label="LoRA dropout", kind="float",
+              default=0.0, low=0.0, high=0.95, section="compression", of="lora",
+              needs="lora_rank", help="peft's lora_dropout: above 0 each adapter keeps a dropped "
+              "copy of its input and the mask"),
     *_quant_fields("train"),
     FormField(task="train", name="prune", label="pruning", kind="choice", default=NONE,
               choices=(NONE, *PRUNING_KINDS), section="compression", of="pruning",
@@ -355,7 +359,10 @@ def _lora(v: Mapping[str, object]) -> calc.LoRA | None:
     if not modules:
         raise ValueError(f"lora_modules=() must name at least one of {', '.join(LORA_MODULES)}")
     args = argparse.Namespace(
-        lora_rank=v["lora_rank"], lora_alpha=v["lora_alpha"], lora_modules=",".join(modules)
+        lora_rank=v["lora_rank"],
+        lora_alpha=v["lora_alpha"],
+        lora_modules=",".join(modules),
+        lora_dropout=v["lora_dropout"] or None,
     )
     return cli_compression.lora_of(args)
 

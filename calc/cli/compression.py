@@ -3,7 +3,7 @@
 * ``--quant int8|int4|nf4|fp8`` (``--group-size``, ``--zero-point``/``--no-zero-point``,
   ``--scale-dtype``, ``--no-double-quant``, ``--fp8-scaling``): weight-only quantization of the
   decoder linears (``calc.Quant``): served weights, or the frozen base of QLoRA;
-* ``--lora-rank R`` (``--lora-alpha``, ``--lora-modules q,v``): LoRA adapters
+* ``--lora-rank R`` (``--lora-alpha``, ``--lora-modules q,v``, ``--lora-dropout P``): LoRA adapters
   (``calc.LoRA``), training only;
 * ``--kv-quant int8|fp8``: the KV cache, inference only.
 
@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument(
         "--lora-modules", help=f"comma-separated of {','.join(LORA_MODULES)} (default all)"
     )
+    lo.add_argument(
+        "--lora-dropout", type=float, help="lora_dropout in [0, 1) (default 0: peft's Identity)"
+    )
 
 
 def quant_of(args: argparse.Namespace) -> Quant | None:
@@ -72,10 +75,13 @@ def quant_of(args: argparse.Namespace) -> Quant | None:
 def lora_of(args: argparse.Namespace) -> LoRA | None:
     """``calc.LoRA`` from ``--lora-rank`` and its options."""
     if args.lora_rank is None:
-        if args.lora_alpha is not None or args.lora_modules is not None:
-            raise ValueError("--lora-alpha/--lora-modules need --lora-rank")
+        dropout = getattr(args, "lora_dropout", None)
+        if args.lora_alpha is not None or args.lora_modules is not None or dropout is not None:
+            raise ValueError("--lora-alpha/--lora-modules/--lora-dropout need --lora-rank")
         return None
     kw: dict = {"rank": args.lora_rank, "alpha": args.lora_alpha}
+    if getattr(args, "lora_dropout", None) is not None:
+        kw["dropout"] = args.lora_dropout
     if args.lora_modules is not None:
         kw["modules"] = tuple(m.strip() for m in args.lora_modules.split(",") if m.strip())
     return LoRA(**kw)

@@ -67,9 +67,12 @@ def trainable_numels(model: ModelSpec, job: Training | Inference) -> list[int] |
 
 def lora_linear(
     tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, a: Tensor, b: Tensor, rank: Size,
-    rows: Size, out_features: Size, name: str,
+    rows: Size, out_features: Size, name: str, dropout_on: str | None = None,
 ) -> Tensor:  # fmt: skip
-    """``result = base(x); result = result + lora_B(lora_A(x)) * scaling`` (peft order).
+    """``result = base(x); result = result + lora_B(lora_A(dropout(x))) * scaling`` (peft
+    order; ``dropout_on``: the device whose dropout runs (`calc.replay.ops.dropout`), ``None``
+    for ``lora_dropout=0``, peft's ``nn.Identity``). The dropped copy is an argument of
+    ``lora_A``, released when it returns (``A`` saves it).
 
     ``x`` is first cast to the adapters' dtype (peft's ``_cast_input_dtype``; a no-op for one
     dtype, skipped under autocast); ``lora_A(x)`` saves ``x`` (A needs a gradient) and ``A``
@@ -80,7 +83,10 @@ def lora_linear(
     after the product."""
     y = _base_linear(tape, x, base, bias, rows, out_features, name)
     xa = x if tape.autocast_itemsize else ops.to_dtype(tape, x, a.itemsize, f"{name}.lora_in")
-    ax = ops.linear(tape, xa, a, None, rows, rank, f"{name}.lora_A")
+    xd = xa if dropout_on is None else ops.dropout(tape, xa, f"{name}.lora_dropout", dropout_on)
+    ax = ops.linear(tape, xd, a, None, rows, rank, f"{name}.lora_A")
+    if xd is not xa:
+        tape.drop(xd)
     bx = ops.linear(tape, ax, b, None, rows, out_features, f"{name}.lora_B")
     tape.drop(ax)
     scaled = ops.unary(tape, bx, f"{name}.lora_scale", saves="none")
@@ -148,7 +154,8 @@ def compress_weights(
                 shapes += [(lora.rank, in_f), (out_f, lora.rank)]
                 base = dict.__getitem__(lw, key)
                 assert base is not None, key
-                tape.linear_hooks[id(base.storage)] = _lora_hook(base, a, b, lora.rank)
+                drop_on = sh.device if lora.dropout > 0 else None
+                tape.linear_hooks[id(base.storage)] = _lora_hook(base, a, b, lora.rank, drop_on)
     return params, shapes
 
 
@@ -159,9 +166,9 @@ def _quant_hook(qw: quant.QWeight):
     return hook
 
 
-def _lora_hook(base: Tensor, a: Tensor, b: Tensor, rank: int):
+def _lora_hook(base: Tensor, a: Tensor, b: Tensor, rank: int, dropout_on: str | None):
     def hook(tape: Tape, x: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str):
-        return lora_linear(tape, x, base, bias, a, b, rank, rows, out, name)
+        return lora_linear(tape, x, base, bias, a, b, rank, rows, out, name, dropout_on)
 
     return hook
 

@@ -57,6 +57,11 @@ class LoRA:
     adapter_dtype: AdapterDtype | None = None
     """Dtype of ``A``, ``B``, their grads and the adapter path's activations. ``None``: the
     training precision's parameter dtype."""
+    dropout: float = 0.0
+    """``lora_dropout``: dropout on each adapter's input, ``B(A(dropout(x)))`` (peft
+    ``tuners/lora/layer.py``); in [0, 1). Above 0 every adapted linear keeps a dropped copy of
+    its input for ``A``'s gradient and the dropout mask (CUDA: 1 byte per element; CPU: in the
+    input's dtype), as `calc.replay.ops.dropout` replays."""
 
     def __post_init__(self) -> None:
         if not is_int(self.rank) or not 1 <= self.rank <= MAX_RANK:
@@ -73,6 +78,8 @@ class LoRA:
                 raise ValueError(f"modules entry {m!r} is not one of {LORA_MODULES}")
         if len(set(self.modules)) != len(self.modules):
             raise ValueError(f"modules={self.modules!r} lists a module twice")
+        if not is_real(self.dropout) or not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout={self.dropout!r} must be a number in [0, 1)")
         if self.adapter_dtype is not None and self.adapter_dtype not in ADAPTER_DTYPES:
             raise ValueError(
                 f"adapter_dtype={self.adapter_dtype!r} must be one of {ADAPTER_DTYPES} or None"

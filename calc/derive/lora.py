@@ -3,7 +3,7 @@
 verify trains LoRA with its own adapter module (``verify/models/compress.py``, ``LoRALinear``
 and ``apply``; no peft): every parameter frozen, then each chosen decoder linear wrapped so
 that ``result = base(x)``, ``x`` cast to the adapters' dtype (not under autocast; peft's
-``_cast_input_dtype``), ``result = result + B(A(x)) * scaling`` and ``result.to(its dtype)``
+``_cast_input_dtype``), ``result = result + B(A(dropout(x))) * scaling`` and ``result.to(its dtype)``
 (peft ``tuners/lora/layer.py``, ``Linear.forward``; Hu et al. 2021, arXiv 2106.09685). ``A``
 is ``[r, in]``, ``B`` ``[out, r]``, in the weights' dtype or ``LoRA.adapter_dtype``.
 
@@ -92,12 +92,15 @@ def adapted_linear() -> type:
             self.lora_A = torch.nn.Parameter(torch.empty(lora.rank, base.in_features, **kw))
             self.lora_B = torch.nn.Parameter(torch.zeros(base.out_features, lora.rank, **kw))
             self.scaling = lora.scale
+            self.dropout = lora.dropout
 
         def forward(self, x: Any) -> Any:
             result = self.base(x)
             dtype = result.dtype
             if not torch.is_autocast_enabled(x.device.type):
                 x = x.to(self.lora_A.dtype)
+            if self.dropout > 0:  # peft's lora_dropout (nn.Identity at 0)
+                x = F.dropout(x, self.dropout, self.training)
             result = result + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
             return result.to(dtype)
 

@@ -93,6 +93,21 @@ def _lora_training() -> list[Case]:
         _train("hf-qlora-int8-recompute-mistral", MISTRAL, impl="hf", precision="bf16",
                recompute="full", lora=LoRA(rank=8), quant=Quant(method="int8"),
                tags=("qlora",)),
+        # peft's lora_dropout: each adapted linear keeps its dropped input for A's gradient and
+        # the mask (on CPU in the input's dtype, `calc.replay.ops.dropout`)
+        _train("lora-dropout-fp32-llama", LLAMA, lora=LoRA(rank=8, dropout=0.1), tags=t,
+               note="lora_dropout=0.1 on all seven linears: a dropped copy of each input and "
+               "its mask saved per adapter (the first layer's q/k/v too: their input needs no "
+               "gradient, so their masks die at once)"),
+        _train("hf-lora-dropout-amp-bf16-llama3", LLAMA3, impl="hf", precision="amp-bf16",
+               lora=LoRA(rank=16, alpha=32, dropout=0.05), tags=t,
+               note="the usual peft recipe: r16, alpha 32, lora_dropout 0.05, under autocast"),
+        _train("hf-qlora-nf4-dropout-bf16-qwen2", QWEN2, impl="hf", precision="bf16",
+               lora=LoRA(rank=8, dropout=0.1), quant=Quant(method="nf4"), tags=("qlora",),
+               note="QLoRA with lora_dropout 0.1"),
+        _train("lora-dropout-recompute-mistral", MISTRAL, recompute="full",
+               lora=LoRA(rank=8, modules=("q", "v"), dropout=0.1), tags=t,
+               note="dropout inside checkpointed layers: the masks are recomputed"),
     ]  # fmt: skip
 
 

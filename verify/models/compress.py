@@ -249,12 +249,16 @@ class LoRALinear(nn.Module):
         with torch.no_grad():
             nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         self.scaling = lora.scale
+        self.dropout = lora.dropout
+        """peft's ``lora_dropout`` (``nn.Dropout``; ``nn.Identity`` at 0)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         result = self.base(x)
         result_dtype = result.dtype
         if not torch.is_autocast_enabled(x.device.type):  # peft's _cast_input_dtype
             x = x.to(self.lora_A.dtype)
+        if self.dropout > 0:
+            x = F.dropout(x, self.dropout, self.training)
         result = result + F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scaling
         return result.to(result_dtype)
 

@@ -11,8 +11,9 @@ def _job(*argv):
 
 def test_qlora_options_reach_the_training_job():
     job = _job("--task", "train", "--precision", "bf16", "--lora-rank", "16",
-               "--lora-modules", "q,v", "--quant", "nf4", "--no-double-quant")  # fmt: skip
-    assert job.lora.rank == 16 and job.lora.modules == ("q", "v")
+               "--lora-modules", "q,v", "--quant", "nf4", "--no-double-quant",
+               "--lora-dropout", "0.05")  # fmt: skip
+    assert job.lora.rank == 16 and job.lora.modules == ("q", "v") and job.lora.dropout == 0.05
     assert job.quant.method == "nf4" and job.quant.double_quant is False
 
 
@@ -32,6 +33,8 @@ def test_quant_and_kv_options_reach_the_inference_job():
         (("--task", "infer", "--group-size", "64"), "group-size"),
         (("--task", "infer", "--quant", "int3"), "method"),
         (("--task", "train", "--lora-rank", "8", "--lora-modules", "q,x"), "modules"),
+        (("--task", "train", "--lora-dropout", "0.1"), "lora-dropout"),
+        (("--task", "train", "--lora-rank", "8", "--lora-dropout", "1.5"), "dropout"),
     ],
 )
 def test_bad_options_name_the_field(argv, field):

@@ -55,6 +55,9 @@ def test_bad_quant_names_the_field(kwargs, field):
         ({"rank": 8, "modules": ("q", "qkv")}, "modules"),
         ({"rank": 8, "modules": ("q", "q")}, "modules"),
         ({"rank": 8, "adapter_dtype": "int8"}, "adapter_dtype"),
+        ({"rank": 8, "dropout": 1.0}, "dropout"),
+        ({"rank": 8, "dropout": -0.1}, "dropout"),
+        ({"rank": 8, "dropout": "0.1"}, "dropout"),
     ],
 )
 def test_bad_lora_names_the_field(kwargs, field):
