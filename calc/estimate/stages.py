@@ -26,13 +26,14 @@ def stage_results(
         raise NotImplementedError("pipeline parallelism combined with dp, cp, sp or vocab_parallel")
     if parallel.shard_level or parallel.offload != "none":
         raise NotImplementedError("pipeline parallelism with ZeRO/FSDP or offload")
+    plans = stage_plans(model, job, parallel)  # checks the layout first (check_pipeline)
     mb_job = microbatch_job(job, parallel)
     tp_model = rank_model(model, parallel)  # the model itself when tp == 1
     interleaved = parallel.pp_schedule == "interleaved-1f1b"
     if interleaved and parallel.tp > 1:
         raise NotImplementedError("interleaved 1F1B combined with tensor parallelism")
     out = []
-    for plan in stage_plans(model, job, parallel):
+    for plan in plans:
         local = tp_model.with_overrides(n_layers=plan.n_layers)
         # interleaved: the chunks' layers differ, so every layer is replayed
         opts = ReplayOptions(tp_comm=parallel.tp > 1, exact_layers=interleaved, stage=plan)

@@ -92,6 +92,10 @@ def test_receive_buffers_grow_with_micro_batches() -> None:
 def test_microbatches_must_divide_the_batch() -> None:
     with pytest.raises(ValueError, match="pp_microbatches=3"):
         calc.estimate(_llama(), _job(), Parallelism(pp=2, pp_microbatches=3), device="cpu")
+    # more micro-batches than sequences: named as such, not as a micro-batch of 0 sequences
+    with pytest.raises(ValueError, match="pp_microbatches=4 must divide micro_batch=1"):
+        par = Parallelism(pp=2, pp_microbatches=4)
+        calc.estimate(_llama(), _job(micro_batch=1), par, device="cpu")
 
 
 def _iplan(rank: int, pp: int, v: int, m: int) -> pipeline.StagePlan:
