@@ -16,7 +16,7 @@ from calc.compress.sparse import storage_verdict
 from calc.compress.structured import pruned_spec
 from calc.config.compression import LoRA, Quant
 from calc.config.distill import Distill
-from calc.config.jobs import Inference, Training
+from calc.config.jobs import Inference, Sampling, Training
 from calc.config.model_spec import ModelSpec, ParamTensor
 from calc.config.parallelism import Parallelism
 from calc.config.pruning import Pruning
@@ -41,6 +41,7 @@ __all__ = [
     "ParamTensor",
     "Pruning",
     "Quant",
+    "Sampling",
     "ServeEstimate",
     "Serving",
     "Training",

@@ -174,6 +174,10 @@ TRAINING: tuple[FormField, ...] = (
               "(the estimate is refused)"),
 )  # fmt: skip
 
+NONE = "none"
+"""The choice that leaves an object-valued job field at None."""
+SAMPLE = "sample"
+"""The ``do_sample`` option that turns sampling on (``calc.Sampling``)."""
 INFERENCE: tuple[FormField, ...] = (
     FormField(task="infer", name="batch", label="batch", kind="int", default=1, high=1 << 20,
               help="sequences served together"),
@@ -197,6 +201,22 @@ INFERENCE: tuple[FormField, ...] = (
               default="dynamic", choices=jobs.CACHE_IMPLS, section="advanced",
               help="DynamicCache (generate's default, grown each step) or a static cache; "
                    "used when new tokens > 0"),
+    FormField(task="infer", name="do_sample", label="sampling (generate)", kind="choice",
+              default=NONE, choices=(NONE, SAMPLE), section="advanced", of="sampling",
+              help="none = greedy; sample = do_sample=True with the logits processors below "
+                   "(used when new tokens > 0)"),
+    FormField(task="infer", name="temperature", label="temperature", kind="float",
+              default=1.0, low=1e-3, high=1e3, section="advanced", of="sampling",
+              needs="do_sample", help="1 = not applied"),
+    FormField(task="infer", name="top_k", label="top-k", kind="int", default=50, low=0,
+              high=jobs.MAX_TOP_K, section="advanced", of="sampling", needs="do_sample",
+              help="0 = not applied (transformers' default: 50)"),
+    FormField(task="infer", name="top_p", label="top-p", kind="float", default=1.0,
+              low=1e-3, high=1.0, section="advanced", of="sampling", needs="do_sample",
+              help="1 = not applied; below 1 the whole vocabulary is sorted each step"),
+    FormField(task="infer", name="repetition_penalty", label="repetition penalty",
+              kind="float", default=1.0, low=1e-3, high=1e3, section="advanced",
+              of="sampling", needs="do_sample", help="1 = not applied"),
 )  # fmt: skip
 
 _PAR = "parallel"
@@ -254,8 +274,6 @@ PARALLELISM: tuple[FormField, ...] = (
 """Issue 4: one option per field of ``calc.Parallelism`` (training only); all at their defaults
 is one GPU (``build_parallel`` returns None)."""
 
-NONE = "none"
-"""The choice that leaves an object-valued job field at None."""
 AUTO = "auto"
 """The choice that leaves an option at the class's default (None)."""
 ZERO_POINTS: dict[str, bool | None] = {AUTO: None, "yes": True, "no": False}
@@ -401,6 +419,13 @@ def _optimizer(v: Mapping[str, object]) -> object:
     return None if v["optimizer"] == NONE else v["optimizer"]
 
 
+def _sampling(v: Mapping[str, object]) -> calc.Sampling | None:
+    if v["do_sample"] == NONE:
+        return None
+    names = ("temperature", "top_k", "top_p", "repetition_penalty")
+    return calc.Sampling(**{name: v[name] for name in names})  # type: ignore[arg-type]
+
+
 OBJECT_BUILDERS: dict[str, Callable[[Mapping[str, object]], object]] = {
     "optimizer": _optimizer,
     "lora": _lora,
@@ -408,6 +433,7 @@ OBJECT_BUILDERS: dict[str, Callable[[Mapping[str, object]], object]] = {
     "kv_quant": _kv_quant,
     "pruning": _pruning,
     "distill": _distill,
+    "sampling": _sampling,
 }
 """Job field -> the function building its value from its flat options (name -> value)."""
 
@@ -490,11 +516,12 @@ def build_job(task: str, state: Mapping[str, object]) -> calc.Training | calc.In
 
 def _generate_fields(kwargs: dict[str, object]) -> None:
     """Generate (``new_tokens`` > 0): the context follows from the prompt (``context=0``);
-    the prefill alone: no ``cache`` choice (its cache is the static one)."""
+    the prefill alone: no ``cache`` choice (its cache is the static one), no sampling."""
     if kwargs.get("new_tokens"):
         kwargs["context"] = 0
     else:
         kwargs["cache"] = None
+        kwargs["sampling"] = None
 
 
 def build_parallel(task: str, state: Mapping[str, object]) -> calc.Parallelism | None:

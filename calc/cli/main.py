@@ -24,7 +24,7 @@ from calc.cli import serve as cli_serve
 from calc.cli.exits import run_reporting_errors
 from calc.cli.model_source import DEFAULT_CARD, MODEL_HELP, load_model
 from calc.config import jobs
-from calc.config.jobs import Inference, Training
+from calc.config.jobs import Inference, Sampling, Training
 from calc.config.parallelism import OFFLOADS, PIPELINE_SCHEDULES, Parallelism
 from calc.data.cards import list_cards
 from calc.data.gpus import DEFAULT_GPU, GPU, get_gpu
@@ -165,6 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     infer.add_argument(
         "--cache", help=f"generate's KV cache: {_choices(jobs.CACHE_IMPLS)} (default dynamic)"
     )
+    infer.add_argument(
+        "--sample",
+        action="store_true",
+        help="generate with do_sample=True (calc.Sampling; default greedy); its processors: "
+        "--temperature, --top-k (default 50), --top-p, --repetition-penalty",
+    )
+    infer.add_argument("--temperature", type=float, help="sampling temperature (default 1)")
+    infer.add_argument("--top-k", type=int, help="top-k of sampling (default 50; 0: off)")
+    infer.add_argument("--top-p", type=float, help="top-p of sampling (default 1: off)")
+    infer.add_argument(
+        "--repetition-penalty", type=float, help="repetition penalty (default 1: off)"
+    )
 
     par = p.add_argument_group("parallelism (training; calc.Parallelism, default: one GPU)")
     for flag, hlp in (
@@ -247,10 +259,30 @@ def build_job(args: argparse.Namespace) -> Training | Inference:
     if kwargs.get("optimizer") == "none":  # forward and backward alone
         kwargs["optimizer"] = None
     if args.task == "train":
+        if getattr(args, "sample", False):
+            raise ValueError("task='train' does not take --sample (generate's sampling)")
         return cli_compression.apply(args, Training(**{**DEFAULT_TRAINING, **kwargs}))
     # generate: the context follows from --prompt and --new-tokens (calc.Inference)
     defaults = {"batch": 1} if kwargs.get("new_tokens") else DEFAULT_INFERENCE
+    sampling = _sampling(args)
+    if sampling is not None:
+        kwargs["sampling"] = sampling
     return cli_compression.apply(args, Inference(**{**defaults, **kwargs}))
+
+
+SAMPLING_FIELDS: tuple[str, ...] = ("temperature", "top_k", "top_p", "repetition_penalty")
+
+
+def _sampling(args: argparse.Namespace) -> Sampling | None:
+    """``calc.Sampling`` from ``--sample`` and its processors (``ValueError`` for a processor
+    given without ``--sample``)."""
+    given = {f: getattr(args, f) for f in SAMPLING_FIELDS if getattr(args, f, None) is not None}
+    if not getattr(args, "sample", False):
+        if given:
+            names = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise ValueError(f"{names} need --sample (generate is greedy without it)")
+        return None
+    return Sampling(**given)
 
 
 PARALLEL_FIELDS: tuple[str, ...] = (

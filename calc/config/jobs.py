@@ -169,6 +169,48 @@ class Training:
             raise ValueError(f"distill={self.distill!r} must be a calc.Distill or None")
 
 
+MAX_TOP_K = 1 << 20
+"""Largest ``top_k`` `Sampling` takes."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Sampling:
+    """``generate(do_sample=True, ...)``: the logits processors that run on each step's fp32
+    scores before ``softmax`` and ``multinomial`` (transformers ``generation/utils.py``
+    ``_sample``, ``generation/logits_process.py``). Defaults are transformers' own
+    (``GenerationConfig._get_default_generation_params``): temperature 1, top-k 50, top-p 1,
+    no repetition penalty. Each processor that runs allocates its own scores-sized tensors
+    (top-p sorts the whole vocabulary: values and int64 indices)."""
+
+    temperature: float = 1.0
+    """Scores divided by it (``TemperatureLogitsWarper``; 1: not applied); > 0."""
+    top_k: int = 50
+    """Keep the ``top_k`` highest scores (``TopKLogitsWarper``; 0: not applied)."""
+    top_p: float = 1.0
+    """Keep the smallest set whose probability reaches ``top_p`` (``TopPLogitsWarper``; 1: not
+    applied); in (0, 1]."""
+    repetition_penalty: float = 1.0
+    """Penalise tokens already in the sequence (``RepetitionPenaltyLogitsProcessor``; 1: not
+    applied); > 0."""
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "repetition_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{name}={value!r} must be a number > 0")
+        check_size("top_k", self.top_k, 0, MAX_TOP_K)
+        top_p = self.top_p
+        if isinstance(top_p, bool) or not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+            raise ValueError(f"top_p={top_p!r} must be a number in (0, 1]")
+
+    def generate_kwargs(self) -> dict[str, float | int | bool]:
+        """The keyword arguments of ``model.generate`` that select this sampling."""
+        return {
+            "do_sample": True, "temperature": float(self.temperature), "top_k": self.top_k,
+            "top_p": float(self.top_p), "repetition_penalty": float(self.repetition_penalty),
+        }  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Inference:
     """A prefill of ``prompt`` tokens into a KV cache of ``context`` tokens, per GPU; with
@@ -201,6 +243,10 @@ class Inference:
     the default of ``generate``) or ``static`` (``cache_implementation="static"``, allocated for
     ``prompt + new_tokens`` tokens); ``None``: ``dynamic`` when generating, the prefill alone's
     static cache otherwise."""
+    sampling: Sampling | None = None
+    """``generate``'s decoding: ``None`` greedy (``do_sample=False``, the default of a model
+    without a ``generation_config.json``); a `Sampling` samples (``do_sample=True``). Needs
+    ``new_tokens`` >= 1."""
 
     def __post_init__(self) -> None:
         check_size("batch", self.batch, 1, 1 << 20)
@@ -227,6 +273,11 @@ class Inference:
         if self.quant is not None and not isinstance(self.quant, Quant):
             raise ValueError(f"quant={self.quant!r} must be a calc.Quant or None")
         check_kv_quant(self.kv_quant)
+        if self.sampling is not None:
+            if not isinstance(self.sampling, Sampling):
+                raise ValueError(f"sampling={self.sampling!r} must be a calc.Sampling or None")
+            if self.new_tokens == 0:
+                raise ValueError("sampling needs new_tokens >= 1 (it decodes generated tokens)")
 
     def _generate_context(self) -> None:
         """``context`` of a ``generate`` job: ``prompt + new_tokens`` (``prompt`` required)."""

@@ -440,8 +440,8 @@ def _generate(
     context: int, vocab: int,
 ) -> list[int]:  # fmt: skip
     """``model.generate`` of ``job.new_tokens`` tokens after ``prompt`` (``context - prompt``
-    when ``context`` is given) (``verify/run/step.py``, ``generate``): greedy, no attention
-    mask, the cache ``job.cache_impl``, token 0 as the eos where the config has none. Phase
+    when ``context`` is given) (``verify/run/step.py``, ``generate``): greedy or
+    ``job.sampling``'s, no attention mask, the cache ``job.cache_impl``, token 0 as the eos where the config has none. Phase
     ``prefill`` up to the first forward's end, then ``decode``. Returns the stream index where
     each forward starts (`calc.derive.generate.cut`)."""
     import torch
@@ -469,7 +469,11 @@ def _generate(
     book.phase = "prefill"
     book.tag_now = "embed"
     with torch.no_grad(), _sdpa(backend), stop_after(prompt + new_tokens):
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, **kw)
+        if job.sampling is not None:  # do_sample=True and its logits processors
+            kw.update(job.sampling.generate_kwargs())
+        else:
+            kw["do_sample"] = False
+        out = model.generate(ids, max_new_tokens=new_tokens, **kw)
         del out
     for h in handles:
         h.remove()

@@ -127,6 +127,11 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
         )
     if job.kv_quant is not None:
         raise NotImplementedError("generate with a quantized KV cache is not modelled")
+    if job.sampling is not None:  # calc.estimate.api falls back to the derived replay
+        raise NotImplementedError(
+            "generate with sampling is recorded from transformers' code (the derived replay), "
+            "not written by hand"
+        )
     if model.sliding_window is not None and model.model_type != "mistral":
         raise NotImplementedError(
             f"generate for {model.model_type} with a sliding window is not modelled yet"

@@ -249,6 +249,13 @@ CASES: tuple[Case, ...] = (
                        None)),
     Case("infer-fp8", ({"infer.quant": "fp8", "infer.fp8_scaling": "row"},
                        {"quant": calc.Quant(method="fp8", fp8_scaling="row")}, None)),
+    Case("infer-sample", ({"infer.prompt": 64, "infer.new_tokens": 4,
+                           "infer.do_sample": "sample", "infer.top_p": 0.9,
+                           "infer.temperature": 0.7, "infer.top_k": 20,
+                           "infer.repetition_penalty": 1.1},
+                          {"context": 0, "prompt": 64, "new_tokens": 4,
+                           "sampling": calc.Sampling(top_p=0.9, temperature=0.7, top_k=20,
+                                                     repetition_penalty=1.1)}, None)),
     Case("dp2-zero3", ({"train.dp": 2, "train.zero": 3}, {}, {"dp": 2, "zero": 3})),
     Case("tp2", ({"train.tp": 2}, {}, {"tp": 2})),
     Case("tp2-sp-vocab", ({"train.tp": 2, "train.sp": True, "train.vocab_parallel": True}, {},
@@ -298,7 +305,7 @@ def test_compression_and_parallel_widgets_give_calc_estimate_of_the_same_job(cas
     if case.task == "train":
         job: object = calc.Training(**{"micro_batch": 1, "seq_len": 2048, **job_kwargs})
     else:
-        job = calc.Inference(batch=1, context=4096, **job_kwargs)
+        job = calc.Inference(**{"batch": 1, "context": 4096, **job_kwargs})
     parallel = calc.Parallelism(**parallel_kwargs) if parallel_kwargs else None
     _check_page(at, model, job, "h100-80gb", parallel)
     for key, value in widgets.items():  # every option is in the shareable link

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from calc.config.jobs import Inference
+from calc.config.jobs import Inference, Sampling
 from verify.cases.case import LLAMA, QWEN2, Case, infer
 from verify.cases.derived import _case as derived_case
 
@@ -73,6 +73,14 @@ def derived_generate_cases() -> list[Case]:
         _case("olmo2", "long-fp32", _gen("olmo2", 2, 40, 30, "fp32")),
         _case("gemma2", "long-beyond-bf16", _gen("gemma2", 2, 24, 30, "bf16")),
         _case("deepseek_v2", "long-bf16", _gen("deepseek_v2", 3, 4, 28, "bf16", cache="static")),
+        # do_sample=True with its logits processors (top-p sorts the whole vocabulary; the
+        # repetition penalty gathers the sequence so far: a cut recording lifts it in c)
+        _case("gemma2", "sample-bf16", _gen("gemma2", 3, 6, 12, "bf16",
+                                            sampling=Sampling(top_p=0.9))),
+        _case("phi3", "sample-long-fp32", _gen("phi3", 2, 10, 30, "fp32",
+              sampling=Sampling(temperature=0.8, repetition_penalty=1.1))),
+        _case("qwen3_moe", "sample-bf16", _gen("qwen3_moe", 2, 8, 6, "bf16",
+                                               sampling=Sampling(top_k=10))),
         # a one-token prompt (no mask at the prefill)
         _case("olmo2", "prompt-one-bf16", _gen("olmo2", 3, 1, 6, "bf16")),
         # hand-modelled types replayed as derived: equal to the hand graph and the measurement

@@ -5,6 +5,7 @@ counts."""
 from __future__ import annotations
 
 from calc.config.compression import Quant
+from calc.config.jobs import Sampling
 from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
 
 __all__ = ["generate_cases"]
@@ -57,4 +58,15 @@ def generate_cases() -> list[Case]:
               precision="bf16", cache="static", **hf),
         infer("gen-static-gpt2-bf16", GPT2, batch=4, prompt=6, new_tokens=9, precision="bf16",
               cache="static", **hf),
+        # do_sample=True: the hand graphs refuse it, the replay recorded from transformers'
+        # generate answers (calc.estimate's derived fallback); each processor's [b, V] tensors
+        infer("gen-sample-llama-fp32-decode", LLAMA, batch=4, prompt=2, new_tokens=40,
+              precision="fp32", sampling=Sampling(), **hf),
+        infer("gen-sample-qwen2-bf16-top-p", QWEN2, batch=3, prompt=8, new_tokens=12,
+              precision="bf16", sampling=Sampling(temperature=0.7, top_k=20, top_p=0.8,
+                                                  repetition_penalty=1.05), **hf),
+        infer("gen-sample-gpt2-fp32-top-p", GPT2, batch=2, prompt=6, new_tokens=8,
+              precision="fp32", sampling=Sampling(top_k=0, top_p=0.95), **hf),
+        infer("gen-sample-mistral-bf16-static", MISTRAL, batch=2, prompt=4, new_tokens=10,
+              precision="bf16", cache="static", sampling=Sampling(temperature=0.6), **hf),
     ]  # fmt: skip

@@ -235,7 +235,8 @@ def prefill(
 
 
 def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
-    """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy, the prompt without an
+    """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy (or ``job.sampling``'s
+    ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`), the prompt without an
     attention mask (one unpadded prompt per row), the cache ``job.cache_impl`` (``static``:
     ``cache_implementation="static"``), an eos token set (token 0 where the config has none);
     the output ids are dropped at once."""
@@ -244,7 +245,11 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
         # every published card sets an eos token (and generate's eos bookkeeping runs); the
         # scaled configs of some families (qwen2) leave it unset: token 0 stands in
         kw["eos_token_id"] = 0
-    out = model.generate(ids, max_new_tokens=job.new_tokens, do_sample=False, **kw)
+    if job.sampling is not None:  # do_sample=True with the job's logits processors
+        kw.update(job.sampling.generate_kwargs())
+    else:
+        kw["do_sample"] = False
+    out = model.generate(ids, max_new_tokens=job.new_tokens, **kw)
     del out
 
 

@@ -164,6 +164,30 @@ def test_generate_flags_make_a_generate_job(calls, capsys) -> None:
     assert job.context == 544
 
 
+def test_sample_flags_make_a_sampling_generate_job(calls, capsys) -> None:
+    argv = ["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--sample"]
+    code, _, err = run_cli([*argv, "--top-p", "0.9", "--temperature", "0.7"], capsys)
+    assert code == 0, err
+    sampling = calls[0][1].sampling
+    assert sampling == calc.Sampling(top_p=0.9, temperature=0.7)
+    assert sampling.top_k == 50  # transformers' default
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--top-k", "5"],
+         "--top-k need --sample"),
+        (["--task", "train", "--sample"], "does not take --sample"),
+        (["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--sample", "--top-p", "2"],
+         "top_p=2.0"),
+    ],
+)  # fmt: skip
+def test_sample_flags_are_checked(calls, capsys, argv, says) -> None:
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and says in err
+
+
 def test_config_file_is_read_as_the_model(calls, capsys, tmp_path: Path) -> None:
     config = calc.load_card_config("qwen2.5-0.5b")
     path = tmp_path / "config.json"
