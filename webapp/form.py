@@ -165,6 +165,10 @@ TRAINING: tuple[FormField, ...] = (
               kind="bool", default=False, section="advanced",
               help="torchtune's optimizer_in_bwd: each parameter stepped once its gradient "
               "is ready"),
+    FormField(task="train", name="paged_optimizer", label="paged optimizer", kind="bool",
+              default=False, section="advanced",
+              help="bitsandbytes' paged adam8bit/adam32bit (paged_adamw_8bit/32bit): states of "
+              "params of 100,000+ elements in CUDA managed memory, outside the peak"),
     FormField(task="train", name="loss_chunks", label="loss chunks", kind="int",
               default=_default(T, "loss_chunks"), high=jobs.MAX_LOSS_CHUNKS, section="advanced",
               help="chunks of the chunked cross-entropy"),

@@ -56,6 +56,7 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "loss",
     "loss_chunks",
     "optimizer_in_backward",
+    "paged_optimizer",
 )
 INFERENCE_FIELDS: tuple[str, ...] = (
     "batch",
@@ -141,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="step each parameter as soon as its gradient is ready (torchtune optimizer_in_bwd)",
+    )
+    train.add_argument(
+        "--paged-optimizer",
+        action="store_true",
+        default=None,
+        help="bitsandbytes' paged optimizer (with --optimizer adam8bit or adam32bit): large "
+        "params' states in CUDA managed memory, outside PyTorch's allocator",
     )
     cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 

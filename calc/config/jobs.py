@@ -17,7 +17,9 @@ from calc.config.distill import Distill
 from calc.config.pruning import Pruning
 
 Precision = Literal["fp32", "amp-bf16", "amp-fp16", "bf16", "bf16-master"]
-Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adafactor", "lion"]
+Optimizer = Literal[
+    "sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adam32bit", "adafactor", "lion"
+]
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
@@ -63,7 +65,10 @@ class Training:
     weights and grads, fp32 master weights and fp32 optimizer states)."""
     optimizer: Optimizer | None = "adamw"
     """Optimizer; its states and step-time temporaries are terms of the peak. ``None``:
-    forward and backward alone (no optimizer, no states, no step; ``zero_grad`` still runs)."""
+    forward and backward alone (no optimizer, no states, no step; ``zero_grad`` still runs).
+    ``adam8bit`` and ``adam32bit`` are bitsandbytes' ``Adam8bit``/``AdamW8bit`` (blockwise
+    uint8 states) and ``Adam32bit``/``AdamW32bit`` (fp32 states), each updated by one CUDA
+    kernel in place."""
     optimizer_impl: OptimizerImpl = "foreach"
     """PyTorch's multi-tensor (``foreach``, the CUDA default), ``fused`` or per-tensor loop."""
     recompute: Recompute = "none"
@@ -112,6 +117,12 @@ class Training:
     """torchtune's ``optimizer_in_bwd``: one optimizer per parameter, stepped by a
     post-accumulate-grad hook as soon as its gradient is ready, then ``zero_grad`` (the
     gradients never all exist together)."""
+    paged_optimizer: bool = False
+    """bitsandbytes' paged optimizers (``PagedAdamW8bit``, ``PagedAdamW32bit``; Hugging Face
+    ``optim="paged_adamw_8bit"``/``"paged_adamw_32bit"``): the states of every parameter of at
+    least 100,000 elements live in CUDA managed memory (``cudaMallocManaged``), outside
+    PyTorch's allocator, so they are not in the peak; the estimate names their bytes. Needs
+    ``optimizer`` ``adam8bit`` or ``adam32bit``."""
     compile: Compile = "none"
     """``none`` (eager) or ``default``: the model wrapped by ``torch.compile(model)`` in its
     default mode (Inductor; AOTAutograd's partitioner chooses what the forward saves, the
@@ -161,6 +172,12 @@ class Training:
             raise ValueError(
                 f"optimizer_impl='fused' is not available for optimizer={self.optimizer!r}: "
                 "PyTorch fuses adam, adamw, sgd and sgd-momentum"
+            )
+        check_bool("paged_optimizer", self.paged_optimizer)
+        if self.paged_optimizer and self.optimizer not in ("adam8bit", "adam32bit"):
+            raise ValueError(
+                f"paged_optimizer=True with optimizer={self.optimizer!r}: bitsandbytes pages "
+                "the states of 'adam8bit' and 'adam32bit'"
             )
         check_lora_quant(self.lora, self.quant)
         if self.pruning is not None and not isinstance(self.pruning, Pruning):

@@ -8,7 +8,7 @@ import importlib.util
 from dataclasses import replace
 from functools import partial
 
-from calc.compress.lora import check_parallel
+from calc.compress.lora import check_parallel, trainable_numels
 from calc.compress.quant import check_fits
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
@@ -25,6 +25,7 @@ from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
 from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
+from calc.step.optimizer import paged_state_bytes
 
 
 def estimate(
@@ -69,10 +70,11 @@ def estimate(
     if gpu_obj is not None and not isinstance(gpu_obj, GPU):
         raise ValueError(f"gpu must be a catalog id or a calc GPU, got {type(gpu).__name__}")
     if parallel is not None and not parallel.is_single:
-        est = estimate_parallel(model, job, parallel, device)
+        _check_paged(job, parallel)
+        est = _with_paged(estimate_parallel(model, job, parallel, device), model, job)
         return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
     comp, key, job, notes = _compiled_or_derived(model, job, device)
-    est = evaluate(comp, key, model, job, device, notes=notes)
+    est = _with_paged(evaluate(comp, key, model, job, device, notes=notes), model, job)
     if gpu_obj is not None:
         est = for_gpu(est, job, gpu_obj)
     charged = workspace_charge(job, device)
@@ -81,6 +83,34 @@ def estimate(
     size = cublas_workspace_bytes(gpu_obj)
     handles = charged // CUBLAS_WORKSPACE_BYTES
     return replace(est, allocator_fn=partial(allocator_stats, model, job, device, size, handles))
+
+
+def _check_paged(job: Training | Inference, parallel: Parallelism) -> None:
+    """Paged optimizer states are modelled unsharded (one GPU, DDP)."""
+    paged = isinstance(job, Training) and job.paged_optimizer
+    if paged and (parallel.shard_level or parallel.offload != "none"):
+        raise NotImplementedError(
+            "paged_optimizer with ZeRO, FSDP or offload is not modelled (one GPU and DDP are)"
+        )
+
+
+def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> Estimate:
+    """``est`` with a paged optimizer's managed-memory states named (`Estimate.paged_state_bytes`
+    and a note); unchanged for any other job."""
+    if not isinstance(job, Training) or not job.paged_optimizer or job.optimizer is None:
+        return est
+    numels = trainable_numels(model, job) or [
+        int(p.numel)
+        for p in model.param_tensors()
+        for _ in range(model.n_layers if p.group == "layer" else 1)
+    ]
+    paged = paged_state_bytes(numels, job.optimizer)
+    note = (
+        f"paged optimizer: {paged:,} B of states in CUDA managed memory (bitsandbytes "
+        "get_paged), outside PyTorch's allocator and the peak; on the GPU until memory runs "
+        "short, then paged to the host"
+    )
+    return replace(est, paged_state_bytes=paged, notes=(*est.notes, note))
 
 
 def _check_training(model: ModelSpec, job: Training) -> None:

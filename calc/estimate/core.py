@@ -31,6 +31,7 @@ from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
 from calc.step.inference import replay_inference, replayed_new_tokens
+from calc.step.optimizer import BNB_MIN_8BIT_SIZE, BNB_OPTIMIZERS, BNB_PAGED_MIN_NUMEL
 from calc.step.pipeline import StagePlan, replay_stage
 from calc.step.sizes import values_for
 from calc.step.training import replay_training, replayed_micro_batches
@@ -115,7 +116,8 @@ class StructureKey:
     window_in_context: bool
     """HF inference with a sliding window within the context (another mask path)."""
     small_params: tuple[bool, ...]
-    """8-bit Adam: per trained param, fewer than ``min_8bit_size`` elements (else empty)."""
+    """bitsandbytes' Adam: per trained param, fewer than ``min_8bit_size`` elements; paged,
+    then per trained param fewer than the paging threshold (else empty)."""
     model_fields: tuple[tuple[str, object], ...]
     """``(name, value)`` of the `ModelSpec` fields that change the graph the replay walks as
     they are (``_FROM_MODEL``: model type, mlp, norm, biases, tying, dropouts)."""
@@ -150,13 +152,15 @@ def _structure_key(
         and model.sliding_window <= job.context
     )
     small_params: tuple[bool, ...] = ()
-    if isinstance(job, Training) and job.optimizer == "adam8bit":  # bitsandbytes min_8bit_size
+    if isinstance(job, Training) and job.optimizer in BNB_OPTIMIZERS:  # per-param thresholds
         numels = (
             adapter_numels(model, job.lora)  # LoRA trains the adapters: decide for them
             if job.lora is not None
             else [p.numel for p in model.param_tensors()]
         )
-        small_params = tuple(n < 4096 for n in numels)
+        small_params = tuple(n < BNB_MIN_8BIT_SIZE for n in numels)
+        if job.paged_optimizer:
+            small_params += tuple(n < BNB_PAGED_MIN_NUMEL for n in numels)
     return StructureKey(
         heads_span_hidden=model.n_heads * model.head_dim == model.hidden,
         multi_query=model.n_kv_heads == 1,

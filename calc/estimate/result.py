@@ -46,6 +46,10 @@ class Estimate:
     allocator_fn: Callable[[AllocatorConfig | None], AllocatorStats] | None = None
     """Replays the step's alloc/free stream through the CUDA caching allocator (see
     ``reserved``); None where that is not modelled (CPU, several GPUs)."""
+    paged_state_bytes: int = 0
+    """A paged bitsandbytes optimizer's states in CUDA managed memory (``paged_optimizer``):
+    outside PyTorch's allocator, so not in ``peak_bytes``; on the GPU until it runs short,
+    then paged to the host (`calc.step.optimizer.paged_state_bytes`). 0 otherwise."""
 
     def reserved(self, config: AllocatorConfig | None = None) -> AllocatorStats:
         """The caching allocator's reserved bytes, allocated bytes and segments for this step

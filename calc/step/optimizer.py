@@ -72,6 +72,13 @@ commit 51294d9, the releases with AdEMAMix, 0.44 on); older releases used 2048 (
 06029dd): one fp32 absmax per 2048 elements, 0.2 % of an 8-bit state instead of 1.6 %."""
 BNB_MIN_8BIT_SIZE = 4096
 """bitsandbytes ``min_8bit_size``: smaller params keep fp32 states."""
+BNB_PAGED_MIN_NUMEL = 100_000
+"""A paged bitsandbytes optimizer puts a state in CUDA managed memory only for params of at
+least this many elements (``Optimizer8bit.get_state_buffer``: ``if not self.is_paged or
+p.numel() < 1e5: torch.zeros_like(...)`` else ``F.get_paged``; bitsandbytes/optim/
+optimizer.py at commit 51294d9)."""
+BNB_OPTIMIZERS = ("adam8bit", "adam32bit")
+"""bitsandbytes' Adam optimizers: states made by ``init_state``, updated in place by one kernel."""
 BNB_QMAP_NUMEL = 256
 """Entries of each bitsandbytes dynamic quantisation map (fp32)."""
 FP32, FP64, UINT8 = 4, 8, 1
@@ -184,9 +191,12 @@ def _init_states(
     device: str,
     fresh: bool,
     size_values: SizeValues | None,
+    paged: bool = False,
 ) -> None:
     """State creation: ``_init_group`` order for the torch optimizers (all params before any
-    update). SGD momentum buffers are made by the update itself on a fresh first step."""
+    update). SGD momentum buffers are made by the update itself on a fresh first step.
+    ``paged``: bitsandbytes' paged optimizers, whose ``state1``/``state2`` of a param of at least
+    `BNB_PAGED_MIN_NUMEL` elements are not PyTorch's (absent from the tape)."""
     for s in slots:
         d = st.per_param.setdefault(s.key, {})
         n, i, tag = s.numel, s.itemsize, s.tag
@@ -208,20 +218,35 @@ def _init_states(
                 d["variance"] = a.state(fresh, tag, n, i, "variance")
         elif optimizer == "lion":
             d["exp_avg"] = a.state(fresh, tag, n, i, "exp_avg")
-        elif optimizer == "adam8bit":
-            if _is_small(n, BNB_MIN_8BIT_SIZE, size_values):
-                d["state1"] = a.state(fresh, tag, n, FP32, "state1")
-                d["state2"] = a.state(fresh, tag, n, FP32, "state2")
-                continue
-            if device == "cuda" and "qmap1" not in st.shared:
-                # name2qmap["dynamic"/"udynamic"].to(p.device), once per device
-                st.shared["qmap1"] = a.state(fresh, SHARED_TAG, BNB_QMAP_NUMEL, FP32, "qmap1")
-                st.shared["qmap2"] = a.state(fresh, SHARED_TAG, BNB_QMAP_NUMEL, FP32, "qmap2")
-            blocks = -(-n // BNB_BLOCK) if isinstance(n, int) else sp.ceiling(n / BNB_BLOCK)
-            d["state1"] = a.state(fresh, tag, n, UINT8, "state1")
-            d["state2"] = a.state(fresh, tag, n, UINT8, "state2")
-            d["absmax1"] = a.state(fresh, tag, blocks, FP32, "absmax1")
-            d["absmax2"] = a.state(fresh, tag, blocks, FP32, "absmax2")
+        elif optimizer in BNB_OPTIMIZERS:
+            _bnb_states(a, s, st, d, optimizer, device, fresh, size_values, paged)
+
+
+def _bnb_states(
+    a: _Alloc, s: _Slot, st: OptimizerStates, d: dict[str, Tensor], optimizer: str, device: str,
+    fresh: bool, size_values: SizeValues | None, paged: bool,
+) -> None:  # fmt: skip
+    """bitsandbytes ``Optimizer2State.init_state``: fp32 ``state1``/``state2`` (32-bit, or below
+    ``min_8bit_size``), else uint8 ones with fp32 ``absmax1``/``absmax2`` per `BNB_BLOCK` and the
+    shared quantisation maps; a paged optimizer's ``state1``/``state2`` of a large param are in
+    managed memory (not on the tape)."""
+    n, tag = s.numel, s.tag
+    outside = paged and not _is_small(n, BNB_PAGED_MIN_NUMEL, size_values)
+    if optimizer == "adam32bit" or _is_small(n, BNB_MIN_8BIT_SIZE, size_values):
+        if not outside:
+            d["state1"] = a.state(fresh, tag, n, FP32, "state1")
+            d["state2"] = a.state(fresh, tag, n, FP32, "state2")
+        return
+    if device == "cuda" and "qmap1" not in st.shared:
+        # name2qmap["dynamic"/"udynamic"].to(p.device), once per device
+        st.shared["qmap1"] = a.state(fresh, SHARED_TAG, BNB_QMAP_NUMEL, FP32, "qmap1")
+        st.shared["qmap2"] = a.state(fresh, SHARED_TAG, BNB_QMAP_NUMEL, FP32, "qmap2")
+    blocks = -(-n // BNB_BLOCK) if isinstance(n, int) else sp.ceiling(n / BNB_BLOCK)
+    if not outside:
+        d["state1"] = a.state(fresh, tag, n, UINT8, "state1")
+        d["state2"] = a.state(fresh, tag, n, UINT8, "state2")
+    d["absmax1"] = a.state(fresh, tag, blocks, FP32, "absmax1")
+    d["absmax2"] = a.state(fresh, tag, blocks, FP32, "absmax2")
 
 
 # ---------------------------------------------------------------------------------- updates
@@ -402,7 +427,7 @@ def _update(
         _adafactor(a, slots, impl)
     elif optimizer == "lion":
         _lion(a, slots, impl)
-    # adam8bit: bitsandbytes' update kernels write in place
+    # adam8bit, adam32bit: bitsandbytes' update kernels write in place
 
 
 def optimizer_step(
@@ -418,6 +443,7 @@ def optimizer_step(
     shapes: Sequence[tuple] | None = None,
     states: OptimizerStates | None = None,
     size_values: SizeValues | None = None,
+    paged: bool = False,
 ) -> OptimizerStates:
     """Replay one optimizer step on ``tape`` and return the persistent states.
 
@@ -456,6 +482,7 @@ def optimizer_step(
             device=device,
             shapes=shapes,
             size_values=size_values,
+            paged=paged,
         )
     st = states if states is not None else OptimizerStates()
     a = _Alloc(tape)
@@ -475,7 +502,7 @@ def optimizer_step(
     scaler_fused = precision == "amp-fp16" and impl == "fused"
     found_inf = _scaler_before(a, fused=scaler_fused) if precision == "amp-fp16" else []
     if first_step:  # inside optimizer.step(), after GradScaler's unscale_ / inf check
-        _init_states(a, slots, st, optimizer, impl, device, fresh=True, size_values=size_values)
+        _init_states(a, slots, st, optimizer, impl, device, True, size_values, paged)
     _update(a, slots, st, optimizer, impl, weight_decay != 0, first_step)
     for t in found_inf:  # grad_scale/found_inf attributes deleted, then update() resets state
         a.drop(t)
@@ -519,7 +546,7 @@ class OptimizerTail:
             tape, self.params, optimizer=job.optimizer, impl=job.optimizer_impl,
             precision=job.precision, first_step=first_step, weight_decay=job.weight_decay,
             device=self.device, states=self.states, shapes=self.shapes,
-            size_values=self.size_values,
+            size_values=self.size_values, paged=job.paged_optimizer,
         )  # fmt: skip
         if job.zero_grad == "after_step":
             tape.zero_grad()
@@ -564,6 +591,7 @@ def existing_states(
     device: str,
     shapes: Sequence[tuple] | None = None,
     size_values: SizeValues | None = None,
+    paged: bool = False,
 ) -> OptimizerStates:
     """The states a step after the first finds (made by an earlier step), as storages alive
     before the replay (``Tape.existing``: no event), tagged like `optimizer_step` tags them."""
@@ -578,7 +606,7 @@ def existing_states(
                 False, s.tag, s.numel, FP32, "master"
             )
             s.itemsize = FP32
-    _init_states(a, slots, st, optimizer, impl, device, fresh=False, size_values=size_values)
+    _init_states(a, slots, st, optimizer, impl, device, False, size_values, paged)
     return st
 
 
@@ -659,7 +687,19 @@ def state_bytes_per_param(
                 -(-numel // BNB_BLOCK) if isinstance(numel, int) else sp.ceiling(numel / BNB_BLOCK)
             )
             core = 2 * r(numel * UINT8) + 2 * r(blocks * FP32)
+    elif optimizer == "adam32bit":  # fp32 states whatever the param's dtype
+        core = 2 * r(numel * FP32)
     else:
         check_choice("optimizer", optimizer, OPTIMIZERS)
         raise AssertionError(optimizer)
     return core + extra
+
+
+def paged_state_bytes(numels: Sequence[int], optimizer: str) -> int:
+    """Bytes of a paged bitsandbytes optimizer's states in CUDA managed memory, outside
+    PyTorch's allocator: ``state1`` and ``state2`` of every trained param of at least
+    `BNB_PAGED_MIN_NUMEL` elements (``get_state_buffer``), uint8 for ``adam8bit`` (such a param
+    is above ``min_8bit_size``) and fp32 for ``adam32bit``; unrounded (``F.get_paged`` asks
+    ``cudaMallocManaged`` for the exact bytes)."""
+    itemsize = UINT8 if optimizer == "adam8bit" else FP32
+    return sum(2 * n * itemsize for n in numels if n >= BNB_PAGED_MIN_NUMEL)

@@ -34,6 +34,7 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.seq_len": 512,
     "train.precision": "bf16-master",
     "train.optimizer": "adam8bit",
+    "train.paged_optimizer": True,
     "train.recompute": "full",
     "train.attention": "eager",
     "train.optimizer_impl": "for-loop",

@@ -60,6 +60,29 @@ def _optimizer_cases() -> list[Case]:
             "(-0.68 % here): harness-side, bounded",
         )
     )
+    # bitsandbytes' 32-bit Adam and the paged optimizers. Hidden 256, ffn 768, vocab 1024: the
+    # embedding, head and MLP weights (262,144 and 196,608 elements) are at least 100,000
+    # elements, so their states are paged; the attention weights (65,536) and norms are not.
+    big = {"layers": 2, "hidden": 256, "ffn": 768, "vocab": 1024}
+    paged_note = (
+        "paged: the states of params of 100,000 elements or more made out of the tracker's "
+        "sight, as bitsandbytes makes them in CUDA managed memory; "
+    )
+    out += [
+        _train("opt-adam32bit", MISTRAL, optimizer="adam32bit", scale=big, tags=("optimizer",),
+               note="bitsandbytes Adam32bit: fp32 states, updated in place"),
+        _train("opt-adam8bit-paged", MISTRAL, optimizer="adam8bit", paged_optimizer=True,
+               scale=big, tags=("optimizer",), note=paged_note + "absmax stays PyTorch's"),
+        _train("opt-adam32bit-paged-bf16", MISTRAL, optimizer="adam32bit", precision="bf16",
+               paged_optimizer=True, scale=big, tags=("optimizer",),
+               note=paged_note + "fp32 states of bf16 params"),
+        _train("hf-qlora-adam32bit-paged-llama3", LLAMA3, impl="hf", optimizer="adam32bit",
+               paged_optimizer=True, precision="bf16", lora=LoRA(rank=160),
+               quant=Quant(method="nf4"), scale=big, tags=("optimizer", "qlora"),
+               note="the QLoRA paper's optimizer (paged_adamw_32bit) on NF4 + LoRA: the MLP "
+               "adapters (768 x 160 = 122,880 elements) are paged, the attention ones "
+               "(256 x 160 = 40,960 and smaller) are not"),
+    ]  # fmt: skip
     for impl in ("foreach", "for-loop"):
         out.append(
             _train(

@@ -10,7 +10,8 @@ gradients to None. Two optimizers are not in torch and are written here:
 * `BlockwiseAdam8bit`: used when ``bitsandbytes`` is not importable (the CPU case). It stores
   its state exactly as bitsandbytes' ``Optimizer2State`` does (uint8 ``state1``/``state2`` plus
   fp32 ``absmax1``/``absmax2`` per 256-element block; fp32 ``state1``/``state2`` below 4096
-  elements); its quantisation map only approximates bitsandbytes' dynamic map, and its update
+  elements, or everywhere for ``optim_bits=32``; with ``is_paged`` the large params' states
+  out of the tracker's sight, as bitsandbytes puts them in managed memory); its quantisation map only approximates bitsandbytes' dynamic map, and its update
   works in chunks of `CHUNK` elements with ordinary tensor temporaries where bitsandbytes' CUDA
   kernel has none: at most `EMULATION_SCRATCH_BYTES` above what ``calc.step.optimizer`` counts.
 
@@ -35,6 +36,9 @@ BNB_BLOCK = 256
 """Elements per absmax block (bitsandbytes blockwise 8-bit states)."""
 BNB_MIN_8BIT_SIZE = 4096
 """Params with fewer elements keep fp32 states (bitsandbytes ``min_8bit_size``)."""
+BNB_PAGED_MIN_NUMEL = 100_000
+"""A paged optimizer pages the states of params of at least this many elements (bitsandbytes
+``Optimizer8bit.get_state_buffer``: ``p.numel() < 1e5`` stays with ``zeros_like``)."""
 CHUNK = 16 * BNB_BLOCK
 """Elements `BlockwiseAdam8bit` updates at a time."""
 EMULATION_SCRATCH_BYTES = 8 * CHUNK * 8
@@ -137,24 +141,42 @@ class BlockwiseAdam8bit(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
+        optim_bits: int = 8,
+        is_paged: bool = False,
     ) -> None:
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         # shared host maps, as bitsandbytes' fill_qmap makes on the CPU: not device memory
         self.qmaps = dict(_HOST_QMAPS)
+        self.optim_bits = optim_bits
+        """8 (``Adam8bit``) or 32 (``Adam32bit``: fp32 states for every param)."""
+        self.is_paged = is_paged
+        """Paged: the states of params of `BNB_PAGED_MIN_NUMEL` elements or more are made
+        outside the dispatcher's view, as bitsandbytes makes them with ``cudaMallocManaged``
+        outside PyTorch's allocator (``get_state_buffer``)."""
+
+    def _buffer(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """bitsandbytes ``get_state_buffer``: ``zeros_like``, or for a paged optimizer and a
+        large param a buffer the allocator (here: the tracker) never sees."""
+        if not self.is_paged or p.numel() < BNB_PAGED_MIN_NUMEL:
+            return torch.zeros_like(p, dtype=dtype)
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():
+            return torch.zeros_like(p, dtype=dtype)
 
     def _init_state(self, p: torch.Tensor) -> None:
         state = self.state[p]
         state["step"] = 0
         n = p.numel()
-        if n < BNB_MIN_8BIT_SIZE:
-            state["state1"] = torch.zeros_like(p, dtype=torch.float32)
-            state["state2"] = torch.zeros_like(p, dtype=torch.float32)
+        if n < BNB_MIN_8BIT_SIZE or self.optim_bits == 32:
+            state["state1"] = self._buffer(p, torch.float32)
+            state["state2"] = self._buffer(p, torch.float32)
             return
         for name in ("dynamic", "udynamic"):  # .to(p.device): a copy only on another device
             self.qmaps[name] = self.qmaps[name].to(p.device)
         blocks = -(-n // BNB_BLOCK)
-        state["state1"] = torch.zeros_like(p, dtype=torch.uint8)
-        state["state2"] = torch.zeros_like(p, dtype=torch.uint8)
+        state["state1"] = self._buffer(p, torch.uint8)
+        state["state2"] = self._buffer(p, torch.uint8)
         state["absmax1"] = torch.zeros((blocks,), dtype=torch.float32, device=p.device)
         state["absmax2"] = torch.zeros((blocks,), dtype=torch.float32, device=p.device)
 
@@ -220,6 +242,19 @@ class BlockwiseAdam8bit(torch.optim.Optimizer):
             if eight_bit:
                 self._quant(m, s1[lo:hi], a1, self.qmaps["dynamic"])
                 self._quant(v, s2[lo:hi], a2, self.qmaps["udynamic"])
+
+
+def bnb_adam(
+    params: list[torch.Tensor], bits: int, paged: bool, **kw: Any
+) -> torch.optim.Optimizer:
+    """bitsandbytes' ``Adam{8,32}bit`` (``Paged...`` when ``paged``) when importable, else
+    `BlockwiseAdam8bit` with those bits and paging."""
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return BlockwiseAdam8bit(params, optim_bits=bits, is_paged=paged, **kw)
+    cls = getattr(bnb.optim, f"{'Paged' if paged else ''}Adam{bits}bit")
+    return cls(params, **kw)
 
 
 def adam8bit_class() -> type[torch.optim.Optimizer]:
@@ -310,6 +345,9 @@ def _make_factory(job: Training) -> Callable[[list[torch.Tensor]], torch.optim.O
         )
     if name == "lion":
         return lambda ps: Lion(ps, lr=1e-4, weight_decay=wd, foreach=impl == "foreach")
+    if job.optimizer == "adam32bit" or job.paged_optimizer:
+        bits = 32 if job.optimizer == "adam32bit" else 8
+        return lambda ps: bnb_adam(ps, bits, job.paged_optimizer, lr=1e-3, weight_decay=wd)
     cls8 = adam8bit_class()  # one implementation: optimizer_impl does not apply
     return lambda ps: cls8(ps, lr=1e-3, weight_decay=wd)
 

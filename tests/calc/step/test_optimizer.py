@@ -11,6 +11,7 @@ the baseline and the bytes still alive after the step with the tape replay of th
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ from calc.step.optimizer import (
     OptimizerStates,
     existing_states,
     optimizer_step,
+    paged_state_bytes,
     state_bytes_per_param,
 )
 
@@ -177,6 +179,28 @@ def test_adam8bit_layout_by_hand() -> None:
         tape, leaves, shapes, _job("adam8bit", "for-loop"), first=True, device="cuda"
     )
     assert peak == kept == 2 * 5120 + 2 * 512 + 2 * 512 + 2 * 1024
+
+
+def test_adam32bit_and_paged_states_by_hand() -> None:
+    # bitsandbytes Adam32bit: fp32 state1/state2 for every param (5000 x 4 = 20,000 -> 20,480
+    # twice; 100 x 4 = 400 -> 512 twice), no qmaps, no temporaries (one in-place kernel).
+    tape, leaves, shapes = _tape([((5000,), 2), ((100,), 2)])
+    peak, kept, _ = _replay(tape, leaves, shapes, _job("adam32bit", "for-loop"), first=True)
+    assert peak == kept == 2 * 20480 + 2 * 512
+    # Paged: a param of 100,000 elements or more keeps its state1/state2 out of PyTorch's
+    # allocator; its absmax (8-bit) stays. 200,000 elements, 8-bit: absmax ceil(200000/256) =
+    # 782 fp32 = 3,128 -> 3,584 twice; 5000 elements: not paged, uint8 5,120 twice + 512 twice.
+    tape, leaves, shapes = _tape([((200_000,), 4), ((5000,), 4)])
+    job = replace(_job("adam8bit", "for-loop"), paged_optimizer=True)
+    st = optimizer_step(
+        tape, leaves, optimizer="adam8bit", impl="for-loop", precision="fp32", first_step=True,
+        weight_decay=0.0, device="cpu", shapes=shapes, paged=job.paged_optimizer,
+    )  # fmt: skip
+    kept_bytes = sum(t.storage.size for t in st.tensors())
+    assert kept_bytes == 2 * 3584 + 2 * 5120 + 2 * 512
+    # what is paged: 2 x 200,000 uint8 (the smaller param is below the threshold)
+    assert paged_state_bytes([200_000, 5000], "adam8bit") == 400_000
+    assert paged_state_bytes([200_000, 5000], "adam32bit") == 1_600_000
 
 
 def test_amp_fp16_scaler_scalars_by_hand() -> None:
