@@ -566,6 +566,7 @@ class OptimizerTail:
             precision=job.precision, first_step=prev is None, weight_decay=job.weight_decay,
             device=self.device, states=prev, size_values=self.size_values,
             shapes=None if self.shapes is None else [self.shapes[idx]],
+            paged=job.paged_optimizer,
         )  # fmt: skip
         tape.drop(tape.grads.pop(key))
 

@@ -155,11 +155,11 @@ def check_supported(
     _check_head(job, sh, path, tp_comm, dp is not None)
     if job.optimizer_in_backward and (
         dp is not None or tp_comm or job.grad_accum != 1
-        or job.precision in ("amp-fp16", "bf16-master") or job.optimizer == "adam8bit"
+        or job.precision in ("amp-fp16", "bf16-master")
     ):  # fmt: skip
         raise NotImplementedError(
             "optimizer_in_backward is modelled on one GPU, with grad_accum=1 (torchtune refuses "
-            "accumulation with it), without GradScaler or master weights, with torch.optim"
+            "accumulation with it), without GradScaler or master weights"
         )
     if dp is not None and dp.fsdp and (job.recompute == "selective" or path is ForwardPath.HF_GPT2):
         raise NotImplementedError(

@@ -71,6 +71,10 @@ def _optimizer_cases() -> list[Case]:
     out += [
         _train("opt-adam32bit", MISTRAL, optimizer="adam32bit", scale=big, tags=("optimizer",),
                note="bitsandbytes Adam32bit: fp32 states, updated in place"),
+        _train("opt-adam32bit-paged-in-bwd", MISTRAL, optimizer="adam32bit",
+               paged_optimizer=True, optimizer_in_backward=True, scale=big, tags=("optimizer",),
+               note="one Adam32bit per parameter, stepped in the backward (torchtune's "
+               "optimizer_in_bwd), paged"),
         _train("opt-adam8bit-paged", MISTRAL, optimizer="adam8bit", paged_optimizer=True,
                scale=big, tags=("optimizer",), note=paged_note + "absmax stays PyTorch's"),
         _train("opt-adam32bit-paged-bf16", MISTRAL, optimizer="adam32bit", precision="bf16",

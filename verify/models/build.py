@@ -208,7 +208,11 @@ def _torch_optimizer(params: list[torch.Tensor], job: Training) -> torch.optim.O
 def _optimizer_in_backward(model: torch.nn.Module, job: Training) -> None:
     """One optimizer per trainable parameter, stepped then zeroed by a post-accumulate-grad
     hook (torchtune/training/memory.py ``register_optim_in_bwd_hooks``)."""
-    optims = {p: _torch_optimizer([p], job) for p in model.parameters() if p.requires_grad}
+    bnb = job.optimizer in ("adam8bit", "adam32bit")  # torchtune's bitsandbytes configs
+    if bnb and OPTIMIZERS is None:
+        raise NotRunnable(f"optimizer={job.optimizer!r} needs verify.models.optimizers")
+    make = OPTIMIZERS.optimizer_over if bnb else _torch_optimizer
+    optims = {p: make([p], job) for p in model.parameters() if p.requires_grad}
 
     def step(param: torch.Tensor) -> None:
         optims[param].step()

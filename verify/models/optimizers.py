@@ -352,6 +352,12 @@ def _make_factory(job: Training) -> Callable[[list[torch.Tensor]], torch.optim.O
     return lambda ps: cls8(ps, lr=1e-3, weight_decay=wd)
 
 
+def optimizer_over(params: list[torch.Tensor], job: Training) -> torch.optim.Optimizer:
+    """The job's optimizer over ``params`` (one per parameter under ``optimizer_in_backward``,
+    as torchtune instantiates its optimizer config per parameter)."""
+    return _make_factory(job)(params)
+
+
 def build(model: torch.nn.Module, job: Training) -> OptimizerBundle:
     """The optimizer (and GradScaler, master wrapper) of ``job`` over ``model.parameters()``.
 
