@@ -41,10 +41,13 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _linear(layer: Any, sub: str, attr: str) -> Any | None:
+    """The linear (dense, or quantized by `calc.derive.quantized.apply`) at ``sub.attr``."""
     import torch
 
+    from calc.derive.quantized import quant_linear_class
+
     found = getattr(getattr(layer, sub, None), attr, None)
-    return found if isinstance(found, torch.nn.Linear) else None
+    return found if isinstance(found, torch.nn.Linear | quant_linear_class()) else None
 
 
 def targets(layer: Any, lora: LoRA, model_type: str) -> list[tuple[Any, str]]:
@@ -88,7 +91,8 @@ def adapted_linear() -> type:
         def __init__(self, base: Any, lora: LoRA, dtype: Any) -> None:
             super().__init__()
             self.base = base
-            kw = {"dtype": dtype, "device": base.weight.device}
+            device = base.packed.device if hasattr(base, "packed") else base.weight.device
+            kw = {"dtype": dtype, "device": device}
             self.lora_A = torch.nn.Parameter(torch.empty(lora.rank, base.in_features, **kw))
             self.lora_B = torch.nn.Parameter(torch.zeros(base.out_features, lora.rank, **kw))
             self.scaling = lora.scale

@@ -251,3 +251,23 @@ def quant_linear_class() -> Any:
             return QuantMatmul.apply(x, self)
 
     return QuantLinear
+
+
+def apply(layers: Any, quant: Quant) -> None:
+    """Replace every decoder linear of ``layers`` (the llama-family projections and Phi-3's
+    fused ones, `calc.derive.lora.LINEARS`/``FUSED``; MoE experts are not ``nn.Linear``s and
+    stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same)."""
+    import torch
+
+    from calc.derive.lora import FUSED, LINEARS
+
+    if set(quant.keep_16bit) != {"embed", "norm", "lm_head"}:
+        raise NotImplementedError("quantized embeddings or LM head are not recorded")
+    cls = quant_linear_class()
+    places = [*LINEARS.values(), *FUSED.values()]
+    for layer in layers:
+        for sub, attr in places:
+            parent = getattr(layer, sub, None)
+            found = getattr(parent, attr, None)
+            if isinstance(found, torch.nn.Linear):
+                setattr(parent, attr, cls(found, quant))

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import loops, lora
+from calc.derive import loops, lora, quantized
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -289,8 +289,11 @@ def session(config: dict[str, Any], job: Training | Inference, backend: str) -> 
             dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
             if dtype != torch.float32:
                 _to_dtype(model, dtype)
-            if isinstance(job, Training) and job.lora is not None:  # verify's compress.apply
-                lora.apply(model, _layer_list(model, _layers_of(model))[1], job.lora, dtype)
+            layers = _layer_list(model, _layers_of(model))[1]
+            if job.quant is not None:  # verify's compress.apply: the linears quantized first
+                quantized.apply(layers, job.quant)
+            if isinstance(job, Training) and job.lora is not None:  # then the adapters
+                lora.apply(model, layers, job.lora, dtype)
             model.train(training)
             held = [
                 (name, t)

@@ -165,12 +165,12 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             f"implementation='reference' is verify's own llama/gpt2 model; model_type="
             f"{model.model_type!r} runs as transformers' code (implementation='hf')"
         )
-    parts = ("quant", "pruning", "distill", "kv_quant")
+    parts = ("pruning", "distill", "kv_quant")
     used = [name for name in parts if getattr(job, name, None) is not None]
     if used:
         raise NotImplementedError(
             f"{', '.join(used)} on a derived architecture is not modelled yet (the derived "
-            "replay records plain training, LoRA and prefill)"
+            "replay records training, LoRA, weight-only quantization, QLoRA and inference)"
         )
     if isinstance(job, Training):
         check_loss_chunks(job)

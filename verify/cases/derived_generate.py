@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from calc.config.compression import Quant
 from calc.config.jobs import Inference, Sampling
 from verify.cases.case import LLAMA, QWEN2, Case, infer
 from verify.cases.derived import _case as derived_case
@@ -81,6 +82,11 @@ def derived_generate_cases() -> list[Case]:
               sampling=Sampling(temperature=0.8, repetition_penalty=1.1))),
         _case("qwen3_moe", "sample-bf16", _gen("qwen3_moe", 2, 8, 6, "bf16",
                                                sampling=Sampling(top_k=10))),
+        # weight-only quantized linears (calc.derive.quantized): dequantized per matmul
+        _case("phi3", "quant-nf4-bf16", _gen("phi3", 2, 12, 5, "bf16",
+                                             quant=Quant(method="nf4"))),
+        _case("gemma2", "quant-int8-fp32", _gen("gemma2", 2, 10, 4, "fp32",
+                                                quant=Quant(method="int8"))),
         # a one-token prompt (no mask at the prefill)
         _case("olmo2", "prompt-one-bf16", _gen("olmo2", 3, 1, 6, "bf16")),
         # hand-modelled types replayed as derived: equal to the hand graph and the measurement

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from calc.config.compression import LoRA
+from calc.config.compression import LoRA, Quant
 from calc.config.jobs import Training
 from calc.config.parallelism import Parallelism
 from verify.cases.case import LLAMA, LLAMA3, QWEN2, TOLERANCE_PCT, Case, DistCase, pairs
@@ -110,6 +110,18 @@ def derived_lora_cases() -> list[Case]:
         _case("olmo2", "lora-r16-bf16-fp32-adapters", precision="bf16",
               lora=LoRA(rank=16, adapter_dtype="fp32")),
         _case("phi3", "lora-dropout-bf16", precision="bf16", lora=LoRA(rank=8, dropout=0.1)),
+        # QLoRA: every decoder linear quantized (calc.derive.quantized, verify's module), the
+        # adapters on top; MoE experts are no nn.Linear and stay dense
+        _case("phi3", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4")),
+        _case("gemma2", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4")),
+        _case("olmo2", "qlora-int8-fp32", lora=LoRA(rank=16, modules=("q", "v")),
+              quant=Quant(method="int8")),
+        _case("mixtral", "qlora-nf4-attn-bf16", precision="bf16",
+              lora=LoRA(rank=8, modules=("q", "k", "v", "o")), quant=Quant(method="nf4")),
+        hf_case("hf-qlora-nf4-bf16-llama3", LLAMA3, precision="bf16", lora=LoRA(rank=8),
+                quant=Quant(method="nf4")),
         hf_case("hf-lora-dropout-amp-bf16-llama3", LLAMA3, precision="amp-bf16",
                 lora=LoRA(rank=16, alpha=32, dropout=0.05)),
         hf_case("hf-lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8)),
