@@ -25,26 +25,15 @@ from typing import Any
 
 from calc.config.compression import LoRA
 from calc.derive.book import DeriveError
+from calc.derive.linears import FUSED, LINEARS
+from calc.derive.quantized import quant_linear_class
 
-LINEARS: dict[str, tuple[str, str]] = {
-    "q": ("self_attn", "q_proj"), "k": ("self_attn", "k_proj"), "v": ("self_attn", "v_proj"),
-    "o": ("self_attn", "o_proj"), "gate": ("mlp", "gate_proj"), "up": ("mlp", "up_proj"),
-    "down": ("mlp", "down_proj"),
-}  # fmt: skip
-"""LoRA module name -> (submodule, attribute) of a llama-family decoder layer."""
-FUSED: dict[tuple[str, ...], tuple[str, str]] = {
-    ("q", "k", "v"): ("self_attn", "qkv_proj"),
-    ("gate", "up"): ("mlp", "gate_up_proj"),
-}
-"""LoRA module names -> the one fused linear that computes them all (Phi-3)."""
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 def _linear(layer: Any, sub: str, attr: str) -> Any | None:
     """The linear (dense, or quantized by `calc.derive.quantized.apply`) at ``sub.attr``."""
     import torch
-
-    from calc.derive.quantized import quant_linear_class
 
     found = getattr(getattr(layer, sub, None), attr, None)
     return found if isinstance(found, torch.nn.Linear | quant_linear_class()) else None

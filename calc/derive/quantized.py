@@ -28,6 +28,8 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+from calc.derive.linears import FUSED, LINEARS
+
 if TYPE_CHECKING:
     from calc.config.compression import Quant
 
@@ -255,11 +257,9 @@ def quant_linear_class() -> Any:
 
 def apply(layers: Any, quant: Quant) -> None:
     """Replace every decoder linear of ``layers`` (the llama-family projections and Phi-3's
-    fused ones, `calc.derive.lora.LINEARS`/``FUSED``; MoE experts are not ``nn.Linear``s and
+    fused ones, `calc.derive.linears`; MoE experts are not ``nn.Linear``s and
     stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same)."""
     import torch
-
-    from calc.derive.lora import FUSED, LINEARS
 
     if set(quant.keep_16bit) != {"embed", "norm", "lm_head"}:
         raise NotImplementedError("quantized embeddings or LM head are not recorded")

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import loops, lora, quantized
+from calc.derive import bnb, loops, lora, quantized
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -143,6 +143,20 @@ def count_parameters(config: dict[str, Any]) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def trainable_numels(config: dict[str, Any], job: Training) -> list[int]:
+    """Elements of every parameter ``job`` trains on the model ``config`` describes (built on
+    the ``meta`` device, its LoRA adapters applied as the recording applies them), in
+    ``model.parameters()`` order, tied ones once."""
+    import torch
+
+    with torch.device("meta"):
+        model = _build(config, "eager")
+        if job.lora is not None:
+            layers = _layer_list(model, _layers_of(model))[1]
+            lora.apply(model, layers, job.lora, torch.float32)
+    return [p.numel() for p in model.parameters() if p.requires_grad]
+
+
 def _to_dtype(model: Any, dtype: Any) -> None:
     """``model.to(dtype)`` (``verify/models/build.py``): floating parameters and buffers
     converted, tied parameters kept tied. Written out because ``Module._apply`` swaps fake
@@ -230,6 +244,9 @@ def _optimizer(params: list, job: Training) -> Any:
     ``_make_factory``): torch.optim with the implementation pinned."""
     import torch
 
+    if job.optimizer in ("adam8bit", "adam32bit"):  # one in-place kernel: calc.derive.bnb
+        bits = 8 if job.optimizer == "adam8bit" else 32
+        return bnb.bnb_adam_class()(params, bits, job.paged_optimizer)
     foreach, fused = job.optimizer_impl == "foreach", job.optimizer_impl == "fused"
     wd = job.weight_decay
     if job.optimizer in ("sgd", "sgd-momentum"):

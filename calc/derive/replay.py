@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 from calc.config.hf_config import hf_config_dict
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
@@ -33,6 +34,7 @@ from calc.derive.record import (
     first_sentence,
     layer_types,
     session,
+    trainable_numels,
 )
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
@@ -174,10 +176,10 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
         )
     if isinstance(job, Training):
         check_loss_chunks(job)
-        if job.optimizer not in (None, "sgd", "sgd-momentum", "adam", "adamw"):
+        if job.optimizer not in (None, "sgd", "sgd-momentum", "adam", "adamw", *BNB_OPTIMIZERS):
             raise NotImplementedError(
                 f"optimizer={job.optimizer!r} on a derived architecture is not modelled yet "
-                "(sgd, sgd-momentum, adam, adamw are)"
+                "(sgd, sgd-momentum, adam, adamw, adam8bit, adam32bit are)"
             )
         if job.precision == "bf16-master":
             raise NotImplementedError("precision='bf16-master' on a derived architecture")
@@ -405,6 +407,15 @@ def derived_events(
 
 
 @lru_cache(maxsize=64)
+def derived_trainable_numels(model: ModelSpec, job: Training) -> list[int]:
+    """Elements of each parameter ``job`` trains on the derived ``model``
+    (`calc.derive.record.trainable_numels`: transformers' model on the ``meta`` device)."""
+    try:
+        return trainable_numels(hf_config_dict(model), job)
+    except DeriveError as exc:
+        raise NotImplementedError(str(exc)) from exc
+
+
 def param_count(model: ModelSpec) -> int:
     """The model's parameter count: `ModelSpec.n_params` for the hand-modelled types; for a
     derived one, transformers' model built on the ``meta`` device (``NotImplementedError``

@@ -14,6 +14,7 @@ from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
+from calc.derive.replay import derived_trainable_numels
 from calc.estimate.core import (
     CUBLAS_WORKSPACE_BYTES,
     Compiled,
@@ -99,11 +100,14 @@ def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> E
     and a note); unchanged for any other job."""
     if not isinstance(job, Training) or not job.paged_optimizer or job.optimizer is None:
         return est
-    numels = trainable_numels(model, job) or [
-        int(p.numel)
-        for p in model.param_tensors()
-        for _ in range(model.n_layers if p.group == "layer" else 1)
-    ]
+    if model.derived:  # the parameters transformers builds (meta device)
+        numels = derived_trainable_numels(model, job)
+    else:
+        numels = trainable_numels(model, job) or [
+            int(p.numel)
+            for p in model.param_tensors()
+            for _ in range(model.n_layers if p.group == "layer" else 1)
+        ]
     paged = paged_state_bytes(numels, job.optimizer)
     note = (
         f"paged optimizer: {paged:,} B of states in CUDA managed memory (bitsandbytes "

@@ -24,6 +24,7 @@ from calc import symbols as S
 from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.data.bitsandbytes import BNB_MIN_8BIT_SIZE, BNB_OPTIMIZERS, BNB_PAGED_MIN_NUMEL
 from calc.derive.data_parallel import check_ddp, grad_order
 from calc.derive.replay import derived_events, notes_of, regime_of
 from calc.estimate.result import Estimate
@@ -31,7 +32,6 @@ from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
 from calc.step.inference import replay_inference, replayed_new_tokens
-from calc.step.optimizer import BNB_MIN_8BIT_SIZE, BNB_OPTIMIZERS, BNB_PAGED_MIN_NUMEL
 from calc.step.pipeline import StagePlan, replay_stage
 from calc.step.sizes import values_for
 from calc.step.training import replay_training, replayed_micro_batches
@@ -152,7 +152,8 @@ def _structure_key(
         and model.sliding_window <= job.context
     )
     small_params: tuple[bool, ...] = ()
-    if isinstance(job, Training) and job.optimizer in BNB_OPTIMIZERS:  # per-param thresholds
+    bnb = isinstance(job, Training) and job.optimizer in BNB_OPTIMIZERS
+    if isinstance(job, Training) and bnb and not is_derived(model, job):  # per-param thresholds
         numels = (
             adapter_numels(model, job.lora)  # LoRA trains the adapters: decide for them
             if job.lora is not None

@@ -57,6 +57,13 @@ from calc.config.jobs import (
     Training,
     check_choice,
 )
+from calc.data.bitsandbytes import (
+    BNB_BLOCK,
+    BNB_MIN_8BIT_SIZE,
+    BNB_OPTIMIZERS,
+    BNB_PAGED_MIN_NUMEL,
+    BNB_QMAP_NUMEL,
+)
 from calc.replay.tape import Size, Tape, Tensor, round_block
 
 SizeValues = Mapping[sp.Symbol, int]
@@ -65,22 +72,6 @@ model's, from `calc.step.sizes.values_for` (the decisions are part of the compil
 see ``calc.estimate.core._structure_key``). Passed to each call, never kept: the app compiles
 on a background thread."""
 
-BNB_BLOCK = 256
-"""Elements per absmax block of bitsandbytes' blockwise 8-bit states: ``blocks = n // 256``
-(+1 for a remainder) in ``Optimizer2State.init_state`` (bitsandbytes/optim/optimizer.py at
-commit 51294d9, the releases with AdEMAMix, 0.44 on); older releases used 2048 (commit
-06029dd): one fp32 absmax per 2048 elements, 0.2 % of an 8-bit state instead of 1.6 %."""
-BNB_MIN_8BIT_SIZE = 4096
-"""bitsandbytes ``min_8bit_size``: smaller params keep fp32 states."""
-BNB_PAGED_MIN_NUMEL = 100_000
-"""A paged bitsandbytes optimizer puts a state in CUDA managed memory only for params of at
-least this many elements (``Optimizer8bit.get_state_buffer``: ``if not self.is_paged or
-p.numel() < 1e5: torch.zeros_like(...)`` else ``F.get_paged``; bitsandbytes/optim/
-optimizer.py at commit 51294d9)."""
-BNB_OPTIMIZERS = ("adam8bit", "adam32bit")
-"""bitsandbytes' Adam optimizers: states made by ``init_state``, updated in place by one kernel."""
-BNB_QMAP_NUMEL = 256
-"""Entries of each bitsandbytes dynamic quantisation map (fp32)."""
 FP32, FP64, UINT8 = 4, 8, 1
 SHARED_TAG = "base"
 """Tag of tensors that belong to no single parameter (GradScaler scalars, quantisation maps)."""

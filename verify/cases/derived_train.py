@@ -122,6 +122,11 @@ def derived_lora_cases() -> list[Case]:
               lora=LoRA(rank=8, modules=("q", "k", "v", "o")), quant=Quant(method="nf4")),
         hf_case("hf-qlora-nf4-bf16-llama3", LLAMA3, precision="bf16", lora=LoRA(rank=8),
                 quant=Quant(method="nf4")),
+        # bitsandbytes' Adam (calc.derive.bnb: its states, an in-place step); verify steps its
+        # emulation, whose chunked update holds temporaries the CUDA kernel does not
+        _case("phi3", "qlora-paged-adam32bit-bf16", precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4"), optimizer="adam32bit", paged_optimizer=True),
+        _case("gemma2", "adam8bit-bf16", precision="bf16", optimizer="adam8bit"),
         hf_case("hf-lora-dropout-amp-bf16-llama3", LLAMA3, precision="amp-bf16",
                 lora=LoRA(rank=16, alpha=32, dropout=0.05)),
         hf_case("hf-lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8)),

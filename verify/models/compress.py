@@ -27,26 +27,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from calc.derive.linears import FUSED as FUSED_LINEARS
+from calc.derive.linears import LINEARS as LLAMA_LINEARS
 from calc.derive.quantized import quant_linear_class
 
 if TYPE_CHECKING:
     from calc.config.compression import LoRA, Quant
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-LLAMA_LINEARS = {
-    "q": ("self_attn", "q_proj"), "k": ("self_attn", "k_proj"), "v": ("self_attn", "v_proj"),
-    "o": ("self_attn", "o_proj"), "gate": ("mlp", "gate_proj"), "up": ("mlp", "up_proj"),
-    "down": ("mlp", "down_proj"),
-}  # fmt: skip
-"""LoRA/Quant module name -> (submodule, attribute) in a llama-family decoder layer."""
-FUSED_LINEARS = {
-    ("q", "k", "v"): ("self_attn", "qkv_proj"),
-    ("gate", "up"): ("mlp", "gate_up_proj"),
-}
-"""LoRA/Quant module names -> the one linear computing them all (Phi-3's fused projections):
-an adapter on it when all its names are chosen (peft adapts a linear whole)."""
-
-
 QuantLinear = quant_linear_class()
 """`calc.derive.quantized`'s weight-only quantized linear (the recording builds the same)."""
 
