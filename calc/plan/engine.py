@@ -68,6 +68,20 @@ NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314
 # validation and the request's context
 
 
+def check_plannable(model: ModelSpec) -> None:
+    """``NotImplementedError`` for a model the planner cannot enumerate: its tables, layouts
+    and throughput proxy read the parameter tensors a hand-written graph lists, which a derived
+    architecture (`calc.derive`) only has from a recording per configuration. Checked before
+    anything compiles (a plan would otherwise record every structure of the grid)."""
+    if model.derived:
+        raise NotImplementedError(
+            f"model_type={model.model_type!r} is derived from its modeling code: the planner "
+            "enumerates the hand-modelled types (llama, mistral, qwen2, qwen3, gpt2); estimate "
+            "its configurations one at a time (python -m calc with --config or --card, or "
+            "calc.estimate)"
+        )
+
+
 def kind_of(task: object) -> str:
     check_choice("task", task, TASKS)
     if task in NOT_MODELLED_TASKS:

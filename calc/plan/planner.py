@@ -39,6 +39,7 @@ from calc.plan.engine import (
     Evaluator,
     axis_values,
     base_fields_of,
+    check_plannable,
     context,
     gpu_of,
     grid_entries,
@@ -114,6 +115,7 @@ def plan(
     check_choice("rank_by", rank_by, RANK_BYS)
     if not isinstance(model, ModelSpec):
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
+    check_plannable(model)
     gpu_obj = gpu_of(gpu)
     ctx = context(kind, seq_len, global_batch, gpu_count)
     base_fields = base_fields_of(kind, base, task)
@@ -151,6 +153,7 @@ def precompile(
 
     ``workers > 1`` compiles in that many processes (each structure is independent; the
     results meet in the persistent cache, so this needs a writable cache folder)."""
+    check_plannable(model)
     kind = kind_of(task)
     check_choice("device", device, DEVICES)
     check_size("workers", workers, 1, 1024)

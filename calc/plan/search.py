@@ -47,6 +47,7 @@ def least_hardware(
     parallel layouts of ``calc.plan.layouts``), and the smallest single GPU: the least peak
     over the grid on one GPU, and the catalog GPU with the least usable memory above it."""
     kind = engine.kind_of(task)
+    engine.check_plannable(model)
     check_choice("device", device, DEVICES)
     check_size("max_count", max_count, 1, 1 << 16)
     gpu_obj = engine.gpu_of(gpu)
@@ -134,6 +135,7 @@ def changes_to_fit(
     label; default DDP), kept by every change. A job that already fits returns ``()``."""
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    engine.check_plannable(model)
     check_choice("device", device, DEVICES)
     check_size("max_results", max_results, 1, 1 << 16)
     gpu_obj = engine.gpu_of(gpu)

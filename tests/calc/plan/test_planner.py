@@ -492,3 +492,23 @@ def test_planner_charges_the_chosen_gpus_cublas_workspace(gpu_count: int) -> Non
     inf = calc.Inference(batch=1, context=8, implementation="reference")
     a, h = (P.evaluate(TINY, inf, gpu=g, report={}).peak_bytes for g in ("a100-80gb", "h100-80gb"))
     assert a is not None and h is not None and h - a == 33_554_432 - 8_519_680
+
+
+def test_a_derived_architecture_is_refused_before_anything_compiles() -> None:
+    # The planner's tables read the parameter tensors a hand graph lists; a derived type
+    # (phi3 here) would otherwise record every structure of its grid (a plan of phi-4 ran for
+    # more than 10 minutes before this check). One message, naming the way that works.
+    phi3 = calc.ModelSpec.from_hf_config({
+        "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
+        "vocab_size": 512, "max_position_embeddings": 512,
+    })  # fmt: skip
+    common = {"task": "qlora", "seq_len": 64, "global_batch": 1}
+    for call in (P.plan, P.least_hardware):
+        with pytest.raises(NotImplementedError, match="model_type='phi3' is derived"):
+            call(phi3, gpu="h100-80gb", **common)
+    with pytest.raises(NotImplementedError, match="model_type='phi3' is derived"):
+        P.precompile(phi3, **common)
+    job = calc.Training(micro_batch=1, seq_len=64)
+    with pytest.raises(NotImplementedError, match="calc.estimate"):
+        P.changes_to_fit(phi3, job, gpu="h100-80gb")
