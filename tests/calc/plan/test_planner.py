@@ -510,5 +510,5 @@ def test_a_derived_architecture_is_refused_before_anything_compiles() -> None:
     with pytest.raises(NotImplementedError, match="model_type='phi3' is derived"):
         P.precompile(phi3, **common)
     job = calc.Training(micro_batch=1, seq_len=64)
-    with pytest.raises(NotImplementedError, match="calc.estimate"):
+    with pytest.raises(NotImplementedError, match=r"calc\.estimate"):
         P.changes_to_fit(phi3, job, gpu="h100-80gb")
