@@ -57,13 +57,12 @@ def bnb_adam_class() -> Any:
 
         @torch.no_grad()
         def step(self, closure: Any = None) -> Any:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    if p.grad is None:
-                        continue
-                    if not self.state[p]:
-                        self._init_state(p)
-                    self.state[p]["step"] += 1  # the kernel updates p and the states in place
+            stepped = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+            for p in stepped:  # Optimizer8bit.step: init_state on the first step, then the
+                state = self.state[p]  # kernel, which updates p and the states in place
+                if not state:
+                    self._init_state(p)
+                state["step"] += 1
             return None
 
     return BnbAdam
