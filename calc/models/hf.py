@@ -236,7 +236,9 @@ def attention(
     vl = linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # .view(hidden_shape).transpose(1, 2): flash SDPA's dv comes back in the [b, s, k, d]
     # layout (a view suffices); eager attention's is contiguous [b, k, s, d] (reshape copies)
-    vt = ops.view(tape, vl, copy_back=sh.attention == "eager")
+    vt = ops.view(
+        tape, vl, copy_back=sh.attention in ("eager", "math") and not core.known_one(sh.k)
+    )
     tape.drop(vl)
     # apply_rotary_pos_emb: cos.unsqueeze(1), sin.unsqueeze(1) are views without grad
     qr = rope_one(tape, qt, cos, sin, "q")
@@ -258,13 +260,14 @@ def attention(
         vl2 = autocast_cast(tape, vt, "attn.v.lo")
         kl = autocast_cast(tape, kr, "attn.k.lo")
         ql = autocast_cast(tape, qr, "attn.q.lo")
-        out = core.fused(tape, sh, ql, kl, vl2, "attn")
+        out = core.core(tape, sh, ql, kl, vl2, "attn")
         tape.drop(kl, ql, vl2)
-    else:
-        out = core.fused(tape, sh, qr, kr, vt, "attn")
-    # attn_output.reshape(b, -1, s, d).transpose(1, 2).contiguous(): the CPU/flash output is
-    # laid out [b, s, a, d], so contiguous() copies nothing; reshape(*input_shape, -1).
-    o = ops.view(tape, out)
+    else:  # SDPA: the fused kernels, or the math backend (enable_gqa repeats k/v inside)
+        out = core.core(tape, sh, qr, kr, vt, "attn")
+    # attn_output.transpose(1, 2).contiguous(), then reshape(*input_shape, -1): the CPU/flash
+    # output is laid out [b, s, a, d], so contiguous() copies nothing; the math backend's is
+    # [b, a, s, d] and contiguous() copies it (core.merge_heads)
+    o = core.merge_heads(tape, sh, out) if sh.attention == "math" else ops.view(tape, out)
     tape.drop(out)
     y = linear(tape, o, lw["o"], lw["o.b"], n, sh.h, "o")
     tape.drop(o, qr, kr, vt)
@@ -391,7 +394,11 @@ def model(
     tape.segment = "embed"
     emb = ops.embedding(tape, w.embed, n, sh.h, "embed_out")  # inputs_embeds
     cache: list = []
-    if use_cache:  # DynamicCache(config): a DynamicSlidingWindowLayer holds a 0-d int64 tensor
+    if use_cache and sh.device == "cuda":
+        # DynamicCache(config): a DynamicSlidingWindowLayer holds torch.tensor(sliding_window)
+        # (made outside the dispatcher), moved to the device at its first update: a 0-d int64
+        # allocation on CUDA, the same CPU tensor on the CPU (invisible to the CPU tracker;
+        # measured: a held mistral output is 1,024 B below a replay that counted them there)
         cache = [ops.plain(tape, 1, INT64, "cache.window") for _ in range(sliding_layers)]
     ar = ops.plain(tape, sh.s, INT64, "arange")  # torch.arange(s) + past_seen_tokens
     pos = ops.plain(tape, sh.s, INT64, "position_ids")
@@ -452,7 +459,7 @@ def forward(
         # not replayed yet: autocast's casts inside eager attention, and the sliding-window
         # mask (create_sliding_window_causal_mask builds it from more index tensors)
         raise NotImplementedError("eager attention with autocast or a sliding-window cache")
-    if sh.attention not in ("flash", "efficient", "eager"):
+    if sh.attention not in ("flash", "efficient", "eager", "math"):
         raise NotImplementedError(f"attention {sh.attention!r}")
     n = sh.b * sh.s
     if sh.autocast_itemsize:

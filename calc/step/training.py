@@ -139,12 +139,6 @@ def check_supported(
                 "implementation='hf' with dropout is not modelled yet; implementation='reference' "
                 "(--implementation reference) models dropout, and dropout=0 the hf model"
             )
-        if sh.attention == "math":
-            raise NotImplementedError(
-                "implementation='hf' with the math SDPA kernel is not modelled (SDPA takes it for "
-                "a head_dim that is not a multiple of 8 up to 256, or when forced); "
-                "implementation='reference' (--implementation reference) models it"
-            )
     if sh.attention == "eager" and sh.autocast_itemsize and path is not ForwardPath.HF_GPT2:
         raise NotImplementedError(
             "eager attention under autocast is not modelled yet; precision='bf16' or 'fp32' "

@@ -238,6 +238,13 @@ def _loop_cases() -> list[Case]:
                **g2),
         _train("loop-hold-hf-llama-amp", LLAMA, loop="hold-output", precision="amp-bf16",
                tags=("loop",), **v, **hf),
+        _train("loop-hold-hf-mistral-sliding-bf16", MISTRAL, loop="hold-output",
+               precision="bf16", tags=("loop",), **v, **hf,
+               note="mistral's DynamicSlidingWindowLayer: its 0-d window tensor is made by "
+               "torch.tensor (no device copy on the CPU): the held cache holds k and v only"),
+        _train("hf-math-gqa-fp32-hold-llama3", LLAMA3, loop="hold-output", tags=("loop",),
+               **v, **hf, note="fp32 with grouped k/v: CUDA takes the math SDPA kernel "
+               "(enable_gqa excludes the efficient one), which the hf hand graph replays"),
         _train("loop-del-logits-hf-qwen2-bf16", QWEN2, loop="del-logits", precision="bf16",
                tags=("loop",), **v, **hf),
         _train("loop-del-logits-gpt2-fp32", GPT2, loop="del-logits", tags=("loop",), **v, **g2),

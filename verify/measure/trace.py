@@ -62,6 +62,8 @@ class AllocationTrace(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = str(func.overloadpacket.__name__)
+        if name == "lift_fresh":  # torch.tensor(data): its storage was made outside dispatch,
+            return out  # which the CPU tracker does not count either (a "late" storage)
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue

@@ -3,7 +3,7 @@
 For each config a tiny model (hidden 64, 2 layers, 4 heads, 2 kv heads, ffn 96, vocab 300;
 batch 2, sequence 32) runs ``loss = model(input_ids=ids, labels=ids).loss; loss.backward();
 del loss`` under `verify.measure.trace.AllocationTrace` (parameters, buffers and the ids ignored), with
-SDPA forced to the flash kernel (and eager attention for some). Not covered (the replay refuses):
+SDPA forced to the flash kernel (and eager attention, or SDPA's math backend, for some). Not covered (the replay refuses):
 eager attention under autocast or with a sliding-window cache (mistral's default config). The replay of the same step must give the same live total at
 every allocation (hence the same peak). Sizes are the CUDA allocator's 512-byte blocks.
 """
@@ -11,6 +11,7 @@ every allocation (hence the same peak). Sizes are the CUDA allocator's 512-byte 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 
@@ -55,12 +56,13 @@ def _model(family: str, tied: bool, dtype: torch.dtype | None, attn: str = "sdpa
     return model
 
 
-def _measured(model, amp: bool) -> list[int]:
+def _measured(model, amp: bool, math: bool = False) -> list[int]:
     ids = torch.randint(0, model.config.vocab_size, (B, S))
     tr = AllocationTrace()
     tr.ignore(*model.parameters(), *model.buffers(), ids)
     ac = torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), tr:
+    backend = SDPBackend.MATH if math else SDPBackend.FLASH_ATTENTION
+    with sdpa_kernel(backend), tr:
         with ac:
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
@@ -68,10 +70,12 @@ def _measured(model, amp: bool) -> list[int]:
     return [e.live_bytes for e in tr.events if e.delta_bytes > 0]
 
 
-def _replayed(model, weight_itemsize: int, amp: bool) -> list[int]:
+def _replayed(model, weight_itemsize: int, amp: bool, math: bool = False) -> list[int]:
     sh = hf.shape_from_config(
         model.config, B, S, weight_itemsize=weight_itemsize, autocast_itemsize=2 if amp else 0
     )
+    if math:
+        sh = dataclasses.replace(sh, attention="math")
     tape = Tape(inplace_accumulate=False)  # the trace is a Python dispatch mode
     w = hf.Weights(tape, sh)
     base = sum(st.size for st in tape.live.values())
@@ -113,16 +117,29 @@ EAGER = [
 ]
 
 
+MATH = [
+    ("llama", False, "fp32"),
+    ("qwen2", True, "fp32"),
+    ("qwen3", False, "bf16"),
+    ("mistral", False, "fp32"),
+    ("llama", False, "amp"),
+]
+"""SDPA's math backend (what CUDA runs for fp32 with grouped k/v, enable_gqa excluding the
+efficient kernel): the model built for sdpa, the backend forced to MATH."""
+
+
 @pytest.mark.parametrize(
     ("family", "tied", "precision", "attn"),
-    [(*c, "sdpa") for c in CASES] + [(*c, "eager") for c in EAGER],
-)
+    [(*c, "sdpa") for c in CASES] + [(*c, "eager") for c in EAGER]
+    + [(*c, "math") for c in MATH],
+)  # fmt: skip
 def test_hf_replay_matches_trace(family: str, tied: bool, precision: str, attn: str) -> None:
     dtype = torch.bfloat16 if precision == "bf16" else None
     amp = precision == "amp"
-    model = _model(family, tied, dtype, attn)
-    measured = _measured(model, amp)
-    replayed = _replayed(model, 2 if precision == "bf16" else 4, amp)
+    math = attn == "math"
+    model = _model(family, tied, dtype, "sdpa" if math else attn)
+    measured = _measured(model, amp, math)
+    replayed = _replayed(model, 2 if precision == "bf16" else 4, amp, math)
     assert max(replayed) == max(measured)
     first_diff = next(
         (i for i, (m, r) in enumerate(zip(measured, replayed, strict=False)) if m != r), None
