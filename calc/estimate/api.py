@@ -149,7 +149,7 @@ def _compiled_or_derived(
     model: ModelSpec, job: Training | Inference, device: str
 ) -> tuple[Compiled, StructureKey, Training | Inference, tuple[str, ...]]:
     """``(compiled, key, job, notes)`` of a one-GPU job. Where the hand-written Hugging Face
-    graph refuses a job (eager attention under autocast, dropout, the math kernel, ...), the
+    graph refuses a job (eager attention under autocast, dropout, sampling, ...), the
     replay derived from transformers' own code (`calc.derive`) answers instead, when it
     records what this device runs (`_derived_fallback`); its note names what the hand graph
     lacks. Otherwise the hand graph's ``NotImplementedError`` stands."""
