@@ -55,7 +55,7 @@ Evaluation is vectorised and persisted there too (one table per rank class, layo
 structure, ``calc.plan.grid``), but each table is one symbolic replay (about 0.4 s for
 qwen2.5-7b on one core): the default grid of layouts x recompute x micro-batch compiles 33-90
 tables once (13-48 s on 2, 4 or 8 GPUs, ``benchmarks/bench_plan.py``); enumerating the
-5 precisions x 7 optimizers as well would make that about 35 times more, so they stay held."""
+5 precisions x 8 optimizers as well would make that about 40 times more, so they stay held."""
 LORA_RANK = 16
 """Adapter rank of ``task="lora"``/``"qlora"`` unless ``base`` sets ``lora`` (a common
 default: the QLoRA paper's Guanaco runs use r=64, PEFT's examples 8-16)."""
