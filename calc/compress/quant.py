@@ -20,7 +20,7 @@ al. 2024, arXiv 2306.00978) for 4-bit groups of 128 with fp16 scales and zero po
 of constants instead of 0.5) and bitsandbytes ``functional.quantize_4bit`` for NF4; the FP8
 formats paper (Micikevicius et al. 2022, arXiv 2209.05433) for e4m3.
 
-The matmul is `quant_linear`: verify's ``QuantMatmul`` (a custom autograd Function keeping no
+The matmul is `quant_linear`: `calc.derive.quantized`'s ``QuantMatmul`` (a custom autograd Function keeping no
 activation) dequantizes the weight to the compute dtype, runs ``F.linear`` and frees the dense
 weight, in forward and again in backward. `dequantize` replays its allocations exactly.
 """
@@ -191,7 +191,7 @@ def existing(
 
 
 def dequantize(tape: Tape, qw: QWeight) -> Tensor:
-    """``QuantLinear.dequantize(dtype)`` in verify/models/compress.py: the dense ``[out, in]`` weight
+    """``calc.derive.quantized.dequantize(module, dtype)``: the dense ``[out, in]`` weight
     in the compute dtype, with each temporary it makes (measured with ``verify.measure.trace``).
 
     ``.to(dtype)`` to the dtype a tensor already has returns it (no allocation); in-place
@@ -263,7 +263,7 @@ def quant_linear(
     tape: Tape, x: Tensor, qw: QWeight, bias: Tensor | None, rows: Size, out_features: Size,
     name: str,
 ) -> Tensor:  # fmt: skip
-    """``QuantMatmul.apply(x, module)`` (verify/models/compress.py): forward with grad mode off
+    """``QuantMatmul.apply(x, module)`` (`calc.derive.quantized`): forward with grad mode off
     (dequantize, ``F.linear``, free the dense weight); the node keeps no tensor. Backward
     (only when ``x`` needs a gradient): dequantize again, ``grad.matmul(w)``, free ``w``."""
     if tape.autocast_itemsize:

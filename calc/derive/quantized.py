@@ -246,9 +246,6 @@ def quant_linear_class() -> Any:
             bias = linear.bias
             self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
-        def dequantize(self, dtype: Any) -> Any:
-            return dequantize(self, dtype)
-
         def forward(self, x: Any) -> Any:
             return QuantMatmul.apply(x, self)
 

@@ -26,6 +26,7 @@ from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
 from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
+from calc.parallel.layout import param_numels
 from calc.step.optimizer import paged_state_bytes
 
 
@@ -103,11 +104,7 @@ def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> E
     if model.derived:  # the parameters transformers builds (meta device)
         numels = derived_trainable_numels(model, job)
     else:
-        numels = trainable_numels(model, job) or [
-            int(p.numel)
-            for p in model.param_tensors()
-            for _ in range(model.n_layers if p.group == "layer" else 1)
-        ]
+        numels = trainable_numels(model, job) or param_numels(model)
     paged = paged_state_bytes(numels, job.optimizer)
     note = (
         f"paged optimizer: {paged:,} B of states in CUDA managed memory (bitsandbytes "

@@ -235,10 +235,9 @@ def attention(
     qt, kt = heads
     vl = linear(tape, x, lw["v"], lw["v.b"], n, sh.k * sh.d, "v")
     # .view(hidden_shape).transpose(1, 2): flash SDPA's dv comes back in the [b, s, k, d]
-    # layout (a view suffices); eager attention's is contiguous [b, k, s, d] (reshape copies)
-    vt = ops.view(
-        tape, vl, copy_back=sh.attention in ("eager", "math") and not core.known_one(sh.k)
-    )
+    # layout (a view suffices); eager attention's and the math backend's is contiguous
+    # [b, k, s, d] (reshape copies, unless k is 1: core.view_grad_copies)
+    vt = ops.view(tape, vl, copy_back=core.view_grad_copies(sh)[2])
     tape.drop(vl)
     # apply_rotary_pos_emb: cos.unsqueeze(1), sin.unsqueeze(1) are views without grad
     qr = rope_one(tape, qt, cos, sin, "q")

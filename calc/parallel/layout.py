@@ -160,7 +160,7 @@ def rank_classes(
             f"is not the same in every layer); {local.n_layers} layers is beyond "
             f"{BY_PARAMETER_MAX_LAYERS}: use zero_partition='shard' (states 1/dp per parameter)"
         )
-    numels = _param_numels(local) if trainable_numels is None else list(trainable_numels)
+    numels = param_numels(local) if trainable_numels is None else list(trainable_numels)
     parts = zero_redundancy_partition(numels, parallel.dp)
     out = []
     for d, part in enumerate(parts):
@@ -181,7 +181,7 @@ def rank_classes(
     return out
 
 
-def _param_numels(model: ModelSpec) -> list[int]:
+def param_numels(model: ModelSpec) -> list[int]:
     """Elements of every parameter in ``model.parameters()`` order (layers expanded)."""
     tensors = model.param_tensors()
     out: list[int] = []

@@ -31,14 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from calc.config.jobs import Training
+from calc.data.bitsandbytes import BNB_BLOCK, BNB_MIN_8BIT_SIZE, BNB_PAGED_MIN_NUMEL
 
-BNB_BLOCK = 256
-"""Elements per absmax block (bitsandbytes blockwise 8-bit states)."""
-BNB_MIN_8BIT_SIZE = 4096
-"""Params with fewer elements keep fp32 states (bitsandbytes ``min_8bit_size``)."""
-BNB_PAGED_MIN_NUMEL = 100_000
-"""A paged optimizer pages the states of params of at least this many elements (bitsandbytes
-``Optimizer8bit.get_state_buffer``: ``p.numel() < 1e5`` stays with ``zeros_like``)."""
 CHUNK = 16 * BNB_BLOCK
 """Elements `BlockwiseAdam8bit` updates at a time."""
 EMULATION_SCRATCH_BYTES = 8 * CHUNK * 8
