@@ -114,6 +114,9 @@ def tensors_in(obj: Any, out: list) -> None:
 
 
 def storage_of(t: Any) -> Any | None:
+    """The storage holding ``t``'s data: a DTensor's (FSDP2's sharded parameters, their
+    gradients and optimizer states) is its local tensor's, as the tracker unwraps it."""
+    t = getattr(t, "_local_tensor", t)
     try:
         return t.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError, AttributeError):
@@ -141,6 +144,8 @@ class Book:
         self.saved: set[int] = set()
         self.live: dict[int, tuple[int, weakref.ref]] = {}
         self.ignored: dict[int, weakref.ref] = {}
+        self.empty: dict[int, weakref.ref] = {}
+        """Storages counted with 0 bytes (the tracker keeps them, at 0 B, until a resize)."""
         self.pending: collections.deque = collections.deque()
         self.stream: list[tuple[bool, int, str, object]] = []
         self.baseline: tuple[int, ...] = ()
@@ -164,6 +169,8 @@ class Book:
                 freed.append(entry[0])
             elif self.ignored.get(key) is ref:
                 del self.ignored[key]
+            elif self.empty.get(key) is ref:
+                del self.empty[key]
         self.stream.extend((False, sid, self.phase, segment) for sid in sorted(freed))
 
     def _ref(self, st: Any, key: int) -> weakref.ref:
@@ -196,14 +203,15 @@ class Book:
                 return
             del self.live[key]
             self.stream.append((False, entry[0], self.phase, segment))
-        ref = self.ignored.get(key)
-        if ref is not None:
-            if ref() is st:
-                return
-            del self.ignored[key]
+        for pool in (self.ignored, self.empty):
+            ref = pool.get(key)
+            if ref is not None:
+                if ref() is st:
+                    return
+                del pool[key]
         raw = st.nbytes()
         if raw == 0:
-            self.ignored[key] = self._ref(st, key)
+            self.empty[key] = self._ref(st, key)
             return
         sid = len(self.nbytes)
         self.nbytes.append(raw)
@@ -214,11 +222,20 @@ class Book:
         self.stream.append((True, sid, self.phase, segment))
 
     def resized(self, st: Any, name: str, segment: object) -> None:
-        """A mutating op changed a storage's size: the old one freed, a new one counted."""
+        """A mutating op or ``UntypedStorage.resize_`` changed a storage's size: the old one
+        freed, a new one counted (FSDP2's unsharded parameters and all-gather outputs come
+        and go as ``resize_`` of storages counted at 0 bytes, `empty`)."""
+        key = st._cdata
+        ref = self.empty.get(key)
+        if ref is not None and ref() is st:
+            if st.nbytes() > 0:
+                del self.empty[key]
+                self.add(st, name, segment, segment)
+            return
         sid = self.known(st)
         if sid is None or st.nbytes() == self.nbytes[sid]:
             return
-        del self.live[st._cdata]
+        del self.live[key]
         self.stream.append((False, sid, self.phase, segment))
         self.add(st, name, self.tag[sid], segment)
 
@@ -435,7 +452,25 @@ def recorder(book: Book) -> Iterator[Any]:
                 book.saved.add(sid)
         return t.detach()
 
+    cls = torch.UntypedStorage
+    own = "resize_" in cls.__dict__
+    original = cls.resize_
     with mode_type()(book) as mode:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            yield mode
+
+        def resize_(st: Any, size: int) -> Any:  # as the tracker patches it
+            out = original(st, size)
+            seg = mode.segment()
+            book.drain(seg)
+            book.resized(st, "UntypedStorage.resize_", seg)
+            return out
+
+        cls.resize_ = resize_  # type: ignore[method-assign,assignment]
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                yield mode
+        finally:
+            if own:
+                cls.resize_ = original  # type: ignore[method-assign]
+            else:
+                del cls.resize_
         book.drain(book.tag_now)

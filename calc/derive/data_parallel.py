@@ -1,4 +1,5 @@
-"""DDP on a derived model: one rank replays the recorded single-GPU step plus DDP's buckets.
+"""DDP and FSDP2 on a derived model: DDP's rank replays the recorded single-GPU step plus
+DDP's buckets; FSDP2's rank is recorded wrapped (`calc.derive.sharding`).
 
 Without ``gradient_as_bucket_view`` a DDP rank (``torch/nn/parallel/distributed.py`` and the
 C++ ``Reducer``) holds everything the single-process step holds, plus flat gradient buckets
@@ -11,10 +12,9 @@ each one's bytes over its parameter dtype's itemsize.
 
 The buckets are constant, so whatever the loop does around the model (the held output, the
 loop's loss, accumulation without ``no_sync``, where ``zero_grad`` runs, LoRA's adapters as the
-only gradients) is the recorded step's. What the recording does not hold is refused by
-`check_ddp`: the wrappers' own hooks (FSDP2's all-gathers and sharded parameters, gradient views
-of the buckets, ZeRO), an optimizer stepped inside the backward, and the chunked loss, which
-calls the base model outside the DDP wrapper.
+only gradients) is the recorded step's. What neither recording holds is refused by
+`check_ddp`: gradient views of the buckets, ZeRO-1/2, offload, an optimizer stepped inside the
+backward, and the chunked loss, which calls the base model outside the wrapper.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.derive import lift
 from calc.derive.replay import derived_stream
+from calc.derive.sharding import Shard
 from calc.parallel.data import ReplayPlan
 from calc.replay.kinds import StorageKind
 
@@ -35,27 +36,45 @@ def plain_ddp(plan: ReplayPlan) -> bool:
     """Whether ``plan`` is DDP without gradient views, ZeRO, FSDP or offload: the rank's step
     is the single-process one (`calc.parallel.data.install` installs no hook for it)."""
     return plan == ReplayPlan(shard_world=plan.shard_world,
-                              reshard_after_forward=plan.reshard_after_forward)  # fmt: skip
+                              reshard_after_forward=plan.reshard_after_forward,
+                              cast_forward_inputs=plan.cast_forward_inputs)  # fmt: skip
 
 
 def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
     """Raise ``NotImplementedError`` naming what a derived model's data-parallel rank does not
-    cover yet (everything but plain DDP of the default loop, verified by verify's
-    ``dist-derived-*`` cases)."""
+    cover yet: DDP without bucket views (verify's ``dist-derived-*`` DDP cases) and FSDP2
+    without offload (`fsdp_shard`) are modelled; with either, neither an optimizer stepped
+    inside the backward nor the chunked loss, which calls the base model around the
+    wrapper."""
     name = f"model_type={model.model_type!r} (derived replay)"
-    if not plain_ddp(plan):
+    if not plain_ddp(plan) and not (plan.fsdp and plan.offload == "none"):
         raise NotImplementedError(
-            f"{name}: of the parallel layouts only DDP without gradient_as_bucket_view is "
-            "modelled (FSDP2, ZeRO, bucket views and offload change the recorded step: "
-            "the recording would need their hooks)"
+            f"{name}: of the parallel layouts DDP without gradient_as_bucket_view and FSDP2 "
+            "without offload are modelled (ZeRO-1/2, bucket views and offload change the "
+            "recorded step: the recording would need their hooks)"
         )
     if job.optimizer_in_backward or job.loss == "chunked-ce":
         raise NotImplementedError(
-            f"{name} under DDP with optimizer_in_backward or loss='chunked-ce': the first "
-            "steps parameters inside the reducer's hooks, the second calls the base model "
-            "around the DDP wrapper (DDP is verified on derived models with the other loops "
-            "and losses, accumulation, zero_grad placements, LoRA and optimizer=None)"
+            f"{name} under DDP or FSDP2 with optimizer_in_backward or loss='chunked-ce': the "
+            "first steps parameters inside the wrapper's hooks, the second calls the base "
+            "model around the wrapper (the other loops and losses, accumulation, zero_grad "
+            "placements, LoRA and optimizer=None are modelled)"
         )
+
+
+def fsdp_shard(model: ModelSpec, job: Training, plan: ReplayPlan) -> Shard | None:
+    """The FSDP2 wrapping a derived rank is recorded with (`calc.derive.sharding`), None for
+    DDP; ``NotImplementedError`` from `check_ddp` for what is not modelled."""
+    check_ddp(model, job, plan)
+    if not plan.fsdp:
+        return None
+    return Shard(
+        world=plan.shard_world,
+        reshard_after_forward=plan.reshard_after_forward,
+        param_itemsize=plan.param_itemsize,
+        reduce_itemsize=plan.reduce_itemsize,
+        cast_forward_inputs=plan.cast_forward_inputs,
+    )
 
 
 def grad_order(model: ModelSpec, job: Training, n_layers: int) -> tuple:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import bnb, loops, lora, quantized
+from calc.derive import bnb, loops, lora, quantized, sharding
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -31,6 +31,7 @@ from calc.derive.book import (
     tensors_in,
 )
 from calc.derive.generate import cut, stop_after
+from calc.derive.sharding import Shard
 from calc.replay.kinds import StorageKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -183,12 +184,19 @@ def _hooks(model: Any, book: Book, n_layers: int) -> tuple[str, list]:
 
     seq_nr: Callable[[], int] = torch._C._autograd._get_sequence_nr
     prefix, layers = _layer_list(model, n_layers)
-    handles = [model.register_forward_pre_hook(lambda *_: book.mark_span(seq_nr(), "embed"))]
+    # prepended: a layer's mark comes before FSDP2's pre-forward (its all-gather is the layer's)
+    handles = [
+        model.register_forward_pre_hook(lambda *_: book.mark_span(seq_nr(), "embed"), prepend=True)
+    ]
     base = getattr(model, "base_model", model)
     if base is not model:  # a loop may call the base model alone (chunked-ce)
         handles.append(base.register_forward_pre_hook(lambda *_: book.mark_span(seq_nr(), "embed")))
     for i, layer in enumerate(layers):
-        handles.append(layer.register_forward_pre_hook(lambda *_, i=i: book.mark_span(seq_nr(), i)))
+        handles.append(
+            layer.register_forward_pre_hook(
+                lambda *_, i=i: book.mark_span(seq_nr(), i), prepend=True
+            )
+        )
         handles.append(layer.register_forward_hook(lambda *_: book.mark_span(seq_nr(), "head")))
     return prefix, handles
 
@@ -225,16 +233,19 @@ def _classify_step(book: Book, optimizer: Any) -> None:
     """Gradients and optimizer states, under their parameter's layer and name."""
     for group in optimizer.param_groups:
         for p in group["params"]:
-            tag, short = book.param_of.get(p.untyped_storage()._cdata, ("base", "param"))
-            if p.grad is not None:
-                sid = book.known(p.grad.untyped_storage())
+            st = storage_of(p)
+            tag, short = book.param_of.get(st._cdata, ("base", "param")) if st else ("base", "")
+            grad = storage_of(p.grad) if p.grad is not None else None
+            if grad is not None:
+                sid = book.known(grad)
                 if sid is not None:
                     book.classify(sid, StorageKind.GRAD, f"grad:{short}", tag)
             for key, value in optimizer.state.get(p, {}).items():
                 found: list = []
                 tensors_in(value, found)
                 for t in found:
-                    sid = book.known(t.untyped_storage())
+                    state = storage_of(t)
+                    sid = book.known(state) if state is not None else None
                     if sid is not None:
                         book.classify(sid, StorageKind.STATE, f"{key}:{short}", tag)
 
@@ -286,42 +297,66 @@ def _model_tensors(model: Any) -> list:
     return out
 
 
+def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> tuple[Any, Any]:
+    """(model, decoder layers) of ``config`` as the job runs it: recomputation, dtype,
+    quantized linears, then LoRA's adapters (verify's ``compress.apply`` order), train/eval."""
+    import torch
+
+    model = _build(config, "eager" if backend == "eager" else "sdpa")
+    if isinstance(job, Training) and job.recompute == "full":
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        (enable or model.gradient_checkpointing_enable)()
+    dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
+    if dtype != torch.float32:
+        _to_dtype(model, dtype)
+    layers = _layer_list(model, _layers_of(model))[1]
+    if job.quant is not None:  # verify's compress.apply: the linears quantized first
+        quantized.apply(layers, job.quant)
+    if isinstance(job, Training) and job.lora is not None:  # then the adapters
+        lora.apply(model, layers, job.lora, dtype)
+    model.train(isinstance(job, Training))
+    return model, layers
+
+
 @contextlib.contextmanager
-def session(config: dict[str, Any], job: Training | Inference, backend: str) -> Iterator[Any]:
-    """The model of ``config`` built once on fake tensors, in the job's dtype and mode; yields
+def session(
+    config: dict[str, Any], job: Training | Inference, backend: str, shard: Shard | None = None
+) -> Iterator[Any]:
+    """The model of ``config`` built on fake tensors, in the job's dtype and mode; yields
     ``trace(batch, seq, context) -> Trace`` that records the job at those sizes (each trace
     with fresh inputs, optimizer, caches and bookkeeping; the model's storages counted from
-    the start, as when an eager run builds it inside the tracker)."""
-    import torch
+    the start, as when an eager run builds it inside the tracker).
+
+    The model is built once, except for an FSDP2 rank (``shard``, `calc.derive.sharding`):
+    FSDP2 makes buffers lazily in its first forward and keeps them (at 0 bytes) for later
+    steps, so each trace builds and wraps its own model, as each measured run does."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    training = isinstance(job, Training)
     setup = Book()  # the build, recorded: what an eager build makes outside dispatch is not
-    with eager_paths(), quiet(), FakeTensorMode():  # counted (embed_scale = torch.tensor(..))
-        with recorder(setup):
-            model = _build(config, "eager" if backend == "eager" else "sdpa")
-            if isinstance(job, Training) and job.recompute == "full":
-                enable = getattr(model, "activation_checkpointing_enable", None)
-                (enable or model.gradient_checkpointing_enable)()
-            dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
-            if dtype != torch.float32:
-                _to_dtype(model, dtype)
-            layers = _layer_list(model, _layers_of(model))[1]
-            if job.quant is not None:  # verify's compress.apply: the linears quantized first
-                quantized.apply(layers, job.quant)
-            if isinstance(job, Training) and job.lora is not None:  # then the adapters
-                lora.apply(model, layers, job.lora, dtype)
-            model.train(training)
-            held = [
-                (name, t)
-                for name, t in _model_tensors(model)
-                if (st := storage_of(t)) is not None and setup.known(st) is not None
-            ]
+    with contextlib.ExitStack() as stack:  # counted (embed_scale = torch.tensor(..))
+        mesh = stack.enter_context(sharding.fake_world(shard))
+        stack.enter_context(eager_paths())
+        stack.enter_context(quiet())
+        stack.enter_context(FakeTensorMode())
+        held: list = []
+        model: Any = None
+        if shard is None:
+            with recorder(setup):
+                model, _ = _built(config, job, backend)
+                held = [
+                    (name, t)
+                    for name, t in _model_tensors(model)
+                    if (st := storage_of(t)) is not None and setup.known(st) is not None
+                ]
 
         def trace(batch: int, seq: int, context: int = 0, steps: int = 2) -> Trace:
+            nonlocal model
             book = Book()
             starts: list[int] = []  # generate's forwards, where the stream is cut
             with recorder(book) as mode:
+                if shard is not None:
+                    model, layers = _built(config, job, backend)
+                    sharding.wrap(model, layers, shard, mesh)
                 for name, t in held:
                     st = storage_of(t)
                     if st is not None:

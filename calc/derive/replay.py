@@ -36,6 +36,7 @@ from calc.derive.record import (
     session,
     trainable_numels,
 )
+from calc.derive.sharding import Shard
 from calc.models.attention import attention_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -250,9 +251,12 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -> DerivedStream:
+def derived_stream(
+    model: ModelSpec, job: Training | Inference, n_layers: int, shard: Shard | None = None
+) -> DerivedStream:
     """The fitted stream of ``job`` on ``model`` recorded with ``n_layers`` layers (all of them
-    when the layers differ), from the disk cache when it has it."""
+    when the layers differ), on one FSDP2 rank when ``shard`` is given
+    (`calc.derive.sharding`), from the disk cache when it has it."""
     check_job(model, job)
     model = _with_dropout(model, job)
     config = hf_config_dict(model)
@@ -271,18 +275,24 @@ def derived_stream(model: ModelSpec, job: Training | Inference, n_layers: int) -
             structure.pop("new_tokens")
     name = _cache_name(
         {"schema": SCHEMA, "config": traced, "job": structure, "kind": type(job).__name__,
-         "regime": asdict(reg), "backend": backend, **_versions()}
+         "regime": asdict(reg), "backend": backend, **_versions(),
+         **({"shard": asdict(shard)} if shard is not None else {})}
     )  # fmt: skip
     cached = read_plan_cache(name)
     if cached is not None:
         return _from_json(cached, reg, exact)
-    derived = _record(traced, job, backend, reg, exact)
+    derived = _record(traced, job, backend, reg, exact, shard)
     write_plan_cache(name, _to_json(derived))
     return derived
 
 
 def _record(
-    config: dict[str, Any], job: Training | Inference, backend: str, reg: lift.Regime, exact: bool
+    config: dict[str, Any],
+    job: Training | Inference,
+    backend: str,
+    reg: lift.Regime,
+    exact: bool,
+    shard: Shard | None = None,
 ) -> DerivedStream:
     """Record at the points of the regime's plan, check one structure, fit the sizes: first
     `lift.factor_plan`'s few points; when a size is of another form, the rest of the grid."""
@@ -290,7 +300,7 @@ def _record(
     generating = isinstance(job, Inference) and job.new_tokens > 0
     quick = None if generating else lift.factor_plan(reg)  # generate: the full grid, as verified
     with contextlib.ExitStack() as stack:
-        trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend)))
+        trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend, shard)))
 
         def run(points: list[dict[str, int]]) -> list[Trace]:
             out = []
@@ -382,12 +392,13 @@ def _from_json(data: dict[str, Any], reg: lift.Regime, exact: bool) -> DerivedSt
 
 
 def derived_events(
-    model: ModelSpec, job: Training | Inference, n_layers: int
+    model: ModelSpec, job: Training | Inference, n_layers: int, shard: Shard | None = None
 ) -> tuple[list[Event], bool]:
-    """(events, exact) of ``job`` on ``model``: the fitted stream played on a tape (sizes as
-    expressions of ``b``, ``s``, ``c``; rounded to 512 B by the tape); ``exact`` when every
-    layer was recorded (take the candidates as they are, no generalisation)."""
-    d = derived_stream(model, job, n_layers)
+    """(events, exact) of ``job`` on ``model`` (one FSDP2 rank's with ``shard``): the fitted
+    stream played on a tape (sizes as expressions of ``b``, ``s``, ``c``; rounded to 512 B by
+    the tape); ``exact`` when every layer was recorded (take the candidates as they are, no
+    generalisation)."""
+    d = derived_stream(model, job, n_layers, shard)
     tape = Tape(inplace_accumulate=False)
     held: dict[int, Tensor] = {}
     for sid in d.baseline:

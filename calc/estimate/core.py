@@ -25,8 +25,9 @@ from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.bitsandbytes import BNB_MIN_8BIT_SIZE, BNB_OPTIMIZERS, BNB_PAGED_MIN_NUMEL
-from calc.derive.data_parallel import check_ddp, grad_order
+from calc.derive.data_parallel import fsdp_shard, grad_order
 from calc.derive.replay import derived_events, notes_of, regime_of
+from calc.derive.sharding import Shard
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
@@ -238,9 +239,10 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
     exact = opts.exact_layers
     derived_order: tuple = ()
     if is_derived(model, job):
+        shard = None
         if opts != SINGLE:
-            derived_order = _derived_ddp_order(model, job, opts, branch)
-        events, every_layer = derived_events(model, job, branch)
+            shard, derived_order = _derived_dp(model, job, opts, branch)
+        events, every_layer = derived_events(model, job, branch, shard)
         exact = exact or every_layer
     elif isinstance(job, Inference):
         if opts != SINGLE:
@@ -274,18 +276,22 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
     return Compiled(tl, fn, branch, phase_index, grad_order)
 
 
-def _derived_ddp_order(
+def _derived_dp(
     model: ModelSpec, job: Training | Inference, opts: ReplayOptions, branch: int
-) -> tuple:
-    """The gradient order of a derived model's DDP rank (`calc.derive.data_parallel`), whose
-    step is the recorded single-process one; ``NotImplementedError`` for any other layout."""
+) -> tuple[Shard | None, tuple]:
+    """(FSDP2 wrapping, gradient order) of a derived model's data-parallel rank: FSDP2's rank
+    is recorded wrapped (`calc.derive.sharding`); DDP's step is the recorded single-process
+    one plus its buckets, sized from the gradient order (`calc.derive.data_parallel`).
+    ``NotImplementedError`` for any other layout."""
     if not isinstance(job, Training) or opts.dp is None or replace(opts, dp=None) != SINGLE:
         raise NotImplementedError(
             f"model_type={model.model_type!r} (derived replay): of the parallel layouts only "
-            "DDP is modelled on derived architectures (not TP, SP, PP)"
+            "DDP and FSDP2 are modelled on derived architectures (not TP, SP, PP)"
         )
-    check_ddp(model, job, opts.dp)
-    return grad_order(model, job, branch)
+    shard = fsdp_shard(model, job, opts.dp)
+    if shard is not None:
+        return shard, ()
+    return None, grad_order(model, job, branch)
 
 
 DERIVED_NOTE = (

@@ -63,6 +63,9 @@ class ReplayPlan:
     reduce_itemsize: int = 0
     """FSDP2 ``MixedPrecisionPolicy``: bytes per element of the reduce-scatter (0: the
     gradients' own)."""
+    cast_forward_inputs: bool = True
+    """FSDP2 ``MixedPrecisionPolicy(cast_forward_inputs=...)`` (the hand-written replays cast
+    where the attention does, the same bytes; a derived rank records the policy itself)."""
 
 
 def bucket_limits(parallel: Parallelism) -> tuple[int, int]:

@@ -125,6 +125,7 @@ def rank_classes(
         offload=parallel.offload,
         param_itemsize=MP_ITEMSIZE[parallel.fsdp_param_dtype],
         reduce_itemsize=MP_ITEMSIZE[parallel.fsdp_reduce_dtype],
+        cast_forward_inputs=parallel.fsdp_cast_forward_inputs,
     )
     if plan.shard_states:
         notes.append(

@@ -17,11 +17,23 @@ from typing import Any
 from calc.config.compression import LoRA, Quant
 from calc.config.jobs import Training
 from calc.config.parallelism import Parallelism
-from verify.cases.case import LLAMA, LLAMA3, QWEN2, TOLERANCE_PCT, Case, DistCase, pairs
+from verify.cases.case import (
+    GLOO_ASYNC_NOTE,
+    GLOO_ASYNC_PCT,
+    LLAMA,
+    LLAMA3,
+    QWEN2,
+    TOLERANCE_PCT,
+    Case,
+    DistCase,
+    pairs,
+)
 from verify.cases.case import train as _train
 from verify.cases.derived import CONFIGS
 
 VOCAB = 4096
+MP: dict[str, Any] = {"fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}
+"""The MixedPrecisionPolicy of FSDP2 recipes (bf16 parameters, fp32 reduction)."""
 """Vocabulary of the tiny configs here (the loop cases' ``scale={"vocab": 4096}``)."""
 
 
@@ -142,15 +154,21 @@ def derived_dist_cases() -> list[DistCase]:
     def dist(name: str, model_type: str, parallel: Parallelism, vocab: int, **job: Any) -> DistCase:
         fields = {"micro_batch": 2, "seq_len": 32, "precision": "fp32", "optimizer": "adamw",
                   "implementation": "hf", **job}  # fmt: skip
+        fsdp = parallel.fsdp
         return DistCase(
             name=f"dist-derived-{model_type}-{name}",
             card=model_type,
             job=Training(**fields),
             parallel=parallel,
-            engine="ddp",
-            tolerance_pct=TOLERANCE_PCT["hf"],
+            engine="fsdp2" if fsdp else "ddp",
+            tolerance_pct=GLOO_ASYNC_PCT if fsdp else TOLERANCE_PCT["hf"],
             tags=("derived",),
-            note="DDP on a derived architecture: the recorded step plus DDP's buckets",
+            note=(
+                "FSDP2 on a derived architecture: the rank recorded wrapped by fully_shard "
+                "over a fake process group. " + GLOO_ASYNC_NOTE
+                if fsdp
+                else "DDP on a derived architecture: the recorded step plus DDP's buckets"
+            ),
             config=json.dumps({**CONFIGS[model_type], "vocab_size": vocab}, sort_keys=True),
         )
 
@@ -195,5 +213,25 @@ def derived_dist_cases() -> list[DistCase]:
             attention="eager",
             lora=LoRA(rank=8),
             zero_grad="before_backward",
+        ),
+        # FSDP2 (calc.derive.sharding): fully_shard per layer and root, with and without
+        # the mixed-precision policy of FSDP2 recipes; MoE experts are 3-D parameters,
+        # sharded on the expert dimension; Gemma-2's alternating layers recorded whole
+        dist("fsdp2-2", "phi3", Parallelism(dp=2, fsdp=True), VOCAB),
+        dist("fsdp2-mp-2", "gemma2", Parallelism(dp=2, fsdp=True, **MP), 512, attention="eager"),
+        dist("fsdp2-bf16-2", "mixtral", Parallelism(dp=2, fsdp=True), 512, precision="bf16"),
+        dist(
+            "fsdp2-mp-dellogits-2",
+            "olmo2",
+            Parallelism(dp=2, fsdp=True, reshard_after_forward=False, **MP),
+            VOCAB,
+            loop="del-logits",
+        ),
+        dist(
+            "fsdp2-lora-2",
+            "qwen3_moe",
+            Parallelism(dp=2, fsdp=True),
+            512,
+            lora=LoRA(rank=8, modules=("q", "k", "v", "o")),
         ),
     ]

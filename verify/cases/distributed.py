@@ -10,7 +10,16 @@ from typing import Any
 
 from calc.config.compression import LoRA, Quant
 from calc.config.parallelism import Parallelism
-from verify.cases.case import LLAMA, QWEN2, DistCase, Q, pairs, training_job
+from verify.cases.case import (
+    GLOO_ASYNC_NOTE,
+    GLOO_ASYNC_PCT,
+    LLAMA,
+    QWEN2,
+    DistCase,
+    Q,
+    pairs,
+    training_job,
+)
 from verify.cases.derived_train import derived_dist_cases
 
 SMALL = {"layers": 2}
@@ -43,13 +52,6 @@ def _case(
 
 BY_PARAM = "by-parameter"
 """``ZeroRedundancyOptimizer``'s partition: whole parameters per rank."""
-GLOO_ASYNC_PCT = 3.0
-GLOO_ASYNC_NOTE = (
-    "3 %: gloo runs FSDP2's reduce-scatter on a worker thread whose work object can keep the "
-    "previous group's reduce-scatter input alive past the point FSDP2 drops it (seen on one rank "
-    "in one step of three: +66 KB on 2.65 MB); calc models the release FSDP2 performs, which is "
-    "what the CUDA caching allocator counts"
-)
 GLOO_LORA_PCT = 15.0
 GLOO_LORA_NOTE = (
     "15 %: the same gloo timing as the 3 % FSDP2 cases, relatively larger because a LoRA step "

@@ -43,7 +43,10 @@ def test_the_held_output_under_ddp_adds_the_same_bucket() -> None:
 @pytest.mark.parametrize(
     ("parallel", "job", "says"),
     [
-        (calc.Parallelism(dp=2, fsdp=True), JOB, "only DDP without gradient_as_bucket_view"),
+        (calc.Parallelism(dp=2, zero=1), JOB, "DDP without gradient_as_bucket_view and FSDP2"),
+        (calc.Parallelism(dp=2, fsdp=True, offload="optimizer"), JOB, "offload"),
+        (calc.Parallelism(dp=2, fsdp=True),
+         calc.Training(micro_batch=2, seq_len=32, loss="chunked-ce"), "loss='chunked-ce'"),
         (calc.Parallelism(dp=2, gradient_as_bucket_view=True), JOB, "bucket views"),
         (calc.Parallelism(dp=2), calc.Training(micro_batch=2, seq_len=32, loss="chunked-ce"),
          "loss='chunked-ce'"),

@@ -1,0 +1,108 @@
+"""FSDP2 on a derived model: the rank's step recorded with torch's own ``fully_shard``.
+
+A derived model's FSDP2 rank is not rebuilt from rules (as `calc.parallel.fsdp` replays a
+hand-written graph): the recording (`calc.derive.record`) wraps transformers' model with
+``fully_shard`` on every decoder layer and then on the root, as verify's ``fsdp2`` engine does
+(``verify/dist/engines.py``), over a ``fake`` process group of ``world`` ranks (torch's
+``FakeProcessGroup``, ``torch/testing/_internal/distributed/fake_pg.py``: rank 0 of ``world``,
+every collective a no-op). Everything FSDP2 allocates is then seen as it happens: the padded
+dim-0 shards (``_fsdp_param.py``), the all-gather inputs and outputs and the unsharded
+parameters (``resize_`` of storages kept at 0 bytes between uses, ``_fsdp_common.py``
+``alloc_storage``/``free_storage``), the reduce-scatter buffers and the sharded gradients
+(``_fsdp_collectives.py``), the optimizer states of the shards, and the hooks' timing (root
+post-forward, prefetching, the final callback).
+
+What the recording does not hold: the ``DeviceMesh`` each ``fully_shard`` call without a mesh
+makes on a CPU run (built here once, outside the fake tensors; `calc.estimate.ranks` adds the
+CPU's 512 B per call), and the timing of gloo's worker threads (verify's tolerance notes).
+
+torch is imported only inside these functions: ``calc`` imports without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from calc.derive.book import DeriveError
+
+MP_DTYPES = {2: "bfloat16", 4: "float32"}
+"""``MixedPrecisionPolicy`` dtype by bytes per element (`calc.parallel.data.ReplayPlan`'s
+``param_itemsize``/``reduce_itemsize``; calc offers bf16 and fp32)."""
+
+
+_ONE_WORLD = threading.Lock()
+"""One fake default process group at a time (the app may estimate on several threads)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One FSDP2 rank's wrapping (part of the recording's cache key)."""
+
+    world: int
+    """Ranks the parameters are sharded over (dp)."""
+    reshard_after_forward: bool = True
+    param_itemsize: int = 0
+    """``MixedPrecisionPolicy(param_dtype=...)`` bytes per element, 0 without a policy."""
+    reduce_itemsize: int = 0
+    """``MixedPrecisionPolicy(reduce_dtype=...)`` bytes per element, 0: the gradients'."""
+    cast_forward_inputs: bool = True
+
+    def __post_init__(self) -> None:
+        if self.world < 2:
+            raise ValueError(f"Shard.world={self.world}: FSDP2 shards over 2 or more ranks")
+        for name in ("param_itemsize", "reduce_itemsize"):
+            value = getattr(self, name)
+            if value != 0 and value not in MP_DTYPES:
+                raise ValueError(f"Shard.{name}={value}: allowed 0, 2 (bf16), 4 (fp32)")
+
+
+@contextlib.contextmanager
+def fake_world(shard: Shard | None) -> Iterator[Any]:
+    """A ``fake`` default process group of ``shard.world`` ranks (this process is rank 0) and
+    its 1-D CPU ``DeviceMesh``, made before any fake tensor exists (``init_device_mesh`` reads
+    its ranks from a real tensor); torn down afterwards. Yields the mesh (None without
+    ``shard``). A process that already has a default group cannot record a second one."""
+    if shard is None:
+        yield None
+        return
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with _ONE_WORLD:
+        if dist.is_initialized():
+            raise DeriveError(
+                "recording an FSDP2 rank needs a process without a default process group (it "
+                "makes a fake one of the rank count); this one already has one"
+            )
+        hook = sys.excepthook  # init_process_group prefixes every later traceback "[rank0]"
+        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=shard.world)
+        try:
+            yield init_device_mesh("cpu", (shard.world,))
+        finally:
+            dist.destroy_process_group()
+            sys.excepthook = hook
+
+
+def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> None:
+    """``fully_shard`` every decoder layer, then the root, with ``shard``'s options (verify's
+    ``fsdp2`` engine, ``verify/dist/engines.py``)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": shard.reshard_after_forward}
+    if shard.param_itemsize:
+        reduce = MP_DTYPES.get(shard.reduce_itemsize)
+        kw["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, MP_DTYPES[shard.param_itemsize]),
+            reduce_dtype=getattr(torch, reduce) if reduce else None,
+            cast_forward_inputs=shard.cast_forward_inputs,
+        )
+    for layer in layers:
+        fully_shard(layer, **kw)
+    fully_shard(model, **kw)
