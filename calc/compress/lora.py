@@ -117,11 +117,18 @@ def _base_linear(
 
 
 def compress_weights(
-    tape: Tape, w: Weights, sh: Shape, lora: LoRA | None, q: Quant | None, compute: str
+    tape: Tape,
+    w: Weights,
+    sh: Shape,
+    lora: LoRA | None,
+    q: Quant | None,
+    compute: str,
+    order: tuple[str, ...] = LINEAR_KEYS,
 ) -> tuple[list[Tensor], list[tuple]]:
     """Freeze, quantize and adapt ``w`` in place; return the trainable tensors and their
     shapes in ``model.parameters()`` order (LoRA: per layer ``A, B`` of each module in
-    q, k, v, o, gate, up, down order), or ``([], [])`` when nothing trains (inference)."""
+    ``order``: the model's registration order of its decoder linears, Hugging Face's q, k, v,
+    o, gate, up, down by default), or ``([], [])`` when nothing trains (inference)."""
     if sh.model_type == "gpt2":
         raise NotImplementedError("LoRA/quantization of GPT-2 (fused c_attn Conv1D layers)")
     if q is not None and set(q.keep_16bit) != {"embed", "norm", "lm_head"}:
@@ -136,7 +143,7 @@ def compress_weights(
     shapes: list[tuple] = []
     itemsize = quant.ITEMSIZE[adapter]
     for j, lw in enumerate(w.layers):
-        for key in LINEAR_KEYS:
+        for key in order:
             out_f, in_f = linear_shape(sh, key)
             if q is not None:
                 dense = dict.__getitem__(lw, key)  # no pre-hook (prune_replay's dicts)

@@ -124,7 +124,7 @@ def finish(
         tape.drop(hid)  # a local of the model's forward
     if head.root is not None:  # the model returned: the wrapper's post-forward, then its
         head.root.end_forward(tape)  # pre-backward hook on the output's logits
-        logits = [_pre_backward_hook(tape, x, head.root) for x in logits]
+        logits = [root_pre_backward(tape, x, head.root) for x in logits]
     _rebind(tape, held, [*base, *logits, *output] if head.hold else [])
     if not head.hold:  # ``del out``: the rest of the output object dies, the logits stay
         tape.drop(*output, *base)
@@ -139,7 +139,7 @@ def finish(
     return loss
 
 
-def _pre_backward_hook(tape: Tape, logits: Tensor, root: RootHooks) -> Tensor:
+def root_pre_backward(tape: Tape, logits: Tensor, root: RootHooks) -> Tensor:
     """``logits`` with the hook FSDP2's root post-forward registers on each output tensor
     (``FSDPState._register_pre_backward_hook``, torch/distributed/fsdp/_fully_shard/
     _fsdp_state.py): a tensor hook runs before the node that made the tensor, when the

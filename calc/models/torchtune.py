@@ -19,7 +19,11 @@ follows that copy line by line:
 
 The parameters are torchtune's, in its order (`Weights`). torchtune trains in pure bf16 (or
 fp32) without autocast, recomputes whole layers (``enable_activation_checkpointing``) and calls
-SDPA: `check` refuses the rest.
+SDPA: `check` refuses the rest. LoRA is torchtune's ``LoRALinear`` (modules/peft/lora.py,
+``forward``: ``F.linear`` of the frozen base, ``lora_b(lora_a(dropout(x)))`` times
+``alpha / rank``, the sum): the op sequence of `calc.compress.lora.lora_linear`, the adapters in
+``q, k, v, output_proj, w1, w2, w3`` order (`LORA_ORDER`). FSDP2 is the distributed recipes'
+(`check`), its root hooks where the model returns the logits.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from dataclasses import replace
 from calc.config.jobs import Training
 from calc.models import attention_core
 from calc.models import reference as ref
-from calc.models.head import divide_by_count
+from calc.models.head import RootHooks, divide_by_count, root_pre_backward
 from calc.models.shape import Shape
+from calc.parallel.data import ReplayPlan
 from calc.replay import ops
 from calc.replay.tape import Node, Size, Tape, Tensor, divide
 
@@ -38,6 +43,8 @@ FP32 = 4
 INT64 = 8
 MLP_ORDER = ("gate", "down", "up")
 """``FeedForward``'s parameters in registration order: ``w1`` (gate), ``w2`` (down), ``w3``."""
+LORA_ORDER = ("q", "k", "v", "o", *MLP_ORDER)
+"""The decoder linears in torchtune's registration order (LoRA's adapters follow it)."""
 
 
 class Weights(ref.Weights):
@@ -50,12 +57,30 @@ class Weights(ref.Weights):
         self.layers = [{key: lw[key] for key in order if key in lw} for lw in self.layers]
 
 
-def check(sh: Shape, job: Training, parallel: bool) -> None:
-    """Raise ``NotImplementedError`` for what the torchtune replay does not model."""
-    if parallel or any(x is not None for x in (job.lora, job.quant, job.pruning, job.distill)):
+def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
+    """Raise ``NotImplementedError`` for what the torchtune replay does not model. Data
+    parallelism is its distributed recipes' (``full_finetune_distributed``,
+    ``lora_finetune_distributed``): FSDP2 ``fully_shard`` per layer and root, no
+    ``MixedPrecisionPolicy`` (the model is bf16 or fp32 itself), no offload."""
+    if any(x is not None for x in (job.quant, job.pruning, job.distill)):
         raise NotImplementedError(
-            "implementation='torchtune' is modelled on one GPU without LoRA, quantization, "
-            "pruning and distillation"
+            "implementation='torchtune' is modelled without quantization, pruning and "
+            "distillation (LoRA is: torchtune's LoRALinear)"
+        )
+    if job.lora is not None and job.lora.adapter_dtype is not None:
+        raise NotImplementedError(
+            "implementation='torchtune' LoRA with adapter_dtype: torchtune builds the adapters "
+            "in the model's dtype"
+        )
+    fsdp2 = dp is not None and dp == ReplayPlan(
+        fsdp=True, shard_world=dp.shard_world, reshard_after_forward=dp.reshard_after_forward,
+        cast_forward_inputs=dp.cast_forward_inputs,
+    )  # fmt: skip
+    if dp is not None and not fsdp2:
+        raise NotImplementedError(
+            "implementation='torchtune' under data parallelism is modelled as its distributed "
+            "recipes run: fsdp=True (fully_shard per layer and root) without "
+            "fsdp_param_dtype (torchtune trains the model in its own dtype) and without offload"
         )
     loop, loss = job.loop, job.loss
     if sh.model_type not in ("llama", "mistral", "qwen2") or sh.qk_norm:
@@ -258,12 +283,20 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cache: Tensor) -> Tensor:
 
 
 def forward(
-    tape: Tape, sh: Shape, w: Weights, cache: Tensor, loss: str, chunks: int, one_sequence: bool
+    tape: Tape,
+    sh: Shape,
+    w: Weights,
+    cache: Tensor,
+    loss: str,
+    chunks: int,
+    one_sequence: bool,
+    root: RootHooks | None = None,
 ) -> Tensor:
     """The recipe's ``_loss_step``: the model's logits, the labels shifted with
     ``torch.hstack`` (int64 [b, s]), the loss, ``del logits``; returns the loss.
     ``one_sequence``: a micro-batch of one sequence (the chunks of ``chunked-ce`` are then
-    contiguous: no copies)."""
+    contiguous: no copies). ``root``: FSDP2's root, whose post-forward runs as the model
+    returns its logits and whose pre-backward hook sits on each of them."""
     n = sh.b * sh.s
     hid = hidden(tape, sh, w, cache)
     if loss == "chunked-ce":
@@ -273,6 +306,9 @@ def forward(
         logits = [ops.to_dtype(tape, out, FP32, "logits.float")]
         tape.drop(out)
     tape.drop(hid)
+    if root is not None:
+        root.end_forward(tape)
+        logits = [root_pre_backward(tape, x, root) for x in logits]
     labels = tape.new(n, INT64, "labels.hstack")
     if loss == "chunked-ce":
         result = _chunked_loss(tape, sh, logits, one_sequence)

@@ -12,7 +12,7 @@ from enum import Enum
 
 from calc import symbols as S
 from calc.compress import distill, prune_replay
-from calc.compress.lora import compress_weights
+from calc.compress.lora import LINEAR_KEYS, compress_weights
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, reference, torchtune
@@ -127,7 +127,7 @@ def check_supported(
     if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
         hf_gpt2.check(sh)
     if path is ForwardPath.TORCHTUNE:
-        torchtune.check(sh, job, parallel=dp is not None)
+        torchtune.check(sh, job, dp)
     if path is ForwardPath.HF:
         if job.recompute == "selective":
             raise NotImplementedError(
@@ -170,7 +170,7 @@ def _check_head(
     chunked loss calls the base model around the wrapper too, and stays on one GPU."""
     if job.optimizer is None and tp_comm:
         raise NotImplementedError("optimizer=None is modelled on one GPU and under dp")
-    if Head.of(job).default:
+    if Head.of(job).default or path is ForwardPath.TORCHTUNE:  # the recipe's: torchtune.check
         return
     what = f"loop={job.loop!r} with loss={job.loss!r}"
     if tp_comm or job.distill is not None or job.lora is not None or job.pruning is not None:
@@ -297,7 +297,8 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
     if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
         assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
         one = job.micro_batch == 1
-        return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one)
+        return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one,
+                                 root=setup.fsdp)  # fmt: skip
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:
@@ -398,7 +399,9 @@ def _compress(
             f"adapter_dtype with precision={job.precision!r} is not modelled (use bf16 or fp32)"
         )
     compute = "fp32" if job.precision == "fp32" or amp else "bf16"
-    return compress_weights(tape, w, sh, job.lora, job.quant, compute)
+    tt = job.implementation == "torchtune"  # its adapters follow its registration order
+    order = torchtune.LORA_ORDER if tt else LINEAR_KEYS
+    return compress_weights(tape, w, sh, job.lora, job.quant, compute, order)
 
 
 def _recording(hook, order: list):

@@ -14,6 +14,7 @@ from verify.cases.case import (
     GLOO_ASYNC_NOTE,
     GLOO_ASYNC_PCT,
     LLAMA,
+    LLAMA3,
     QWEN2,
     DistCase,
     Q,
@@ -252,5 +253,24 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-qlora-ddp-fp32-adapters-2", "ddp", Parallelism(dp=2), precision="bf16",
           lora=LoRA(rank=16, adapter_dtype="fp32"), quant=Quant(method="nf4"),
           note="QLoRA as peft sets it up: fp32 adapters, fp32 buckets over a bf16 model"),
+    # torchtune's distributed recipes (full_finetune_distributed, lora_finetune_distributed):
+    # its Llama in pure bf16, fully_shard per layer and root, layer checkpointing, the chunked
+    # loss on the logits the wrapped model returns
+    _case("dist-torchtune-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), card=LLAMA3,
+          implementation="torchtune", loop="del-logits", loss="chunked-ce", precision="bf16",
+          recompute="full", tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtune full fine-tune, distributed. " + GLOO_ASYNC_NOTE),
+    _case("dist-torchtune-fsdp2-lora-2", "fsdp2", Parallelism(dp=2, fsdp=True), card=LLAMA3,
+          implementation="torchtune", loop="del-logits", loss="chunked-ce", precision="bf16",
+          recompute="full", lora=LoRA(rank=8, modules=("q", "v", "o", "gate", "down", "up")),
+          tolerance_pct=GLOO_LORA_PCT,
+          note="torchtune LoRA (llama3_1/8B_lora: q, v, output_proj and the MLP), "
+          "distributed. " + GLOO_LORA_NOTE),
+    _case("dist-torchtune-fsdp2-ce-keep-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, reshard_after_forward=False), card=LLAMA3,
+          implementation="torchtune", loop="del-logits", precision="fp32",
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtune with torch.nn.CrossEntropyLoss on the model's fp32 logits, no "
+          "resharding after forward. " + GLOO_ASYNC_NOTE),
 )  # fmt: skip
 CASES = (*CASES, *derived_dist_cases())  # DDP on derived architectures

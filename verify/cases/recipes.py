@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from calc.config.compression import LoRA
 from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, Case, Q
 from verify.cases.case import train as _train
 
@@ -22,6 +23,9 @@ SCRATCH = (
     "EMULATION_SCRATCH_BYTES of temporaries bitsandbytes' CUDA kernel does not (-0.52 % here, "
     "at the optimizer step)"
 )
+TT_LORA = LoRA(rank=8, modules=("q", "v", "o", "gate", "down", "up"))
+"""torchtune's Llama-3.1-8B LoRA configs: ``lora_attn_modules: [q_proj, v_proj, output_proj]``,
+``apply_lora_to_mlp: True``, ``lora_rank: 8``."""
 WIDE = {"hidden": 256, "ffn": 768, "vocab": 1024}
 """Weights of 100,000 elements or more: a paged optimizer pages their states."""
 
@@ -48,6 +52,13 @@ TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("tt-bf16-adam8bit-chunked-llama3", LLAMA3, {**BF16, **CHUNKED, "optimizer": "adam8bit",
                                                  "scale": WIDE, "note": SCRATCH}),
     ("tt-bf16-recompute-chunked-qwen2", QWEN2, {**BF16, **CHUNKED, "recompute": "full"}),
+    # the LoRA recipes (llama3_1/8B_lora_single_device.yaml: q, v, output_proj and the MLP,
+    # rank 8, layer checkpointing, the chunked loss), torchtune's LoRALinear
+    ("tt-bf16-lora-recompute-chunked-llama3", LLAMA3, {**BF16, **CHUNKED, "recompute": "full",
+                                                       "lora": TT_LORA}),
+    ("tt-fp32-lora-gqa2-llama3", LLAMA3, {**GQA2, "lora": LoRA(rank=4)}),
+    ("tt-bf16-lora-chunked-b1-qwen2", QWEN2, {**BF16, **CHUNKED, "micro_batch": 1,
+                                              "lora": TT_LORA}),
 )  # fmt: skip
 """torchtune: name, card, the job's fields (``tags``: extra tags)."""
 

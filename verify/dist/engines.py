@@ -122,12 +122,14 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     """``fully_shard`` on each layer and on the root; the optimizer over the DTensor shards."""
     from torch.distributed.fsdp import fully_shard
 
-    model, _ = case_model(case, spec, ctx)
+    model, loss_fn = case_model(case, spec, ctx)
     reshard = case.parallel.reshard_after_forward
     kw = {"reshard_after_forward": reshard, **_mp_policy(case)}
-    layers = model.blocks if hasattr(model, "blocks") else model.model.layers
+    layers = getattr(model, "blocks", None) or getattr(model, "layers", None) or model.model.layers
     for layer in layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
     bundle = build_optimizer(model, case.job, device=ctx.device)
-    return built_from(model, _call(model, case, model), bundle)
+    # torchtune's recipe loss calls the model itself, which fully_shard wrapped in place
+    call = loss_fn if case.impl == "torchtune" else _call(model, case, model)
+    return built_from(model, call, bundle)

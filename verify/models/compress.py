@@ -30,6 +30,7 @@ from torch import nn
 from calc.derive.linears import FUSED as FUSED_LINEARS
 from calc.derive.linears import LINEARS as LLAMA_LINEARS
 from calc.derive.quantized import quant_linear_class
+from verify.models import torchtune_llama
 
 if TYPE_CHECKING:
     from calc.config.compression import LoRA, Quant
@@ -37,6 +38,15 @@ if TYPE_CHECKING:
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 QuantLinear = quant_linear_class()
 """`calc.derive.quantized`'s weight-only quantized linear (the recording builds the same)."""
+TORCHTUNE_LINEARS: dict[str, tuple[str, str]] = {
+    "q": ("attn", "q_proj"), "k": ("attn", "k_proj"), "v": ("attn", "v_proj"),
+    "o": ("attn", "output_proj"), "gate": ("mlp", "w1"), "down": ("mlp", "w2"),
+    "up": ("mlp", "w3"),
+}  # fmt: skip
+"""LoRA module name -> (submodule, attribute) in torchtune's layer, in its registration order
+(`verify.models.torchtune_llama`). torchtune's own ``LoRALinear`` (modules/peft/lora.py,
+``forward``) runs the ops `LoRALinear` runs here: the frozen base's ``F.linear``,
+``lora_b(lora_a(x))`` times ``alpha / rank``, the sum."""
 
 
 class LoRALinear(nn.Module):
@@ -74,14 +84,18 @@ def _targets(model: nn.Module) -> list[tuple[nn.Module, str, tuple[str, ...]]]:
     """(parent module, attribute, LoRA/Quant names it computes) of every decoder-layer linear,
     in the reference model or a Hugging Face llama-family model (same attribute names), or
     Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` (`FUSED_LINEARS`)."""
-    spec = getattr(model, "spec", None)
-    model_type = spec.model_type if spec is not None else model.config.model_type
-    if model_type == "gpt2":
-        raise NotImplementedError("LoRA/quantization of GPT-2's Conv1D-style layers")
-    blocks = model.blocks if spec is not None else model.model.layers
+    if isinstance(model, torchtune_llama.TransformerDecoder):
+        blocks, names = model.layers, TORCHTUNE_LINEARS
+    else:
+        spec = getattr(model, "spec", None)
+        model_type = spec.model_type if spec is not None else model.config.model_type
+        if model_type == "gpt2":
+            raise NotImplementedError("LoRA/quantization of GPT-2's Conv1D-style layers")
+        blocks = model.blocks if spec is not None else model.model.layers
+        names = LLAMA_LINEARS
     out = []
     for block in blocks:
-        for name, (sub, attr) in LLAMA_LINEARS.items():
+        for name, (sub, attr) in names.items():
             if isinstance(getattr(getattr(block, sub, None), attr, None), nn.Linear):
                 out.append((getattr(block, sub), attr, (name,)))
         for parts, (sub, attr) in FUSED_LINEARS.items():

@@ -66,3 +66,49 @@ def test_planner_tables_count_the_rope_cache() -> None:
                 base=job, fixed=fixed, error_bars=False).best  # fmt: skip
     assert best is not None and best.config.job.implementation == "torchtune"
     assert best.peak_bytes == calc.estimate(model, job).peak_bytes
+
+
+def _rounded(nbytes: int) -> int:
+    return -(-nbytes // 512) * 512
+
+
+def _adam_bytes(model: calc.ModelSpec, rank: int, ranks: int) -> int:
+    """Two fp32 Adam states of every LoRA adapter, each its own storage in 512-B blocks: A
+    [rank, in], B [out, rank] per decoder linear; under FSDP2 over ``ranks`` ranks the dim-0
+    shard of each (``ceil(dim0 / ranks)`` rows)."""
+    h, kd, f = model.hidden, model.n_kv_heads * model.head_dim, model.ffn
+    qd = model.n_heads * model.head_dim
+    linears = [(qd, h), (kd, h), (kd, h), (h, qd), (f, h), (h, f), (f, h)]  # (out, in)
+    per_layer = 0
+    for out_f, in_f in linears:
+        per_layer += _rounded(-(-rank // ranks) * in_f * 4) + _rounded(
+            -(-out_f // ranks) * rank * 4
+        )
+    return 2 * per_layer * model.n_layers
+
+
+def test_lora_trains_the_adapters_alone_on_one_gpu_and_sharded_under_fsdp2() -> None:
+    # torchtune's LoRALinear on every decoder linear: the optimizer holds the adapters' states
+    # only; the distributed recipe shards each adapter on dim 0 like any parameter.
+    model = tiny_llama(hidden=64, n_heads=4, head_dim=16, ffn=128, vocab=64)
+    job = calc.Training(**{**JOB, "lora": calc.LoRA(rank=8)})  # type: ignore[arg-type]
+    one = calc.estimate(model, job, device="cpu")
+    assert one.breakdown["optimizer"] == _adam_bytes(model, 8, 1)
+    fsdp = calc.estimate(model, job, calc.Parallelism(dp=2, fsdp=True), device="cpu")
+    assert fsdp.breakdown["optimizer"] == _adam_bytes(model, 8, 2)
+    assert _adam_bytes(model, 8, 2) < _adam_bytes(model, 8, 1)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "words"),
+    [
+        (calc.Parallelism(dp=2), "fsdp=True"),
+        (calc.Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16"), "fsdp_param_dtype"),
+        (calc.Parallelism(dp=2, fsdp=True, offload="optimizer"), "offload"),
+    ],
+)
+def test_data_parallelism_is_the_distributed_recipes_fsdp2(
+    parallel: calc.Parallelism, words: str
+) -> None:
+    with pytest.raises(NotImplementedError, match=words):
+        calc.estimate(tiny_llama(), calc.Training(**JOB), parallel, device="cpu")  # type: ignore[arg-type]
