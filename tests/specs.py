@@ -7,7 +7,8 @@ forward 24 (SwiGLU), vocabulary 50, RMSNorm, RoPE, no biases, untied head, no dr
 ``tiny_llama64()`` is the same at hidden 64 (4 heads of 16, feed-forward 128, vocabulary 64), the
 size the parallelism tests split (tp 2 and 4 divide the heads). ``tiny_training()`` is the job
 those tests run: one sequence of 8 tokens, fp32, AdamW as a per-tensor loop, reference model.
-``TINY_LLAMA_HF_CONFIG`` is a tiny llama as a Hugging Face config.json (1352 parameters).
+``TINY_LLAMA_HF_CONFIG`` is a tiny llama as a Hugging Face config.json (1352 parameters);
+``TINY_PHI3_CONFIG`` a tiny Phi-3 one (a derived type).
 ``recorded(name)`` is a verify case as the committed report recorded it, with the peak the CPU
 tracker measured: an expected value calc did not make.
 """
@@ -47,6 +48,15 @@ TINY_CONFIG: dict[str, object] = {
     "tie_word_embeddings": False,
 }  # fmt: skip
 """`tiny_llama`'s shapes as a Hugging Face ``config.json`` (what the CLI tests write to disk)."""
+
+
+TINY_PHI3_CONFIG: dict[str, object] = {
+    "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512,
+    "max_position_embeddings": 512, "pad_token_id": 0,
+}  # fmt: skip
+"""A tiny Phi-3 config.json (a derived type: fused qkv_proj and gate_up_proj, untied head):
+147,776 parameters, counted by hand in tests/calc/derive/test_replay.py."""
 
 
 TINY_LLAMA_HF_CONFIG: dict[str, object] = {

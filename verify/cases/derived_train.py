@@ -151,7 +151,10 @@ def derived_dist_cases() -> list[DistCase]:
     """DDP on derived types, torchrun gloo on 2 ranks (`verify.dist.engines.ddp`): the
     recorded single-process step plus DDP's buckets (`calc.derive.data_parallel`)."""
 
-    def dist(name: str, model_type: str, parallel: Parallelism, vocab: int, **job: Any) -> DistCase:
+    def dist(
+        name: str, model_type: str, parallel: Parallelism, vocab: int, tolerance: float = 0.0,
+        **job: Any,
+    ) -> DistCase:  # fmt: skip
         fields = {"micro_batch": 2, "seq_len": 32, "precision": "fp32", "optimizer": "adamw",
                   "implementation": "hf", **job}  # fmt: skip
         fsdp = parallel.fsdp
@@ -161,7 +164,7 @@ def derived_dist_cases() -> list[DistCase]:
             job=Training(**fields),
             parallel=parallel,
             engine="fsdp2" if fsdp else "ddp",
-            tolerance_pct=GLOO_ASYNC_PCT if fsdp else TOLERANCE_PCT["hf"],
+            tolerance_pct=tolerance or (GLOO_ASYNC_PCT if fsdp else TOLERANCE_PCT["hf"]),
             tags=("derived",),
             note=(
                 "FSDP2 on a derived architecture: the rank recorded wrapped by fully_shard "
@@ -219,7 +222,17 @@ def derived_dist_cases() -> list[DistCase]:
         # sharded on the expert dimension; Gemma-2's alternating layers recorded whole
         dist("fsdp2-2", "phi3", Parallelism(dp=2, fsdp=True), VOCAB),
         dist("fsdp2-mp-2", "gemma2", Parallelism(dp=2, fsdp=True, **MP), 512, attention="eager"),
-        dist("fsdp2-bf16-2", "mixtral", Parallelism(dp=2, fsdp=True), 512, precision="bf16"),
+        # gloo's late release holds at most one layer's reduce-scatter input: here the
+        # experts make it 221,952 B, 10.2 % of the peak (measured: exact on both ranks, then
+        # one rank +131,072 B in steps 2 and 3 of the next run)
+        dist(
+            "fsdp2-bf16-2",
+            "mixtral",
+            Parallelism(dp=2, fsdp=True),
+            512,
+            tolerance=11.0,
+            precision="bf16",
+        ),
         dist(
             "fsdp2-mp-dellogits-2",
             "olmo2",

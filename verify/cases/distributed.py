@@ -23,6 +23,13 @@ from verify.cases.case import (
 )
 from verify.cases.derived_train import derived_dist_cases
 
+GLOO_ACCUM_PCT = 5.0
+GLOO_ACCUM_NOTE = (
+    "5 %: gloo's late release (the 3 % note) with two micro-batches, whose reduce-scatters "
+    "double the inputs that can be held past FSDP2's release: measured up to -3.72 % (82 KB on "
+    "2.15 MB). calc models the release FSDP2 performs, what the CUDA caching allocator counts"
+)
+
 SMALL = {"layers": 2}
 
 
@@ -144,10 +151,11 @@ CASES: tuple[DistCase, ...] = (
           note="Hugging Face LlamaForCausalLM, checkpointed, bf16 reduce. " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mp-accum-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
-          grad_accum=2, tolerance_pct=GLOO_ASYNC_PCT,
+          grad_accum=2, tolerance_pct=GLOO_ACCUM_PCT,
           note="two micro-batches under the policy: every rank and step measured at calc's "
-          "value except one rank in one step, 30,208 B above (which one changes from run to "
-          "run). " + GLOO_ASYNC_NOTE),
+          "value except one rank in one step, above by 30,208 B (2026-12-03) or 82,432 B "
+          "(2 of 4 runs on 2026-12-04; the others exact): which one, and by how much, changes "
+          "from run to run. " + GLOO_ACCUM_NOTE),
     _case("dist-fsdp2-mp-qwen2-tied-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
           card=QWEN2, tolerance_pct=GLOO_ASYNC_PCT,

@@ -8,14 +8,11 @@ from dataclasses import replace
 import pytest
 
 import calc
+from tests.specs import TINY_PHI3_CONFIG
 
 pytest.importorskip("transformers")
 
-TINY_PHI3 = {
-    "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512,
-    "max_position_embeddings": 512, "pad_token_id": 0,
-}  # fmt: skip
+TINY_PHI3 = TINY_PHI3_CONFIG
 JOB = calc.Training(micro_batch=2, seq_len=32, precision="fp32", optimizer="adamw")
 
 

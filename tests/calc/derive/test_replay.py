@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 import calc
+from tests.specs import TINY_PHI3_CONFIG
 
 pytest.importorskip("transformers")
 
@@ -87,11 +88,7 @@ def test_calc_imports_without_torch() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-TINY_PHI3 = {
-    "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "intermediate_size": 128, "vocab_size": 512,
-    "max_position_embeddings": 512, "pad_token_id": 0,
-}  # fmt: skip
+TINY_PHI3 = TINY_PHI3_CONFIG
 
 
 def test_param_count_of_a_derived_model_by_hand() -> None:
