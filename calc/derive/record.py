@@ -234,7 +234,8 @@ def _classify_step(book: Book, optimizer: Any) -> None:
     for group in optimizer.param_groups:
         for p in group["params"]:
             st = storage_of(p)
-            tag, short = book.param_of.get(st._cdata, ("base", "param")) if st else ("base", "")
+            named = book.param_of.get(st._cdata) if st is not None else None
+            tag, short = named or ("base", "param")
             grad = storage_of(p.grad) if p.grad is not None else None
             if grad is not None:
                 sid = book.known(grad)
@@ -332,8 +333,10 @@ def session(
     steps, so each trace builds and wraps its own model, as each measured run does."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    setup = Book()  # the build, recorded: what an eager build makes outside dispatch is not
-    with contextlib.ExitStack() as stack:  # counted (embed_scale = torch.tensor(..))
+    # the build, recorded: what an eager build makes outside dispatch is not counted
+    # (embed_scale = torch.tensor(..))
+    setup = Book()
+    with contextlib.ExitStack() as stack:
         mesh = stack.enter_context(sharding.fake_world(shard))
         stack.enter_context(eager_paths())
         stack.enter_context(quiet())

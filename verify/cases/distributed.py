@@ -23,6 +23,12 @@ from verify.cases.case import (
 )
 from verify.cases.derived_train import derived_dist_cases
 
+TT_RECIPE: dict[str, Any] = {
+    "card": LLAMA3, "implementation": "torchtune", "loop": "del-logits", "loss": "chunked-ce",
+    "precision": "bf16", "recompute": "full",
+}  # fmt: skip
+"""torchtune's distributed recipes as configured for Llama-3.1-8B: its Llama in pure bf16,
+layer checkpointing, the chunked loss, the recipe's ``del logits``."""
 GLOO_ACCUM_PCT = 5.0
 GLOO_ACCUM_NOTE = (
     "5 %: gloo's late release (the 3 % note) with two micro-batches, whose reduce-scatters "
@@ -264,19 +270,17 @@ CASES: tuple[DistCase, ...] = (
     # torchtune's distributed recipes (full_finetune_distributed, lora_finetune_distributed):
     # its Llama in pure bf16, fully_shard per layer and root, layer checkpointing, the chunked
     # loss on the logits the wrapped model returns
-    _case("dist-torchtune-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), card=LLAMA3,
-          implementation="torchtune", loop="del-logits", loss="chunked-ce", precision="bf16",
-          recompute="full", tolerance_pct=GLOO_ASYNC_PCT,
+    _case("dist-torchtune-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TT_RECIPE,
+          tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtune full fine-tune, distributed. " + GLOO_ASYNC_NOTE),
-    _case("dist-torchtune-fsdp2-lora-2", "fsdp2", Parallelism(dp=2, fsdp=True), card=LLAMA3,
-          implementation="torchtune", loop="del-logits", loss="chunked-ce", precision="bf16",
-          recompute="full", lora=LoRA(rank=8, modules=("q", "v", "o", "gate", "down", "up")),
+    _case("dist-torchtune-fsdp2-lora-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TT_RECIPE,
+          lora=LoRA(rank=8, modules=("q", "v", "o", "gate", "down", "up")),
           tolerance_pct=GLOO_LORA_PCT,
           note="torchtune LoRA (llama3_1/8B_lora: q, v, output_proj and the MLP), "
           "distributed. " + GLOO_LORA_NOTE),
     _case("dist-torchtune-fsdp2-ce-keep-2", "fsdp2",
-          Parallelism(dp=2, fsdp=True, reshard_after_forward=False), card=LLAMA3,
-          implementation="torchtune", loop="del-logits", precision="fp32",
+          Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
+          **{**TT_RECIPE, "loss": "cross-entropy", "precision": "fp32", "recompute": "none"},
           tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtune with torch.nn.CrossEntropyLoss on the model's fp32 logits, no "
           "resharding after forward. " + GLOO_ASYNC_NOTE),
