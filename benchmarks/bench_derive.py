@@ -40,6 +40,8 @@ import calc
 card, fields = json.loads(sys.argv[1])
 kind = fields.pop("kind")
 model = calc.load_card(card)
+if model.model_type in EAGER_TYPES:
+    fields["attention"] = "eager"
 if kind == "training":
     job = calc.Training(precision="amp-bf16", implementation="derived", **fields)
     other = replace(job, micro_batch=job.micro_batch + 1, seq_len=job.seq_len * 2)
@@ -59,15 +61,19 @@ print(json.dumps({"first_s": first, "first_cpu_s": first_cpu, "again_us": again 
 """
 
 
-CARDS = ("qwen3-32b", "qwen3-30b-a3b", "gemma-3-27b", "gemma-2-9b")
+CARDS = ("qwen3-32b", "qwen3-30b-a3b", "gemma-3-27b", "gemma-2-9b", "deepseek-v3")
 """The cards timed by default (those `calc.load_card` knows)."""
+EAGER_TYPES = ("gemma2", "deepseek_v2", "deepseek_v3")
+"""Model types estimated with eager attention: transformers builds Gemma-2 (soft-capping) with
+eager only, and CPU SDPA has no kernel for DeepSeek's narrower value heads."""
 
 
 def _child(card: str, fields: dict, cache: str) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                VRAMPLAN_CACHE_DIR=cache)  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps([card, dict(fields)])],
+        [sys.executable, "-c", f"EAGER_TYPES = {EAGER_TYPES!r}\n{_CHILD}",
+         json.dumps([card, dict(fields)])],
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -22,6 +22,7 @@ from __future__ import annotations
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.derive import lift
+from calc.derive.period import expand_order
 from calc.derive.replay import derived_stream
 from calc.derive.sharding import Shard
 from calc.parallel.data import ReplayPlan
@@ -96,4 +97,4 @@ def grad_order(model: ModelSpec, job: Training, n_layers: int) -> tuple:
                     f"not a whole number of {itemsize}-byte elements independent of the sizes"
                 )
             out.append((name, tag, nbytes // itemsize, itemsize))
-    return tuple(out)
+    return tuple(out) if d.layout is None else expand_order(out, d.layout)

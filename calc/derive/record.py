@@ -14,6 +14,7 @@ torch and transformers are imported only inside these functions: ``calc`` import
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -102,7 +103,7 @@ def _build(config: dict[str, Any], attention: str) -> Any:
     import torch
     import transformers
 
-    fields = dict(config)
+    fields = copy.deepcopy(dict(config))  # transformers edits nested dicts (rope_scaling)
     model_type = fields.pop("model_type")
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
@@ -121,7 +122,7 @@ def layer_types(config: dict[str, Any]) -> list[str]:
     attention), or ``[]`` when it has none."""
     import transformers
 
-    fields = dict(config)
+    fields = copy.deepcopy(dict(config))
     model_type = fields.pop("model_type")
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
@@ -132,6 +133,42 @@ def layer_types(config: dict[str, Any]) -> list[str]:
         ) from exc
     types = getattr(cfg, "layer_types", None)
     return [str(t) for t in types] if isinstance(types, list | tuple) else []
+
+
+_INDEX_WORDS = ("idx", "index", "layer_id")
+"""Attribute names that hold a layer's position, not its kind (left out of its signature)."""
+
+
+def layer_signatures(config: dict[str, Any]) -> list[tuple]:
+    """One hashable per decoder layer of the model ``config`` describes (built on the ``meta``
+    device), equal for two layers exactly when they are built alike: the config's per-layer
+    kind (``layer_types``), and for every submodule its name, class and plain attributes (an
+    attention's ``sliding_window``, ``is_sliding``; its position ``layer_idx`` left out), and
+    every parameter's and buffer's name, shape and dtype (`calc.derive.period`)."""
+    import torch
+
+    with torch.device("meta"):
+        model = _build(config, "eager")
+    _, layers = _layer_list(model, _layers_of(model))
+    types = getattr(model.config, "layer_types", None)
+    out = []
+    for i, layer in enumerate(layers):
+        parts: list[object] = [str(types[i]) if isinstance(types, list | tuple) else None]
+        for name, mod in layer.named_modules():
+            attrs = tuple(
+                sorted(
+                    (key, value)
+                    for key, value in vars(mod).items()
+                    if not key.startswith("_")
+                    and not any(word in key for word in _INDEX_WORDS)
+                    and isinstance(value, int | float | bool | str | type(None))
+                )
+            )
+            parts.append((name, type(mod).__name__, attrs))
+        for name, t in [*layer.named_parameters(), *layer.named_buffers()]:
+            parts.append((name, tuple(t.shape), str(t.dtype), t.requires_grad))
+        out.append(tuple(parts))
+    return out
 
 
 def count_parameters(config: dict[str, Any]) -> int:

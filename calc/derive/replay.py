@@ -3,9 +3,10 @@
 `derived_events` records the step at the grid points of the job's regime (`calc.derive.lift`),
 fits each storage's size, and plays the stream on a `calc.replay.tape.Tape`: the events then go
 through `calc.replay.timeline` and the compile like a hand-written replay's. Decoder layers that
-are all alike are recorded five at a time (the timeline generalises five to any ``L``);
-a model whose layers differ (sliding and global attention, dense layers before MoE ones) is
-recorded with all its layers and its candidates taken as they are (``exact``).
+are all alike are recorded five at a time (the timeline generalises five to any ``L``); layers
+that differ in a repeating pattern (sliding and global attention, dense layers before MoE ones)
+are recorded five patterns at a time (`calc.derive.period`); any other model whose layers
+differ is recorded with all its layers and its candidates taken as they are (``exact``).
 
 The fitted stream is cached on disk (`calc.data.cards.write_plan_cache`), keyed by the config,
 the job's structure, the regime and the torch/transformers versions.
@@ -17,7 +18,7 @@ import contextlib
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache, partial
 from importlib import metadata
 from typing import Any, TypeVar
@@ -29,9 +30,11 @@ from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
+from calc.derive.period import Periodic, periodic_layout
 from calc.derive.record import (
     count_parameters,
     first_sentence,
+    layer_signatures,
     layer_types,
     session,
     trainable_numels,
@@ -103,6 +106,8 @@ class DerivedStream:
     stream: tuple[tuple[bool, int, str, object], ...]
     exact: bool
     """Recorded with all the model's layers (heterogeneous layers)."""
+    layout: Periodic | None = None
+    """Recorded five units of a repeating pattern of layers (`calc.derive.period`)."""
 
 
 def _layers_key(config: dict[str, Any]) -> str:
@@ -132,6 +137,31 @@ def heterogeneous(config: dict[str, Any]) -> bool:
             raise NotImplementedError(str(exc)) from exc
         write_plan_cache(name, cached)
     return len(cached.get("kinds", [])) > 1
+
+
+def layout_of(config: dict[str, Any]) -> Periodic | None:
+    """The repeating pattern of the decoder layers of a model whose layers differ
+    (`calc.derive.period.periodic_layout` of `calc.derive.record.layer_signatures`), when the
+    model recorded with its prefix, five units and its tail builds exactly those layers; None
+    otherwise (record every layer). Cached on disk with the config (it needs transformers)."""
+    name = _cache_name({"schema": SCHEMA, "layer_layout_of": config, **_versions()})
+    cached = read_plan_cache(name)
+    if cached is None:
+        try:
+            signatures = layer_signatures(config)
+            layout = periodic_layout(signatures)
+            if layout is not None and layer_signatures(
+                _traced_config(config, layout.recorded_layers)
+            ) != layout.recorded_signatures(signatures):
+                layout = None
+        except DeriveError as exc:
+            raise NotImplementedError(str(exc)) from exc
+        cached = {"layout": None if layout is None else asdict(layout)}
+        write_plan_cache(name, cached)
+    found = cached.get("layout")
+    return (
+        None if not isinstance(found, dict) else Periodic(**{k: int(v) for k, v in found.items()})
+    )
 
 
 def thresholds(config: dict[str, Any]) -> list[int]:
@@ -262,7 +292,11 @@ def derived_stream(
     config = hf_config_dict(model)
     check_experts(config)
     exact = heterogeneous(config)
+    layout = layout_of(config) if exact else None
+    exact = exact and layout is None
     layers = model.n_layers if exact else n_layers
+    if layout is not None:
+        layers = layout.recorded_layers
     reg = _regime(job, config)
     traced = _traced_config(config, layers)
     backend = _backend(model, job, config)
@@ -280,8 +314,8 @@ def derived_stream(
     )  # fmt: skip
     cached = read_plan_cache(name)
     if cached is not None:
-        return _from_json(cached, reg, exact)
-    derived = _record(traced, job, backend, reg, exact, shard)
+        return replace(_from_json(cached, reg, exact), layout=layout)
+    derived = replace(_record(traced, job, backend, reg, exact, shard), layout=layout)
     write_plan_cache(name, _to_json(derived))
     return derived
 
@@ -353,10 +387,20 @@ def _guarded(config: dict[str, Any], call: Callable[[], T]) -> T:
     except DeriveError as exc:
         raise NotImplementedError(str(exc)) from exc
     except Exception as exc:  # the modeling code failed on fake tensors: say where, once
+        hint = SDPA_HINT if "No available kernel" in str(exc) else ""
         raise NotImplementedError(
             f"the modeling code of model_type={config.get('model_type')!r} does not run on fake "
-            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}"
+            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}{hint}"
         ) from exc
+
+
+SDPA_HINT = (
+    " (the recording runs CPU kernels, and CPU scaled_dot_product_attention has none for these "
+    "head shapes, e.g. value heads narrower than query heads as in DeepSeek's latent "
+    "attention: estimate with attention='eager')"
+)
+"""Appended to the failure of an SDPA call that found no CPU kernel (torch's 'No available
+kernel')."""
 
 
 def _same_structure(config: dict[str, Any], points: list[dict[str, int]], traces: list) -> None:
@@ -391,30 +435,51 @@ def _from_json(data: dict[str, Any], reg: lift.Regime, exact: bool) -> DerivedSt
     return DerivedStream(reg, sizes, info, tuple(data["baseline"]), stream, exact)
 
 
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """A derived replay's events and how its layers stand for the model's."""
+
+    events: list[Event]
+    every_layer: bool
+    """Every layer was recorded: take the candidates as they are, no generalisation."""
+    units: int | None = None
+    """Five units of a repeating pattern were recorded (`calc.derive.period`): the model has
+    this many; the timeline adds the missing middle ones (``units - 5``)."""
+
+
 def derived_events(
     model: ModelSpec, job: Training | Inference, n_layers: int, shard: Shard | None = None
-) -> tuple[list[Event], bool]:
-    """(events, exact) of ``job`` on ``model`` (one FSDP2 rank's with ``shard``): the fitted
-    stream played on a tape (sizes as expressions of ``b``, ``s``, ``c``; rounded to 512 B by
-    the tape); ``exact`` when every layer was recorded (take the candidates as they are, no
-    generalisation)."""
+) -> Recorded:
+    """The events of ``job`` on ``model`` (one FSDP2 rank's with ``shard``): the fitted stream
+    played on a tape (sizes as expressions of ``b``, ``s``, ``c``; rounded to 512 B by the
+    tape); a recording of units files each layer's storages under its unit
+    (`calc.derive.period.Periodic.tag`)."""
     d = derived_stream(model, job, n_layers, shard)
+    layout = d.layout
+
+    def tag_of(tag: object) -> object:
+        if layout is None or not isinstance(tag, int) or isinstance(tag, bool):
+            return tag
+        return layout.tag(tag)
+
     tape = Tape(inplace_accumulate=False)
     held: dict[int, Tensor] = {}
     for sid in d.baseline:
         kind, name, tag = d.info[sid]
         held[sid] = tape.existing(
-            lift.expression(d.sizes[sid], d.regime), 1, name, kind, False, tag
+            lift.expression(d.sizes[sid], d.regime), 1, name, kind, False, tag_of(tag)
         )
     for alloc, sid, phase, segment in d.stream:
         tape.phase = phase
-        tape.segment = segment
+        tape.segment = tag_of(segment)
         if alloc:
             kind, name, tag = d.info[sid]
-            held[sid] = tape.new(lift.expression(d.sizes[sid], d.regime), 1, name, kind, tag)
+            held[sid] = tape.new(
+                lift.expression(d.sizes[sid], d.regime), 1, name, kind, tag_of(tag)
+            )
         else:
             tape.drop(held.pop(sid))
-    return tape.events, d.exact
+    return Recorded(tape.events, d.exact, None if layout is None else layout.units)
 
 
 @lru_cache(maxsize=64)

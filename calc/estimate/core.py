@@ -237,13 +237,15 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
     model, job, opts = _EXEMPLAR[key]
     order: list = []
     exact = opts.exact_layers
+    units: int | None = None
     derived_order: tuple = ()
     if is_derived(model, job):
         shard = None
         if opts != SINGLE:
             shard, derived_order = _derived_dp(model, job, opts, branch)
-        events, every_layer = derived_events(model, job, branch, shard)
-        exact = exact or every_layer
+        recorded = derived_events(model, job, branch, shard)
+        events, units = recorded.events, recorded.units
+        exact = exact or recorded.every_layer
     elif isinstance(job, Inference):
         if opts != SINGLE:
             raise NotImplementedError("parallel inference is not modelled yet")
@@ -264,7 +266,7 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
         )
     grad_order = derived_order or tuple((t.name, t.storage.tag, t.numel, t.itemsize) for t in order)
     if branch >= timeline.GENERAL_LAYERS and not exact:
-        cands = timeline.candidates_general(events)
+        cands = timeline.candidates_general(events, units)
     else:
         cands = timeline.candidates_exact(events)
     tl = timeline.build(cands, l_min=branch)

@@ -50,6 +50,10 @@ class Candidate:
     label: str
     event: Event
     extra_tag: object = _NO_EXTRA
+    copies: int | None = None
+    """The real count of the repeated units when it is known (a recording of five units of a
+    repeating pattern of layers, `calc.derive.period`): ``copies - 5`` more copies, a
+    constant; None: ``L - 5``."""
 
     @property
     def counts(self) -> dict:
@@ -59,7 +63,10 @@ class Candidate:
             for key, c in self.event.live:
                 if key[2] == self.extra_tag:
                     k0, k1 = out[key]
-                    out[key] = (k0 - 5 * c, k1 + c)  # (L - 5) more copies
+                    if self.copies is None:
+                        out[key] = (k0 - 5 * c, k1 + c)  # (L - 5) more copies
+                    else:
+                        out[key] = (k0 + (self.copies - 5) * c, k1)
         return out
 
 
@@ -94,22 +101,23 @@ def candidates_exact(events: Sequence[Event]) -> list[Candidate]:
     return [Candidate(e.phase, e.label, e) for e in _local_maxima(events)]
 
 
-def candidates_general(events: Sequence[Event]) -> list[Candidate]:
-    """Candidates valid for every ``L >= 5`` from a five-layer replay (module docstring)."""
+def candidates_general(events: Sequence[Event], copies: int | None = None) -> list[Candidate]:
+    """Candidates valid for every ``L >= 5`` from a five-layer replay (module docstring); with
+    ``copies``, for that many units of a five-unit replay (`Candidate.copies`)."""
     out = []
     for e in _local_maxima(events):
         if e.segment == MIDDLE:
             # j = 2: the L - 5 other middle layers are all above (as layer 4 is); j = L - 3:
             # all below (as layer 0 is).
-            out.append(Candidate(e.phase, e.label, e, GENERAL_LAYERS - 1))
-            out.append(Candidate(e.phase, e.label, e, 0))
+            out.append(Candidate(e.phase, e.label, e, GENERAL_LAYERS - 1, copies))
+            out.append(Candidate(e.phase, e.label, e, 0, copies))
         else:
             # The L - 5 middle layers the replay lacks stand where layer 2 stands, unless layer
             # 2 is next to the event's layer (1 or 3): a neighbour still holds tensors that
             # cross the boundary (the layer input a checkpoint frame keeps, the gradient passed
             # down), so there a far layer on the same side stands in (4 above, 0 below).
             like = {1: GENERAL_LAYERS - 1, 3: 0}.get(e.segment, MIDDLE)  # type: ignore[call-overload]
-            out.append(Candidate(e.phase, e.label, e, like))
+            out.append(Candidate(e.phase, e.label, e, like, copies))
     return out
 
 
@@ -155,8 +163,11 @@ def _count_matrices(cands: Sequence[Candidate]) -> tuple[tuple, np.ndarray, np.n
             continue
         mask = key_tag[ids] == tag
         extra = np.bincount(sizes[mask], weights=counts[mask], minlength=m).astype(np.int64)
-        c0[i] -= 5 * extra
-        c1[i] += extra
+        if cand.copies is None:
+            c0[i] -= 5 * extra
+            c1[i] += extra
+        else:
+            c0[i] += (cand.copies - 5) * extra
     return tuple(size_index), c0, c1
 
 

@@ -3,7 +3,8 @@
 Each runs transformers' own model (``implementation="hf"``) built from a tiny config of the
 real ``model_type``, written here (the shapes of the upstream configs scaled down: 2-3 layers,
 hidden 64, 4 heads of 16, vocabulary 512), and checks calc's derived estimate against the CPU
-tracker: training in fp32 and in amp-bf16, and a bf16 prefill, per architecture. Gemma runs
+tracker: training in fp32 and in amp-bf16, and a bf16 prefill, per architecture; and models of
+more layers, recorded five (layers or repeating patterns of layers) at a time. Gemma runs
 eager attention (its soft-capping is written in the eager path), DeepSeek too (its value heads are
 narrower than its query heads, which CPU flash SDPA refuses). The MoE types (`MOE_TYPES`) add a
 pure bf16 training case, and Mixtral a case with the worst routing.
@@ -144,4 +145,22 @@ def derived_cases() -> list[Case]:
     seven = Training(micro_batch=2, seq_len=64, precision="fp32", implementation="hf")
     for model_type in ("phi3", "olmo2"):
         out.append(_case(model_type, "7-layers-fp32", seven, num_hidden_layers=7))
+    # Layers that differ in a repeating pattern, recorded five patterns at a time and
+    # generalised (calc.derive.period): Gemma-2's sliding/full pairs (7 pairs), Gemma-3's
+    # (sliding, sliding, full) units (6 units and a tail of 2: 17 of 20 layers recorded),
+    # DeepSeek-V2's dense first layer before 7 MoE ones.
+    eager = {"implementation": "hf", "attention": "eager"}
+    pattern = ["sliding_attention", "sliding_attention", "full_attention"] * 6
+    for model_type, label, job, fields in (
+        ("gemma2", "14-layers-amp-bf16",
+         Training(micro_batch=2, seq_len=64, precision="amp-bf16", **eager),
+         {"num_hidden_layers": 14}),
+        ("gemma3_text", "20-layers-fp32",
+         Training(micro_batch=2, seq_len=32, precision="fp32", recompute="full", **eager),
+         {"num_hidden_layers": 20, "layer_types": pattern + pattern[:2]}),
+        ("deepseek_v2", "8-layers-infer-bf16",
+         Inference(batch=2, context=96, prompt=48, precision="bf16", **eager),
+         {"num_hidden_layers": 8}),
+    ):  # fmt: skip
+        out.append(_case(model_type, label, job, **fields))
     return out

@@ -69,6 +69,22 @@ def test_five_layers_generalise_like_the_hand_graph() -> None:
             {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"},
             "experts_implementation='eager'",
         ),
+        (  # latent attention: value heads of 16 against query heads of 24, no CPU SDPA kernel
+            "deepseek_v2",
+            {
+                "num_key_value_heads": 4,
+                "n_routed_experts": 4,
+                "num_experts_per_tok": 2,
+                "moe_intermediate_size": 32,
+                "q_lora_rank": None,
+                "kv_lora_rank": 16,
+                "qk_nope_head_dim": 16,
+                "qk_rope_head_dim": 8,
+                "v_head_dim": 16,
+                "num_hidden_layers": 2,
+            },
+            "attention='eager'",
+        ),
     ],
 )
 def test_a_model_that_cannot_be_derived_gets_one_message(
@@ -111,7 +127,7 @@ def test_param_count_of_a_derived_model_by_hand() -> None:
         ({}, False),  # phi3: every layer alike
     ],
 )
-def test_heterogeneous_layers_are_recorded_whole(extra: dict, differ: bool) -> None:
+def test_layers_that_differ_are_found(extra: dict, differ: bool) -> None:
     from calc.derive.replay import heterogeneous
 
     assert heterogeneous({**TINY_PHI3, **extra}) is differ
@@ -164,3 +180,17 @@ def test_a_moe_estimate_says_both_routing_bounds_are_equal() -> None:
     assert any("worst-case routing give these same bytes" in n for n in notes)
     dense = calc.estimate(calc.ModelSpec.from_hf_config(TINY_PHI3), job, device="cpu").notes
     assert not any("routing" in n for n in dense)
+
+
+def test_building_the_model_leaves_the_users_config_as_it_was() -> None:
+    # transformers' config classes complete a rope_scaling dict in place (rope_theta,
+    # rope_type): on a shared dict that changed the disk cache's key after the first build,
+    # so every new process recorded again. The dict given must come back unchanged.
+    import copy
+
+    from calc.derive.record import count_parameters, layer_signatures, layer_types
+
+    config = {**TINY_LLAMA, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    before = copy.deepcopy(config)
+    layer_signatures(config), count_parameters(config), layer_types(config)
+    assert config == before
