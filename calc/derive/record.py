@@ -116,6 +116,24 @@ def _build(config: dict[str, Any], attention: str) -> Any:
         ) from exc
 
 
+def sdpa_supported(config: dict[str, Any]) -> bool:
+    """Whether transformers builds the model ``config`` describes with SDPA attention (its
+    ``*ForCausalLM`` class's ``_supports_sdpa``; Gemma-2's is False, for its soft-capping). A
+    model without it is built with eager attention when none is asked for
+    (``modeling_utils.py``, ``_check_and_adjust_attn_implementation``)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    fields = copy.deepcopy(dict(config))
+    model_type = fields.pop("model_type")
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **fields)
+        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+    except Exception:  # the build says what is wrong, once (`_build`)
+        return True
+    return bool(getattr(cls, "_supports_sdpa", True))
+
+
 def layer_types(config: dict[str, Any]) -> list[str]:
     """The per-layer kinds transformers' config object holds (``layer_types``: what the config
     class builds when the config.json has none, e.g. Gemma-2's alternating sliding and full

@@ -36,6 +36,7 @@ from calc.derive.record import (
     first_sentence,
     layer_signatures,
     layer_types,
+    sdpa_supported,
     session,
     trainable_numels,
 )
@@ -88,11 +89,19 @@ def check_experts(config: dict[str, Any]) -> None:
 
 
 @lru_cache(maxsize=64)
-def notes_of(config_json: str) -> tuple[str, ...]:
-    """Notes a derived estimate carries beyond the derivation's (`MOE_NOTE`), for the
-    ``config.json`` text ``config_json`` (`ModelSpec.hf_config`)."""
+def notes_of(config_json: str, kernel: str = "") -> tuple[str, ...]:
+    """Notes a derived estimate carries beyond the derivation's, for the ``config.json`` text
+    ``config_json`` (`ModelSpec.hf_config`) and the attention ``kernel`` the job asks
+    (`calc.models.attention.attention_kernel`): `MOE_NOTE`, and the attention the recording
+    fell back to (`attention_fallback`)."""
     config = json.loads(config_json)
-    return (MOE_NOTE,) if isinstance(config, dict) and is_moe(config) else ()
+    if not isinstance(config, dict):
+        return ()
+    out = [MOE_NOTE] if is_moe(config) else []
+    if kernel:
+        note = attention_fallback(config, cpu_backend(kernel))[1]
+        out += [note] if note else []
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,11 +250,57 @@ def check_loss_chunks(job: Training) -> None:
 
 
 def _backend(model: ModelSpec, job: Training | Inference, config: dict[str, Any]) -> str:
-    """The CPU attention path verify's hf cases take (``verify/run/step.py``, ``pins_for``)."""
+    """The CPU attention path verify's hf cases take (``verify/run/step.py``, ``pins_for``),
+    less what the model cannot run (`attention_fallback`)."""
     dropout = config.get("attention_dropout", 0.0) if model.derived else model.attention_dropout
     if not isinstance(job, Training) or not isinstance(dropout, int | float):
         dropout = 0.0
-    return cpu_backend(attention_kernel(model, job), float(dropout))
+    backend = cpu_backend(attention_kernel(model, job), float(dropout))
+    return attention_fallback(config, backend)[0]
+
+
+SDPA_ABSENT_NOTE = (
+    "transformers has no SDPA attention for this model class: recorded with eager attention, "
+    "what transformers builds it with when none is asked for"
+)
+"""The note of an SDPA job on a model class without SDPA (Gemma-2)."""
+MATH_FALLBACK_NOTE = (
+    "CPU SDPA's flash kernel needs equal query/key and value head dims: recorded with the math "
+    "kernel, CPU PyTorch's own fallback for these heads"
+)
+"""The note of a flash job on heads of two widths (DeepSeek's latent attention)."""
+
+
+def head_dims_differ(config: dict[str, Any]) -> bool:
+    """Whether the value heads are narrower or wider than the query/key heads: ``v_head_dim``
+    against ``qk_nope_head_dim + qk_rope_head_dim`` (DeepSeek-V2/V3's latent attention), else
+    ``head_dim``. CPU flash SDPA then has no kernel (``sdp_utils_cpp.cpp``: "Flash attention
+    requires q,k,v to have the same last dimension") and PyTorch runs math."""
+    v = config.get("v_head_dim")
+    if not isinstance(v, int):
+        return False
+    nope, rope = config.get("qk_nope_head_dim"), config.get("qk_rope_head_dim")
+    qk = nope + rope if isinstance(nope, int) and isinstance(rope, int) else config.get("head_dim")
+    return isinstance(qk, int) and qk != v
+
+
+@lru_cache(maxsize=64)
+def _sdpa_supported(config_json: str) -> bool:
+    try:
+        return sdpa_supported(json.loads(config_json))
+    except ImportError:  # without transformers nothing is recorded; its refusal says so
+        return True
+
+
+def attention_fallback(config: dict[str, Any], backend: str) -> tuple[str, str]:
+    """(backend recorded, note) for the CPU ``backend`` asked (``flash``, ``math``, ``eager``):
+    eager for a model class transformers builds without SDPA, math for flash on heads of two
+    widths (`head_dims_differ`); the note says which, or is empty."""
+    if backend != "eager" and not _sdpa_supported(json.dumps(config, sort_keys=True)):
+        return "eager", SDPA_ABSENT_NOTE
+    if backend == "flash" and head_dims_differ(config):
+        return "math", MATH_FALLBACK_NOTE
+    return backend, ""
 
 
 def _with_dropout(model: ModelSpec, job: Training | Inference) -> ModelSpec:
@@ -387,20 +442,10 @@ def _guarded(config: dict[str, Any], call: Callable[[], T]) -> T:
     except DeriveError as exc:
         raise NotImplementedError(str(exc)) from exc
     except Exception as exc:  # the modeling code failed on fake tensors: say where, once
-        hint = SDPA_HINT if "No available kernel" in str(exc) else ""
         raise NotImplementedError(
             f"the modeling code of model_type={config.get('model_type')!r} does not run on fake "
-            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}{hint}"
+            f"tensors: {type(exc).__name__}: {first_sentence(str(exc))}"
         ) from exc
-
-
-SDPA_HINT = (
-    " (the recording runs CPU kernels, and CPU scaled_dot_product_attention has none for these "
-    "head shapes, e.g. value heads narrower than query heads as in DeepSeek's latent "
-    "attention: estimate with attention='eager')"
-)
-"""Appended to the failure of an SDPA call that found no CPU kernel (torch's 'No available
-kernel')."""
 
 
 def _same_structure(config: dict[str, Any], points: list[dict[str, int]], traces: list) -> None:

@@ -356,7 +356,8 @@ def _derived_note(key: StructureKey) -> tuple[str, ...]:
     if "regime" not in fields:
         return ()
     config = fields.get("hf_config")
-    return (DERIVED_NOTE, *(notes_of(config) if isinstance(config, str) else ()))
+    kernel = key.attention_kernel
+    return (DERIVED_NOTE, *(notes_of(config, kernel) if isinstance(config, str) else ()))
 
 
 def too_large_message(model: ModelSpec, job: Training | Inference) -> str:

@@ -163,4 +163,16 @@ def derived_cases() -> list[Case]:
          {"num_hidden_layers": 8}),
     ):  # fmt: skip
         out.append(_case(model_type, label, job, **fields))
+    # attention="sdpa" (the default) where the model cannot take CPU flash SDPA: Gemma-2's
+    # class has no SDPA (transformers builds it eager), DeepSeek's value heads are narrower
+    # than its query/key heads (CPU PyTorch falls back to math)
+    sdpa = {"implementation": "hf", "attention": "sdpa"}
+    out.append(_case("gemma2", "sdpa-fp32", Training(micro_batch=2, seq_len=32, **sdpa)))
+    out.append(
+        _case(
+            "deepseek_v2",
+            "sdpa-amp-bf16",
+            Training(micro_batch=2, seq_len=64, precision="amp-bf16", **sdpa),
+        )
+    )
     return out

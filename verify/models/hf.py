@@ -48,11 +48,19 @@ def build_hf(
 
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention={attention!r} must be 'sdpa' or 'eager'")
+    config = hf_config(spec)
+    if attention == "sdpa" and not _supports_sdpa(config):
+        attention = "eager"  # what from_config builds when none is asked (Gemma-2)
     with torch.device(device):
-        model = transformers.AutoModelForCausalLM.from_config(
-            hf_config(spec), attn_implementation=attention
-        )
+        model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     return model.train()
+
+
+def _supports_sdpa(config: Any) -> bool:
+    """The ``*ForCausalLM`` class's ``_supports_sdpa`` (transformers' own flag)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return bool(getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_supports_sdpa", True))
 
 
 def build_hf_on_meta(spec: ModelSpec, attention: str = "sdpa") -> torch.nn.Module:

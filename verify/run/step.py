@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
+from calc.config.hf_config import hf_config_dict
+from calc.derive.replay import head_dims_differ
 from calc.models.attention import attention_kernel
 from verify.models import reference_inference
 
@@ -102,6 +104,8 @@ def pins_for(spec: ModelSpec, job: Training | Inference, *, seed: int, device: s
     training = hasattr(job, "optimizer")
     p_attn = spec.attention_dropout if training else 0.0  # inference runs in eval mode
     backend, note = sdpa_backend_for(kernel, device, p_attn)
+    if device == "cpu" and backend == "flash" and head_dims_differ(hf_config_dict(spec)):
+        backend, note = "math", "CPU flash SDPA needs equal q/k and v head dims: math"
     amp = AUTOCAST_DTYPE.get(job.precision)
     return Pins(
         kernel=kernel,

@@ -69,22 +69,6 @@ def test_five_layers_generalise_like_the_hand_graph() -> None:
             {"num_local_experts": 4, "num_experts_per_tok": 2, "experts_implementation": "eager"},
             "experts_implementation='eager'",
         ),
-        (  # latent attention: value heads of 16 against query heads of 24, no CPU SDPA kernel
-            "deepseek_v2",
-            {
-                "num_key_value_heads": 4,
-                "n_routed_experts": 4,
-                "num_experts_per_tok": 2,
-                "moe_intermediate_size": 32,
-                "q_lora_rank": None,
-                "kv_lora_rank": 16,
-                "qk_nope_head_dim": 16,
-                "qk_rope_head_dim": 8,
-                "v_head_dim": 16,
-                "num_hidden_layers": 2,
-            },
-            "attention='eager'",
-        ),
     ],
 )
 def test_a_model_that_cannot_be_derived_gets_one_message(
@@ -194,3 +178,48 @@ def test_building_the_model_leaves_the_users_config_as_it_was() -> None:
     before = copy.deepcopy(config)
     layer_signatures(config), count_parameters(config), layer_types(config)
     assert config == before
+
+
+DEEPSEEK_V2_HEADS = {
+    "model_type": "deepseek_v2", "num_key_value_heads": 4, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32, "q_lora_rank": None,
+    "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("config", "differ"),
+    [
+        (DEEPSEEK_V2_HEADS, True),  # q/k heads 16 + 8 = 24 wide, value heads 16
+        ({**DEEPSEEK_V2_HEADS, "v_head_dim": 24}, False),
+        (TINY_LLAMA, False),  # one head_dim for q, k and v
+    ],
+)
+def test_value_heads_of_another_width_are_found(config: dict, differ: bool) -> None:
+    from calc.derive.replay import head_dims_differ
+
+    assert head_dims_differ(config) is differ
+
+
+@pytest.mark.parametrize(
+    ("extra", "recorded_as", "says"),
+    [
+        # Gemma2ForCausalLM._supports_sdpa is False: from_config builds it eager
+        ({"model_type": "gemma2", "sliding_window": 16}, "eager", "no SDPA"),
+        # CPU flash refuses heads of two widths; CPU PyTorch runs math
+        ({**DEEPSEEK_V2_HEADS, "num_hidden_layers": 2}, "math", "math kernel"),
+    ],
+)
+def test_sdpa_that_the_model_cannot_run_is_recorded_as_torch_runs_it(
+    extra: dict, recorded_as: str, says: str
+) -> None:
+    # The expected bytes are the same job asked with the attention that really runs (each
+    # checked against the CPU tracker by verify's derived-gemma2-* and -deepseek_v2-* cases).
+    spec = calc.ModelSpec.from_hf_config({**TINY_LLAMA, "num_hidden_layers": 2, **extra})
+    job = calc.Training(micro_batch=2, seq_len=64, precision="amp-bf16", attention="sdpa")
+    est = calc.estimate(spec, job, device="cpu")
+    assert (
+        est.peak_bytes
+        == calc.estimate(spec, replace(job, attention=recorded_as), device="cpu").peak_bytes
+    )
+    assert any(says in note for note in est.notes)
