@@ -113,8 +113,14 @@ CASES: tuple[DistCase, ...] = (
           tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 fully_shard per layer and root, "
           "reshard_after_forward=True. " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-keep-2", "fsdp2", Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
-          tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 reshard_after_forward=False (parameters "
-          "kept unsharded from forward to backward). " + GLOO_ASYNC_NOTE),
+          tolerance_pct=10.0, note="FSDP2 reshard_after_forward=False (parameters kept "
+          "unsharded from forward to backward). 10 %: bounded by the largest reduce-scatter "
+          "input gloo can keep past FSDP2's release, the root group's (embedding, norm and "
+          "head gradients, 65,568 fp32 elements: 262,656 B, 9.1 % of the 2,882,048 B peak); "
+          "measured on 2026-12-04 at +131,072 B on rank 1 (step 2's backward, -4.35 %) in 2 "
+          "runs of 3 and exact in the third (gloo's worker thread runs FSDP2's reduce-scatter "
+          "and its work object can keep the previous step's last input alive; calc models the "
+          "release FSDP2 performs, which is what the CUDA caching allocator counts)"),
     _case("dist-fsdp2-4", "fsdp2", Parallelism(dp=4, fsdp=True), scale=MID,
           tolerance_pct=GLOO_ASYNC_PCT, note=GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mid-2", "fsdp2", Parallelism(dp=2, fsdp=True), scale=MID,
