@@ -40,8 +40,6 @@ import calc
 card, fields = json.loads(sys.argv[1])
 kind = fields.pop("kind")
 model = calc.load_card(card)
-if model.model_type in EAGER_TYPES:
-    fields["attention"] = "eager"
 if kind == "training":
     job = calc.Training(precision="amp-bf16", implementation="derived", **fields)
     other = replace(job, micro_batch=job.micro_batch + 1, seq_len=job.seq_len * 2)
@@ -72,8 +70,7 @@ def _child(card: str, fields: dict, cache: str) -> dict:
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                VRAMPLAN_CACHE_DIR=cache)  # fmt: skip
     out = subprocess.run(
-        [sys.executable, "-c", f"EAGER_TYPES = {EAGER_TYPES!r}\n{_CHILD}",
-         json.dumps([card, dict(fields)])],
+        [sys.executable, "-c", _CHILD, json.dumps([card, dict(fields)])],
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -105,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--card", action="append", help="model card (repeat; default CARDS)")
     args = parser.parse_args(argv)
     cards = args.card or [c for c in CARDS if c in calc.list_cards()]
-    results = {
-        card: {name: run_case(card, fields) for name, fields in CASES.items()} for card in cards
-    }
+    results = {}
+    for card in cards:
+        eager = {"attention": "eager"} if calc.load_card(card).model_type in EAGER_TYPES else {}
+        results[card] = {name: run_case(card, {**f, **eager}) for name, f in CASES.items()}
     lines = [_line(card, name, r) for card, rs in results.items() for name, r in rs.items()]
     print(json.dumps(results, indent=2) if args.json else "\n".join(lines))
     return 0

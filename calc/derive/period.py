@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
-from calc.replay.timeline import GENERAL_LAYERS
+from calc.replay.timeline import GENERAL_LAYERS, MIDDLE
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,30 +96,25 @@ def expand_order(entries: Sequence[tuple], layout: Periodic) -> tuple[tuple, ...
     middle unit's (unit 2) for each of the ``units`` real units, from the last to the first
     (the order a backward reaches them; `calc.estimate.ranks.expand_layers` then sees every
     real layer)."""
-    span = GENERAL_LAYERS * layout.period
-    first_unit = layout.prefix
-    middle = [
-        e
-        for e in entries
-        if _is_layer(e[1]) and (e[1] - first_unit) // layout.period == 2 and e[1] >= first_unit
-    ]
+    middle = [e for e in entries if is_layer(e[1]) and layout.tag(e[1]) == MIDDLE]
     out: list[tuple] = []
     done = False
     for e in entries:
-        tag = e[1]
-        if not _is_layer(tag) or tag < first_unit:
+        unit = layout.tag(e[1]) if is_layer(e[1]) else None
+        if unit is None or unit < 0:  # not a layer's, or the prefix's: real index as recorded
             out.append(e)
-        elif tag >= first_unit + span:  # the tail
-            out.append((e[0], tag - span + layout.units * layout.period, *e[2:]))
+        elif unit >= GENERAL_LAYERS:  # the tail: after the real units
+            tail = unit - GENERAL_LAYERS
+            out.append((e[0], layout.prefix + layout.units * layout.period + tail, *e[2:]))
         elif not done:
             done = True
-            for unit in reversed(range(layout.units)):
+            for real_unit in reversed(range(layout.units)):
                 for m in middle:
-                    local = (m[1] - first_unit) % layout.period
-                    real = first_unit + unit * layout.period + local
-                    out.append((m[0], real, *m[2:]))
+                    local = (m[1] - layout.prefix) % layout.period
+                    out.append((m[0], layout.prefix + real_unit * layout.period + local, *m[2:]))
     return tuple(out)
 
 
-def _is_layer(tag: object) -> bool:
+def is_layer(tag: object) -> TypeGuard[int]:
+    """Whether a storage tag is a decoder layer's index (an int, not a bool)."""
     return isinstance(tag, int) and not isinstance(tag, bool)

@@ -97,14 +97,20 @@ def first_sentence(text: str, limit: int = 240) -> str:
     return head if len(head) <= limit else head[: limit - 3] + "..."
 
 
+def _config_fields(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(model type, the other keys) of ``config``, deep-copied: transformers' config classes
+    complete nested dicts in place (``rope_scaling``), and the caller's dict is a cache key."""
+    fields = copy.deepcopy(dict(config))
+    return str(fields.pop("model_type")), fields
+
+
 def _build(config: dict[str, Any], attention: str) -> Any:
     """``AutoModelForCausalLM.from_config`` of ``config``; any failure is a `DeriveError` naming
     the model type and what transformers said."""
     import torch
     import transformers
 
-    fields = copy.deepcopy(dict(config))  # transformers edits nested dicts (rope_scaling)
-    model_type = fields.pop("model_type")
+    model_type, fields = _config_fields(config)
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
         torch.manual_seed(0)
@@ -122,16 +128,21 @@ def sdpa_supported(config: dict[str, Any]) -> bool:
     model without it is built with eager attention when none is asked for
     (``modeling_utils.py``, ``_check_and_adjust_attn_implementation``)."""
     import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    fields = copy.deepcopy(dict(config))
-    model_type = fields.pop("model_type")
+    model_type, fields = _config_fields(config)
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
-        cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)]
+        return class_supports_sdpa(cfg)
     except Exception:  # the build says what is wrong, once (`_build`)
         return True
-    return bool(getattr(cls, "_supports_sdpa", True))
+
+
+def class_supports_sdpa(cfg: Any) -> bool:
+    """The ``_supports_sdpa`` flag of the ``*ForCausalLM`` class of transformers' config object
+    ``cfg`` (``KeyError`` for a type with no such class)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    return bool(getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)], "_supports_sdpa", True))
 
 
 def layer_types(config: dict[str, Any]) -> list[str]:
@@ -140,8 +151,7 @@ def layer_types(config: dict[str, Any]) -> list[str]:
     attention), or ``[]`` when it has none."""
     import transformers
 
-    fields = copy.deepcopy(dict(config))
-    model_type = fields.pop("model_type")
+    model_type, fields = _config_fields(config)
     try:
         cfg = transformers.AutoConfig.for_model(model_type, **fields)
     except Exception as exc:  # one message, as for the build

@@ -30,7 +30,7 @@ from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
-from calc.derive.period import Periodic, periodic_layout
+from calc.derive.period import Periodic, is_layer, periodic_layout
 from calc.derive.record import (
     count_parameters,
     first_sentence,
@@ -503,9 +503,7 @@ def derived_events(
     layout = d.layout
 
     def tag_of(tag: object) -> object:
-        if layout is None or not isinstance(tag, int) or isinstance(tag, bool):
-            return tag
-        return layout.tag(tag)
+        return layout.tag(tag) if layout is not None and is_layer(tag) else tag
 
     tape = Tape(inplace_accumulate=False)
     held: dict[int, Tensor] = {}

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from calc.config.hf_config import hf_config_dict
+from calc.derive.record import class_supports_sdpa
 
 if TYPE_CHECKING:
     import torch
@@ -49,18 +50,11 @@ def build_hf(
     if attention not in ("sdpa", "eager"):
         raise ValueError(f"attention={attention!r} must be 'sdpa' or 'eager'")
     config = hf_config(spec)
-    if attention == "sdpa" and not _supports_sdpa(config):
+    if attention == "sdpa" and not class_supports_sdpa(config):
         attention = "eager"  # what from_config builds when none is asked (Gemma-2)
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attention)
     return model.train()
-
-
-def _supports_sdpa(config: Any) -> bool:
-    """The ``*ForCausalLM`` class's ``_supports_sdpa`` (transformers' own flag)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    return bool(getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)], "_supports_sdpa", True))
 
 
 def build_hf_on_meta(spec: ModelSpec, attention: str = "sdpa") -> torch.nn.Module:
