@@ -2,6 +2,9 @@
 # The GPU run (issue 14), one command: on a machine with an NVIDIA GPU,
 #   bash scripts/gpu_check.sh            # about 8 minutes at most
 #   bash scripts/gpu_check.sh --dry-run  # print the commands only (no GPU needed)
+#   bash scripts/gpu_check.sh --set derived  # the second selection: derived architectures and
+#                                            # generate, measured only (no prediction there),
+#                                            # written as <gpu>-<date>-derived.json
 # first reads the memory outside PyTorch (verify/gpu_probe.py: CUDA context, cuBLAS, lazily
 # loaded kernels, a one-rank NCCL communicator), then runs the most informative single-process
 # verify cases (verify/gpu_check.py: SDPA kernels with and without dropout, eager, every
@@ -24,20 +27,39 @@ PYPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # machine measures what 2.13 does by default.
 export TORCH_CUBLASLT_UNIFIED_WORKSPACE=1
 DRY=0
-[ "${1:-}" = "--dry-run" ] && DRY=1
+SET=first
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --dry-run) DRY=1 ;;
+    --set) SET="$2"; shift ;;
+    *) echo "gpu_check.sh: unknown argument $1 (--dry-run, --set first|derived)" >&2; exit 2 ;;
+  esac
+  shift
+done
+# the first selection predicts on the GPU machine too; the second is measured only (recording
+# derived models under that machine's torch would spend its time), calc is compared here
+EXTRA=""
+SUFFIX=""
+if [ "$SET" != first ]; then EXTRA="--measure-only"; SUFFIX="$SET"; fi
 
 run() {
   echo "+ $*"
   if [ "$DRY" = 0 ]; then "$@"; fi
 }
 
-CASES="$(PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check cases)"
-FULL="$(PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check cases --full)"
+# the selection's groups, one per line (the last is the full-size one)
+mapfile -t SELECTION < <(PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check cases --set "$SET" --groups)
 mkdir -p "$OUT"
 # the probe fails softly: without it the file has no "outside" reading
-run timeout 90 env PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_probe "$OUT/probe.json" || true
-for group in small full; do
-  if [ "$group" = small ]; then sel="$CASES" lim="$LIMIT_S"; else sel="$FULL" lim="$FULL_LIMIT_S"; fi
+if [ "$SET" = first ]; then
+  run timeout 90 env PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_probe "$OUT/probe.json" || true
+fi
+DEFAULT_REPORTS=()
+EXPANDABLE_REPORTS=()
+last=$(( ${#SELECTION[@]} - 1 ))
+for i in "${!SELECTION[@]}"; do
+  sel="${SELECTION[$i]}" lim="$LIMIT_S"
+  [ "$i" = "$last" ] && lim="$FULL_LIMIT_S"
   for alloc in default expandable; do
     # the allocator's setting is in the environment already, so verify measures in this process
     # (no child that a timeout would leave running); it exits 1 when a case misses its
@@ -46,12 +68,13 @@ for group in small full; do
     [ "$alloc" = expandable ] && conf="expandable_segments:True"
     run timeout "$lim" env -u PYTORCH_CUDA_ALLOC_CONF ${conf:+PYTORCH_CUDA_ALLOC_CONF=$conf} \
       PYTHONPATH="$PYPATH" "$PY" -m verify --device cuda --cases "$sel" \
-      --cuda-alloc "$alloc" --no-progress --out "$OUT/$group-$alloc" || true
+      --cuda-alloc "$alloc" --no-progress $EXTRA --out "$OUT/g$i-$alloc" || true
+    if [ "$alloc" = default ]; then DEFAULT_REPORTS+=("$OUT/g$i-$alloc/report.json")
+    else EXPANDABLE_REPORTS+=("$OUT/g$i-$alloc/report.json"); fi
   done
 done
 SMI="<nvidia-smi name, driver, total>"
 [ "$DRY" = 0 ] && SMI="$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | head -n 1)"
 run env PYTHONPATH="$PYPATH" "$PY" -m verify.gpu_check merge "$SMI" verify/measurements \
-  --default "$OUT/small-default/report.json" "$OUT/full-default/report.json" \
-  --expandable "$OUT/small-expandable/report.json" "$OUT/full-expandable/report.json" \
-  --probe "$OUT/probe.json"
+  --default "${DEFAULT_REPORTS[@]}" --expandable "${EXPANDABLE_REPORTS[@]}" \
+  --probe "$OUT/probe.json" ${SUFFIX:+--suffix "$SUFFIX"}

@@ -61,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="only the distributed cases on N processes (torchrun, gloo on CPU); without it "
         "the distributed cases matching the other filters run too",
     )
+    p.add_argument(
+        "--measure-only",
+        action="store_true",
+        help="measure without predicting (status 'measured'): for a GPU machine whose torch "
+        "or transformers differ from the pins; verify.gpu_check compares calc afterwards",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p  # fmt: skip
 
@@ -97,7 +103,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         skipped, dist_cases = [not_runnable(c, why) for c in dist_cases], []
     filtered = args.cases is not None or args.impl != "all" or args.quick or bool(args.nproc)
     out = args.out or (report.SUBSET_OUT if filtered else report.DEFAULT_OUT)
-    records = [*_run_single(cases, args.device, progress=not args.no_progress), *skipped]
+    records = [
+        *_run_single(
+            cases, args.device, progress=not args.no_progress, predict=not args.measure_only
+        ),
+        *skipped,
+    ]
     for rec in run_distributed(dist_cases, progress=lambda _line: None) if dist_cases else []:
         records.append(rec)
         print(report.format_row(report.row(rec)))
@@ -124,8 +135,11 @@ def _rerun_with(env: dict[str, str], argv: Sequence[str] | None) -> int:
     return subprocess.run([sys.executable, "-m", "verify", *args], env=env, check=False).returncode
 
 
-def _run_single(cases: Sequence[Case], device: str, *, progress: bool) -> list[Record]:
-    """Run the single-process ``cases`` one by one, printing a table row for each."""
+def _run_single(
+    cases: Sequence[Case], device: str, *, progress: bool, predict: bool = True
+) -> list[Record]:
+    """Run the single-process ``cases`` one by one, printing a table row for each (measured
+    only, with no prediction, when ``predict`` is false)."""
     records = []
     bar = None
     if progress:
@@ -137,7 +151,7 @@ def _run_single(cases: Sequence[Case], device: str, *, progress: bool) -> list[R
     for case in cases:
         if bar is not None:
             bar.set_description(case.name[:28])
-        rec = run_case(case, device=device)
+        rec = run_case(case, device=device, predict_peak=predict)
         records.append(rec)
         write(report.format_row(report.row(rec)))
         if bar is not None:

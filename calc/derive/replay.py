@@ -337,17 +337,21 @@ def _versions() -> dict[str, str]:
 
 
 def derived_stream(
-    model: ModelSpec, job: Training | Inference, n_layers: int, shard: Shard | None = None
+    model: ModelSpec,
+    job: Training | Inference,
+    n_layers: int,
+    shard: Shard | None = None,
+    every_layer: bool = False,
 ) -> DerivedStream:
     """The fitted stream of ``job`` on ``model`` recorded with ``n_layers`` layers (all of them
-    when the layers differ), on one FSDP2 rank when ``shard`` is given
-    (`calc.derive.sharding`), from the disk cache when it has it."""
+    when the layers differ and repeat no pattern, or when ``every_layer``), on one FSDP2 rank
+    when ``shard`` is given (`calc.derive.sharding`), from the disk cache when it has it."""
     check_job(model, job)
     model = _with_dropout(model, job)
     config = hf_config_dict(model)
     check_experts(config)
-    exact = heterogeneous(config)
-    layout = layout_of(config) if exact else None
+    exact = every_layer or heterogeneous(config)
+    layout = layout_of(config) if exact and not every_layer else None
     exact = exact and layout is None
     layers = model.n_layers if exact else n_layers
     if layout is not None:
@@ -493,13 +497,18 @@ class Recorded:
 
 
 def derived_events(
-    model: ModelSpec, job: Training | Inference, n_layers: int, shard: Shard | None = None
+    model: ModelSpec,
+    job: Training | Inference,
+    n_layers: int,
+    shard: Shard | None = None,
+    every_layer: bool = False,
 ) -> Recorded:
     """The events of ``job`` on ``model`` (one FSDP2 rank's with ``shard``): the fitted stream
     played on a tape (sizes as expressions of ``b``, ``s``, ``c``; rounded to 512 B by the
     tape); a recording of units files each layer's storages under its unit
-    (`calc.derive.period.Periodic.tag`)."""
-    d = derived_stream(model, job, n_layers, shard)
+    (`calc.derive.period.Periodic.tag`). ``every_layer``: all of the model's layers recorded,
+    the stream the caching allocator's replay needs (`calc.estimate.reserved`)."""
+    d = derived_stream(model, job, n_layers, shard, every_layer)
     layout = d.layout
 
     def tag_of(tag: object) -> object:

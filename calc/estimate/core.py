@@ -388,9 +388,21 @@ def _device_terms(job: Training | Inference, device: str) -> tuple[int, tuple[st
     if device != "cuda":
         return 0, ()
     handles = CUBLAS_HANDLES_TRAINING if isinstance(job, Training) else 1
-    return handles * CUBLAS_WORKSPACE_BYTES, (
+    notes: tuple[str, ...] = (
         f"cuBLAS workspaces: {handles} x 32 MiB (sm90 default; measured on an H200)",
     )
+    if isinstance(job, Inference) and job.new_tokens > 0 and job.cache_impl == "static":
+        notes = (*notes, STATIC_COMPILE_NOTE)
+    return handles * CUBLAS_WORKSPACE_BYTES, notes
+
+
+STATIC_COMPILE_NOTE = (
+    "generate with a static cache on CUDA: transformers compiles the decode step unless "
+    "generate(..., disable_compile=True) (generation/utils.py, _valid_auto_compile_criteria); "
+    "this estimate is the eager generate, as verified (the compiled one's CUDA graphs and "
+    "generated buffers are not modelled)"
+)
+"""The note of a static-cache generate on CUDA."""
 
 
 _GROUP = {"embed": "embedding", "head": "head", "base": "model", "optimizer": "optimizer"}

@@ -1,7 +1,8 @@
 """Reserved memory: calc's exact alloc/free stream at the job's sizes, through the CUDA caching
 allocator (`calc.replay.caching_allocator`).
 
-The stream is the single-GPU step replayed with every layer (no generalisation from five), its
+The stream is the single-GPU step replayed with every layer (no generalisation from five; a
+derived architecture's step recorded with all its layers, `calc.derive.replay.derived_events`), its
 sizes evaluated at the job's values, so it is slower than the peak (about a second for a small
 model, tens of seconds for 80 layers) and runs only when asked (`Estimate.reserved`), never in
 the planner's sweep. How the stream is read from the tape's events: an event is the live set
@@ -23,6 +24,7 @@ import sympy as sp
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.derive.replay import derived_events
 from calc.replay.caching_allocator import AllocatorConfig, AllocatorStats, replay
 from calc.replay.tape import Event
 from calc.step.inference import replay_inference
@@ -34,6 +36,8 @@ Stream = list[tuple[bool, object, int]]
 
 @lru_cache(maxsize=8)
 def _events(model: ModelSpec, job: Training | Inference, device: str) -> tuple[Event, ...]:
+    if model.derived or job.implementation == "derived":  # recorded with all its layers
+        return tuple(derived_events(model, job, model.n_layers, every_layer=True).events)
     if isinstance(job, Inference):
         return tuple(replay_inference(model, job, device, model.n_layers))
     return tuple(replay_training(model, job, device, model.n_layers))

@@ -146,3 +146,60 @@ def test_script_dry_run_probes_then_runs_both_allocator_settings_then_merges() -
     assert all(",".join(G.FULL_CASES) in r for r in runs[2:])
     assert "verify.gpu_check merge" in lines[5] and "verify/measurements" in lines[5]
     assert "--probe" in lines[5]
+
+
+def test_derived_selection_names_existing_cases_one_group_per_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    names = {c.name for c in select(impl="all", substring=None, quick=False)}
+    for group in G.DERIVED_GROUPS:  # every fragment selects at least one case
+        assert all(any(f in n for n in names) for f in group), group
+    assert G.main(["cases", "--set", "derived", "--groups"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(",") for line in lines] == [list(g) for g in G.DERIVED_GROUPS]
+    assert G.main(["cases", "--set", "derived", "--full"]) == 0
+    assert capsys.readouterr().out.strip().split(",") == list(G.DERIVED_GROUPS[-1])
+
+
+def test_a_case_measured_without_prediction_is_predicted_when_checked(tmp_path: Path) -> None:
+    # status "measured" (python -m verify --measure-only): check_record predicts it here; a
+    # measurement of 1 GiB against a tolerance of 1 % is far from a tiny model's estimate
+    rec = _record("prec-bf16-llama", status="measured", tolerance_pct=1.0, alloc="expandable")
+    problems = G.check_record(rec)
+    assert len(problems) == 1 and "allocated" in problems[0]
+    assert G.check_record({**rec, "status": "error"}) == []
+
+
+def test_a_recorded_sampling_job_is_rebuilt_as_calc_sampling() -> None:
+    rec = _record("gen-sample-llama-fp32-decode")
+    rec["job"]["sampling"] = asdict(rec["job"]["sampling"])  # as JSON holds it
+    job = G.job_from_record(rec)
+    assert isinstance(job.sampling, G.Sampling) and job.sampling.top_k == 50
+
+
+def test_merge_names_the_file_with_the_selection_suffix(tmp_path: Path) -> None:
+    data = {"gpu": "NVIDIA H200", "date": "2026-12-04"}
+    assert G.file_name(data) == "nvidia-h200-2026-12-04.json"
+    assert G.file_name(data, "derived") == "nvidia-h200-2026-12-04-derived.json"
+
+
+def test_script_dry_run_of_the_derived_set_measures_only_without_probe() -> None:
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", "--set", "derived"], capture_output=True,
+        text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert not any("verify.gpu_probe" in line for line in lines)
+    runs = [line for line in lines if "-m verify " in line]
+    assert len(runs) == 2 * len(G.DERIVED_GROUPS)
+    assert all("--measure-only" in r and "--device cuda" in r for r in runs)
+    assert "--suffix derived" in lines[-1]
+
+
+def test_script_refuses_an_unknown_argument() -> None:
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--bogus"], capture_output=True, text=True, cwd=ROOT,
+        timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "unknown argument --bogus" in proc.stderr

@@ -252,6 +252,18 @@ def test_runner_not_modelled_and_calc_errors(monkeypatch: pytest.MonkeyPatch) ->
     assert rec.status == "error" and "ZeroDivisionError" in rec.message
 
 
+def test_measure_only_measures_without_calling_calc(monkeypatch: pytest.MonkeyPatch) -> None:
+    import calc
+
+    def must_not_run(model, job, device="cuda"):
+        raise AssertionError("calc.estimate called")
+
+    monkeypatch.setattr(calc, "estimate", must_not_run)
+    rec = run_case(_tiny(), predict_peak=False)
+    assert rec.status == "measured" and rec.measured_peak and rec.predicted_peak is None
+    assert summary([rec])["failed"] == 0
+
+
 def test_runner_not_runnable_without_optimizers_module(monkeypatch: pytest.MonkeyPatch) -> None:
     from verify.models import build
 

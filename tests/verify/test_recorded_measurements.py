@@ -20,6 +20,7 @@ from verify.gpu_check import _estimate, check_file
 MEASUREMENTS = Path(__file__).resolve().parents[2] / "verify" / "measurements"
 FILES = sorted(MEASUREMENTS.glob("*.json"))  # superseded/ holds runs kept as evidence only
 H200 = MEASUREMENTS / "nvidia-h200-2026-12-04.json"
+H200_DERIVED = MEASUREMENTS / "nvidia-h200-2026-12-04-derived.json"
 
 
 def _h200() -> dict:
@@ -43,6 +44,30 @@ KNOWN_GAPS = {
         "full-qwen2.5-0.5b-generate-bf16 (expandable): reserved -58.88% (tolerance 5.0%)",
     },
 }
+KNOWN_GAPS["nvidia-h200-2026-12-04-derived.json"] = [
+    # the same miss as the first run's (above), measured again
+    "act-long-seq-llama3 (default): allocated -4.45% (tolerance 1.0%)",
+    "act-long-seq-llama3 (expandable): allocated -4.45% (tolerance 1.0%)",
+    "act-long-seq-llama3 (expandable): reserved -17.86% (tolerance 5.0%)",
+    # The harness's, not calc's: earlier LoRA builds of the same process left 5,564,928 B
+    # allocated (extra["baseline"], taken off the allocated peaks), in blocks of segments the
+    # default allocator keeps; the case's small blocks then fit in those segments' free part, so
+    # its own reserved growth is 6.25 % less than a fresh process's (expandable segments: exact)
+    # (these three ran twice: "derived-" and "dtrain-" both select them)
+    *2
+    * [
+        "dtrain-derived-hf-lora-dropout-amp-bf16-llama3 (default): reserved +6.25% (tolerance 5.0%)",
+        "dtrain-derived-hf-lora-r8-amp-bf16-llama3 (default): reserved +6.25% (tolerance 5.0%)",
+        "dtrain-derived-hf-lora-r8-bf16-qwen2 (default): reserved +6.25% (tolerance 5.0%)",
+    ],
+    "dgen-llama-derived-decode-fp32 (default): reserved +6.25% (tolerance 5.0%)",
+    "dgen-llama-derived-fp32 (default): reserved +6.25% (tolerance 5.0%)",
+    # The build's segments: transformers builds Qwen2.5-0.5B in fp32 and casts it to bf16, the
+    # default allocator places the bf16 weights in segments the fp32 copies shared, and
+    # empty_cache cannot return those; with expandable segments the reserved peak is within
+    # 0.3 % (a model loaded with torch_dtype=bf16 makes no fp32 copy)
+    "full-qwen2.5-0.5b-generate-bf16 (default): reserved -18.41% (tolerance 5.0%)",
+]
 """Misses of a recorded file that are understood and listed with their cause: the test fails if
 one disappears (then it is removed here) or a new one appears."""
 
@@ -77,3 +102,17 @@ def test_memory_outside_pytorch_measured_on_the_h200_lies_in_calcs_ranges() -> N
     # communicator (one rank has no ring peers)
     nccl = stages["nccl"]["outside_bytes"] - stages["kernels"]["outside_bytes"]
     assert 0 < nccl <= NCCL_COMMUNICATOR_HIGH_BYTES
+
+
+def test_derived_architectures_on_the_h200_within_4_kib_and_1_percent() -> None:
+    # the second H200 run (scripts/gpu_check.sh --set derived): training, prefill and generate
+    # of 13 architectures calc derives from transformers' code (recorded with CPU kernels) and
+    # Hugging Face generate, measured on CUDA with expandable segments: 135 of 154 runs within
+    # 4 KiB, every one but act-long-seq-llama3 (KNOWN_GAPS) within 1 %
+    data = json.loads(H200_DERIVED.read_text(encoding="utf-8"))
+    runs = [c for c in data["cases"] if c["alloc"] == "expandable" and c["status"] == "measured"]
+    assert len(runs) == 154
+    diff = [(c["name"], _estimate(c).peak_bytes - c["measured_peak"], c) for c in runs]
+    assert len([d for _, d, _ in diff if abs(d) <= 4096]) >= 135
+    far = {n for n, d, c in diff if abs(d) > c["measured_peak"] / 100}
+    assert far == {"act-long-seq-llama3"}

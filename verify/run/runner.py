@@ -6,12 +6,15 @@ Backends, behind one interface (``mark(phase)`` plus peaks afterwards):
   are registered with ``track`` and everything else is built inside it), the quantity
   ``calc.estimate(..., device="cpu")`` predicts;
 * ``cuda``: ``torch.cuda.max_memory_allocated`` with synchronisation at every phase boundary and
-  the ``requested_bytes``/``active_bytes``/``reserved_bytes`` peaks of ``memory_stats``; an
-  out-of-memory error is recorded as status ``oom``. Untested without a GPU.
+  the ``requested_bytes``/``active_bytes``/``reserved_bytes`` peaks of ``memory_stats``, less
+  what the process held before the case began (``extra["baseline"]``); an out-of-memory error
+  is recorded as status ``oom``.
 
 Statuses: ``ok`` (|error| within the case's tolerance), ``fail``, ``not-modelled`` (calc raised
 ``NotImplementedError`` or has no ``estimate`` yet), ``not-runnable`` (a harness helper is
-missing), ``error`` (the measurement raised), ``oom``.
+missing), ``error`` (the measurement raised), ``oom``, ``measured`` (measured without a
+prediction: ``python -m verify --measure-only``, for a GPU machine whose torch is not the pin;
+`verify.gpu_check` compares calc with the recorded file afterwards).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from verify.models.build import NotRunnable, build_model, build_optimizer
 from verify.run.compiled import CompiledCpuMeter
 from verify.run.step import make_batch, pins_for, prefill, train_two_steps
 
-STATUSES = ("ok", "fail", "not-modelled", "not-runnable", "error", "oom")
+STATUSES = ("ok", "fail", "not-modelled", "not-runnable", "error", "oom", "measured")
 FAILING = ("fail", "error")
 """Statuses that make ``python -m verify`` exit 1."""
 
@@ -204,13 +207,26 @@ class CudaMeter:
         self.measuring = True
 
     def measure(self, case: Case, rec: Record) -> None:
+        # what earlier cases of this process left allocated (a GPU run measured up to 17.8 MB
+        # kept by earlier LoRA and optimizer-in-backward builds) is not this case's: it is
+        # read here, after a collection, and taken off every peak (the CPU tracker likewise
+        # counts only the storages made inside it)
+        gc.collect()
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = {
+            "allocated": torch.cuda.memory_allocated(),
+            "reserved": torch.cuda.memory_reserved(),
+        }
         ids, targets = _batch(case, "cuda")
         try:
             _model, _bundle, pins = _build_and_run(case, "cuda", self, ids, targets)
             rec.pins = pins.as_dict()
         finally:
             self._close_phase()
+        for peaks in self.phase_peaks.values():
+            for key in peaks:
+                peaks[key] -= base["reserved" if key == "reserved_bytes" else "allocated"]
         phases = {p: v["max_memory_allocated"] for p, v in self.phase_peaks.items()}
         rec.measured_phases = phases
         rec.measured_peak = max(phases.values())
@@ -223,7 +239,7 @@ class CudaMeter:
                                     for k in next(iter(self.phase_peaks.values()))},
                      "mem_get_info": [int(free), int(total)],
                      "reserved_now": int(reserved_now), "allocated_now": int(allocated_now),
-                     **cuda_environment()}  # fmt: skip
+                     "baseline": base, **cuda_environment()}  # fmt: skip
 
 
 def cuda_environment() -> dict[str, Any]:
@@ -256,8 +272,9 @@ def preload(case: Case) -> None:
         hf_model.build_hf_on_meta(case.spec(), attention)
 
 
-def run_case(case: Case, device: str = "cpu") -> Record:
-    """Measure ``case`` on ``device`` (``cpu`` or ``cuda``), predict it, and compare."""
+def run_case(case: Case, device: str = "cpu", *, predict_peak: bool = True) -> Record:
+    """Measure ``case`` on ``device`` (``cpu`` or ``cuda``), predict it, and compare; with
+    ``predict_peak=False`` only measure (status ``measured``)."""
     start = time.perf_counter()
     job = case.job
     rec = Record(
@@ -273,7 +290,7 @@ def run_case(case: Case, device: str = "cpu") -> Record:
         job={k: getattr(job, k) for k in job.__slots__},
     )
     try:
-        est, why = predict(case, device)
+        est, why = predict(case, device) if predict_peak else (None, "")
     except PredictionError as exc:
         est, why = None, ""
         rec.message = f"calc.estimate raised {exc}"
@@ -293,7 +310,9 @@ def run_case(case: Case, device: str = "cpu") -> Record:
         rec.status = "error"
         rec.message = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"
     else:
-        if est is None and not why:
+        if not predict_peak:
+            rec.status = "measured"
+        elif est is None and not why:
             rec.status = "error"  # calc raised: message set above
         elif est is None:
             rec.status, rec.message = "not-modelled", why

@@ -104,8 +104,11 @@ def pins_for(spec: ModelSpec, job: Training | Inference, *, seed: int, device: s
     training = hasattr(job, "optimizer")
     p_attn = spec.attention_dropout if training else 0.0  # inference runs in eval mode
     backend, note = sdpa_backend_for(kernel, device, p_attn)
-    if device == "cpu" and backend == "flash" and head_dims_differ(hf_config_dict(spec)):
-        backend, note = "math", "CPU flash SDPA needs equal q/k and v head dims: math"
+    if backend == "flash" and head_dims_differ(hf_config_dict(spec)):
+        if device == "cpu":
+            backend, note = "math", "CPU flash SDPA needs equal q/k and v head dims: math"
+        else:  # sdp_utils.cpp: check_head_dim_size_flash wants one last dim for q, k and v
+            backend, note = "efficient", "CUDA flash SDPA needs equal q/k and v head dims"
     amp = AUTOCAST_DTYPE.get(job.precision)
     return Pins(
         kernel=kernel,
@@ -243,8 +246,11 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
     ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`), the prompt without an
     attention mask (one unpadded prompt per row), the cache ``job.cache_impl`` (``static``:
     ``cache_implementation="static"``), an eos token set (token 0 where the config has none);
-    the output ids are dropped at once."""
+    the output ids are dropped at once. Eager: ``disable_compile=True``, since on CUDA a static
+    cache makes transformers compile the decode step (``_valid_auto_compile_criteria`` in
+    ``generation/utils.py``: a compileable cache on a CUDA device), which calc does not model."""
     kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
+    kw["disable_compile"] = True
     if model.generation_config.eos_token_id is None:
         # every published card sets an eos token (and generate's eos bookkeeping runs); the
         # scaled configs of some families (qwen2) leave it unset: token 0 stands in

@@ -69,3 +69,30 @@ def test_reserved_at_least_the_peak_on_a_real_card(precision: str) -> None:
         st = est.reserved(config)
         assert st.requested_bytes == est.peak_bytes
         assert st.reserved_bytes >= st.allocated_bytes >= est.peak_bytes
+
+
+def test_a_derived_architecture_replays_its_recorded_stream_by_hand() -> None:
+    # Phi-3 (no hand-written graph: calc records transformers' model). Its tiny bf16 prefill
+    # holds one 32 MiB cuBLAS workspace and, on the CPU tracker, peaks below 1 MiB: the small
+    # pool needs one 2 MiB segment. Reserved: 32 + 2 = 34 MiB in two segments; expandable
+    # segments map 20 MiB pages for the workspace (40 MiB) and one 2 MiB small page: 42 MiB.
+    pytest.importorskip("transformers")
+    from tests.specs import TINY_PHI3_CONFIG
+
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3_CONFIG)
+    job = calc.Inference(batch=2, context=32, prompt=16, precision="bf16")
+    assert calc.estimate(spec, job, device="cpu").peak_bytes < MIB
+    est = calc.estimate(spec, job)
+    st = est.reserved()
+    assert st.requested_bytes == est.peak_bytes
+    assert (st.reserved_bytes, st.segments) == (34 * MIB, 2)
+    assert est.reserved(AllocatorConfig(expandable_segments=True)).reserved_bytes == 42 * MIB
+
+
+def test_generate_with_a_static_cache_on_cuda_says_transformers_would_compile_it() -> None:
+    static = calc.Inference(batch=1, prompt=8, new_tokens=4, cache="static")
+    assert any("disable_compile=True" in n for n in calc.estimate(TINY, static).notes)
+    for job, device in ((static, "cpu"), (calc.Inference(batch=1, prompt=8, new_tokens=4), "cuda")):
+        assert not any(
+            "disable_compile" in n for n in calc.estimate(TINY, job, device=device).notes
+        )
