@@ -303,6 +303,9 @@ def _quant_fields(task: str) -> tuple[FormField, ...]:
                   default=True, section=sec, of=of, needs="quant"),
         FormField(task=task, name="fp8_scaling", label="fp8 scaling", kind="choice",
                   default="tensor", choices=FP8_SCALINGS, section=sec, of=of, needs="quant"),
+        FormField(task=task, name="quant_lm_head", label="quantize the LM head too", kind="bool",
+                  default=False, section=sec, of=of, needs="quant",
+                  help="every nn.Linear, as Lightning's bitsandbytes plugin does"),
     )  # fmt: skip
 
 
@@ -370,6 +373,7 @@ def _quant(v: Mapping[str, object]) -> calc.Quant | None:
         scale_dtype=None if v["scale_dtype"] == AUTO else v["scale_dtype"],
         fp8_scaling=v["fp8_scaling"],
         no_double_quant=not v["double_quant"],
+        quant_lm_head=bool(v["quant_lm_head"]),
     )
     return cli_compression.quant_of(args)
 

@@ -1,8 +1,9 @@
 """The command-line options for quantization and LoRA (wired into ``python -m calc``).
 
 * ``--quant int8|int4|nf4|fp8`` (``--group-size``, ``--zero-point``/``--no-zero-point``,
-  ``--scale-dtype``, ``--no-double-quant``, ``--fp8-scaling``): weight-only quantization of the
-  decoder linears (``calc.Quant``): served weights, or the frozen base of QLoRA;
+  ``--scale-dtype``, ``--no-double-quant``, ``--fp8-scaling``, ``--quant-lm-head``): weight-only
+  quantization of the decoder linears (and the LM head: ``keep_16bit`` without it) (``calc.Quant``):
+  served weights, or the frozen base of QLoRA;
 * ``--lora-rank R`` (``--lora-alpha``, ``--lora-modules q,v``, ``--lora-dropout P``): LoRA adapters
   (``calc.LoRA``), training only;
 * ``--kv-quant int8|fp8``: the KV cache, inference only.
@@ -40,6 +41,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-double-quant", action="store_true", help="nf4: fp32 absmax per block instead"
     )
     q.add_argument("--fp8-scaling", help=f"fp8 scales: {', '.join(FP8_SCALINGS)} (default tensor)")
+    q.add_argument(
+        "--quant-lm-head",
+        action="store_true",
+        help="quantize the LM head too (every nn.Linear, as Lightning's bitsandbytes plugin)",
+    )
     q.add_argument("--kv-quant", help=f"inference KV cache: {', '.join(KV_QUANTS)}")
     lo = p.add_argument_group("LoRA (--task train)")
     lo.add_argument("--lora-rank", type=int, help="adapter rank: trains LoRA adapters only")
@@ -60,15 +66,19 @@ def quant_of(args: argparse.Namespace) -> Quant | None:
         "scale_dtype": args.scale_dtype,
         "fp8_scaling": args.fp8_scaling,
     }
+    flags = {"no_double_quant": args.no_double_quant,
+             "quant_lm_head": getattr(args, "quant_lm_head", False)}  # fmt: skip
     if args.quant is None:
-        stray = [k for k, v in extra.items() if v is not None]
-        if stray or args.no_double_quant:
-            names = ", ".join("--" + k.replace("_", "-") for k in stray) or "--no-double-quant"
+        stray = [k for k, v in extra.items() if v is not None] + [k for k, v in flags.items() if v]
+        if stray:
+            names = ", ".join("--" + k.replace("_", "-") for k in stray)
             raise ValueError(f"{names} need --quant")
         return None
     kw = {k: v for k, v in extra.items() if v is not None}
     if args.no_double_quant:
         kw["double_quant"] = False
+    if flags["quant_lm_head"]:
+        kw["keep_16bit"] = ("embed", "norm")
     return Quant(method=args.quant, **kw)
 
 

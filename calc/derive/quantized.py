@@ -252,15 +252,26 @@ def quant_linear_class() -> Any:
     return QuantLinear
 
 
-def apply(layers: Any, quant: Quant) -> None:
+def apply(model: Any, layers: Any, quant: Quant) -> None:
     """Replace every decoder linear of ``layers`` (the llama-family projections and Phi-3's
     fused ones, `calc.derive.linears`; MoE experts are not ``nn.Linear``s and
-    stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same)."""
+    stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same);
+    with ``lm_head`` left out of ``keep_16bit``, ``model``'s output linear too (Lightning's
+    bitsandbytes plugin replaces every ``nn.Linear``; a tied head gets its own quantized copy,
+    the embedding keeps the 16-bit matrix). Embeddings are ``nn.Embedding``, never quantized
+    there: ``keep_16bit`` without ``embed`` is refused."""
     import torch
 
-    if set(quant.keep_16bit) != {"embed", "norm", "lm_head"}:
-        raise NotImplementedError("quantized embeddings or LM head are not recorded")
+    if "embed" not in quant.keep_16bit:
+        raise NotImplementedError(
+            "quantized embeddings are not recorded (bitsandbytes quantizes nn.Linear layers)"
+        )
     cls = quant_linear_class()
+    if "lm_head" not in quant.keep_16bit:
+        head = model.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise NotImplementedError(f"a quantized LM head of {type(head).__name__}")
+        model.set_output_embeddings(cls(head, quant))
     places = [*LINEARS.values(), *FUSED.values()]
     for layer in layers:
         for sub, attr in places:

@@ -377,7 +377,7 @@ def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> t
         _to_dtype(model, dtype)
     layers = _layer_list(model, _layers_of(model))[1]
     if job.quant is not None:  # verify's compress.apply: the linears quantized first
-        quantized.apply(layers, job.quant)
+        quantized.apply(model, layers, job.quant)
     if isinstance(job, Training) and job.lora is not None:  # then the adapters
         lora.apply(model, layers, job.lora, dtype)
     model.train(isinstance(job, Training))

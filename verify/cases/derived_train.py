@@ -134,6 +134,15 @@ def derived_lora_cases() -> list[Case]:
               lora=LoRA(rank=8, modules=("q", "k", "v", "o")), quant=Quant(method="nf4")),
         hf_case("hf-qlora-nf4-bf16-llama3", LLAMA3, precision="bf16", lora=LoRA(rank=8),
                 quant=Quant(method="nf4")),
+        # NF4 on every nn.Linear, the LM head too (Lightning's bitsandbytes plugin): the head's
+        # weight dequantized in forward and again in backward; a tied head (gemma2) gets its
+        # own quantized copy
+        _case("phi3", "qlora-nf4-head-bf16", precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4", keep_16bit=("embed", "norm"))),
+        _case("gemma2", "qlora-nf4-head-tied-bf16", precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4", keep_16bit=("embed", "norm"))),
+        hf_case("hf-qlora-nf4-head-amp-llama3", LLAMA3, precision="amp-bf16", lora=LoRA(rank=8),
+                quant=Quant(method="nf4", keep_16bit=("embed", "norm"))),
         # bitsandbytes' Adam (calc.derive.bnb: its states, an in-place step); verify steps its
         # emulation, whose chunked update holds temporaries the CUDA kernel does not
         _case("phi3", "qlora-paged-adam32bit-bf16", precision="bf16", lora=LoRA(rank=8),

@@ -10,6 +10,7 @@ Qwen2.5-0.5B and GPT-2 (transformers' code) on this CPU, a minute and a few GB e
 
 from __future__ import annotations
 
+from calc.config.compression import LoRA, Quant
 from verify.cases.case import GPT2, QWEN2, Case, infer, train
 
 __all__ = ["full_size_cases"]
@@ -44,6 +45,12 @@ def full_size_cases() -> list[Case]:
               precision="bf16", **kw),
         train("full-qwen2.5-0.5b-amp-bf16-2x512", QWEN2, micro_batch=2, seq_len=512,
               precision="amp-bf16", **kw),
+        # NF4 on every nn.Linear, the tied LM head too (Lightning's bitsandbytes plugin): the
+        # head's own quantized copy of the 151,936 x 896 embedding, dequantized to bf16 in the
+        # forward and again in the backward
+        train("full-qwen2.5-0.5b-qlora-nf4-head-bf16", QWEN2, micro_batch=1, seq_len=256,
+              precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4", keep_16bit=("embed", "norm")), **kw),
         infer("full-qwen2.5-0.5b-generate-bf16", QWEN2, batch=1, prompt=128, new_tokens=8,
               precision="bf16", **kw),
         infer("full-gpt2-generate-fp32", GPT2, batch=2, prompt=64, new_tokens=16,

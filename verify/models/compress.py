@@ -118,9 +118,17 @@ def _adapted(parts: tuple[str, ...], lora: LoRA, model_type: str) -> bool:
 def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch.dtype) -> None:
     """Quantize the decoder linears (``quant``), add adapters (``lora``), freeze the base.
 
-    ``keep_16bit`` without ``embed``/``lm_head`` (quantized embeddings or head) is not run."""
-    if quant is not None and set(quant.keep_16bit) != {"embed", "norm", "lm_head"}:
-        raise NotImplementedError("quantized embeddings or LM head are not run by verify")
+    ``keep_16bit`` without ``lm_head`` quantizes a Hugging Face model's output linear too
+    (Lightning's bitsandbytes plugin replaces every ``nn.Linear``); without ``embed`` it is not
+    run (bitsandbytes quantizes no ``nn.Embedding``)."""
+    if quant is not None and "embed" not in quant.keep_16bit:
+        raise NotImplementedError("quantized embeddings are not run by verify")
+    if quant is not None and "lm_head" not in quant.keep_16bit:
+        get_head = getattr(model, "get_output_embeddings", None)
+        head = get_head() if get_head is not None else None
+        if not isinstance(head, nn.Linear):
+            raise NotImplementedError("a quantized LM head is run on Hugging Face models only")
+        model.set_output_embeddings(QuantLinear(head, quant))
     if lora is not None:
         for p in model.parameters():
             p.requires_grad_(False)

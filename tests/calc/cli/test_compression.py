@@ -17,6 +17,15 @@ def test_qlora_options_reach_the_training_job():
     assert job.quant.method == "nf4" and job.quant.double_quant is False
 
 
+def test_quant_lm_head_leaves_only_embeddings_and_norms_in_16_bit():
+    job = _job("--task", "train", "--precision", "bf16", "--lora-rank", "8", "--quant", "nf4",
+               "--quant-lm-head")  # fmt: skip
+    assert job.quant.keep_16bit == ("embed", "norm")
+    assert _job("--task", "infer", "--quant", "nf4").quant.keep_16bit == (
+        "embed", "norm", "lm_head",
+    )  # fmt: skip
+
+
 def test_quant_and_kv_options_reach_the_inference_job():
     job = _job("--task", "infer", "--quant", "int4", "--group-size", "64", "--no-zero-point",
                "--kv-quant", "fp8")  # fmt: skip
@@ -35,6 +44,7 @@ def test_quant_and_kv_options_reach_the_inference_job():
         (("--task", "train", "--lora-rank", "8", "--lora-modules", "q,x"), "modules"),
         (("--task", "train", "--lora-dropout", "0.1"), "lora-dropout"),
         (("--task", "train", "--lora-rank", "8", "--lora-dropout", "1.5"), "dropout"),
+        (("--task", "infer", "--quant-lm-head"), "quant-lm-head"),
     ],
 )
 def test_bad_options_name_the_field(argv, field):
