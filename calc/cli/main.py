@@ -402,7 +402,7 @@ def fit_lines(rows: Sequence[DeviceFit], gpu: GPU) -> list[str]:
         )
     if rows:
         lines.append(
-            "(allocated/reserved: modelled from PyTorch's source, not measured on a GPU; "
+            "(allocated/reserved: modelled from PyTorch's source, checked against H200 runs; "
             "outside PyTorch: the upper end of each term's range below)"
         )
         lines.extend(outside_lines(gpu))

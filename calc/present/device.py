@@ -73,7 +73,7 @@ def _status(basis: Basis) -> str:
 
 def reserved_rows(fits: Sequence[DeviceFit]) -> list[Row]:
     """One row per allocator setting: allocated, reserved, outside PyTorch, what ``nvidia-smi``
-    would show, the total and the verdict (all modelled from source, not measured on a GPU)."""
+    would show, the total and the verdict (modelled from source; checked on an H200)."""
     return [
         {
             "setting": f.setting,

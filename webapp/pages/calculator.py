@@ -101,8 +101,9 @@ with st.expander("On the device: allocated, reserved, outside PyTorch and total"
             fit_rows = device.reserved_rows(cached.device_fits(model, key, job, gpu.id))
             st.markdown(device.markdown_table(fit_rows))
             st.caption(
-                "Reserved memory is modelled from PyTorch's CUDACachingAllocator source, not "
-                "measured on a GPU; 'nvidia-smi' = reserved + outside PyTorch (upper end)."
+                "Reserved memory is modelled from PyTorch's CUDACachingAllocator source and "
+                "checked against H200 runs (verify/measurements/); 'nvidia-smi' = reserved "
+                "+ outside PyTorch (upper end)."
             )
 
 gpu_label = f"{gpu.name}: {usable_gib:.1f} GiB"
