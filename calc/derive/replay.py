@@ -41,7 +41,7 @@ from calc.derive.record import (
     trainable_numels,
 )
 from calc.derive.sharding import Shard
-from calc.models.attention import attention_kernel, cpu_backend
+from calc.models.attention import attention_kernel, check_cuda_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
 T = TypeVar("T")
@@ -257,6 +257,18 @@ def _backend(model: ModelSpec, job: Training | Inference, config: dict[str, Any]
         dropout = 0.0
     backend = cpu_backend(attention_kernel(model, job), float(dropout))
     return attention_fallback(config, backend)[0]
+
+
+def check_cuda(model: ModelSpec, job: Training | Inference) -> None:
+    """``NotImplementedError`` (or ``ValueError`` for a forced kernel) where CUDA would run
+    another SDPA kernel than the recording stands for: fp32 grouped-query inference runs math on
+    CUDA, its memory-efficient kernel taking no grouped key/value heads
+    (`calc.models.attention.check_cuda_kernel`; measured on an H200: "No available kernel" with
+    it forced), while the recording runs CPU flash. Eager and math recordings run the same path
+    on CUDA."""
+    if _backend(model, job, hf_config_dict(model)) in ("eager", "math"):
+        return
+    check_cuda_kernel(model, job)
 
 
 SDPA_ABSENT_NOTE = (

@@ -14,7 +14,7 @@ from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
-from calc.derive.replay import derived_trainable_numels
+from calc.derive.replay import check_cuda, derived_trainable_numels
 from calc.estimate.core import (
     CUBLAS_WORKSPACE_BYTES,
     Compiled,
@@ -75,6 +75,8 @@ def estimate(
         _check_paged(job, parallel)
         est = _with_paged(estimate_parallel(model, job, parallel, device), model, job)
         return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
+    if device == "cuda" and model.derived:
+        check_cuda(model, job)  # the recording's CPU kernel must be the one CUDA runs
     comp, key, job, notes = _compiled_or_derived(model, job, device)
     est = _with_paged(evaluate(comp, key, model, job, device, notes=notes), model, job)
     if gpu_obj is not None:
@@ -173,7 +175,8 @@ def _derived_fallback(
     a hand-modelled type, torch and transformers installed (the recording needs them), and
     the recorded CPU kernels the ones the device runs: always on the CPU tracker; on CUDA only
     without attention dropout (CUDA keeps its fused SDPA kernels with dropout, the CPU takes the
-    math kernel: `calc.models.attention`)."""
+    math kernel: `calc.models.attention`) and not for fp32 grouped-query inference (math on
+    CUDA: `calc.derive.replay.check_cuda`)."""
     if job.implementation != "hf" or model.derived:
         return None
     if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers")):
@@ -182,4 +185,10 @@ def _derived_fallback(
         attn_dropout = job.dropout if job.dropout is not None else model.attention_dropout
         if attn_dropout > 0:
             return None
-    return replace(job, implementation="derived")
+    derived = replace(job, implementation="derived")
+    if device != "cpu":
+        try:
+            check_cuda(model, derived)
+        except (NotImplementedError, ValueError):
+            return None  # CUDA runs another kernel: the hand graph's refusal stands
+    return derived

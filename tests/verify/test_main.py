@@ -54,7 +54,9 @@ def test_device_cuda_reaches_the_cases_and_lists_the_distributed_ones(
     monkeypatch.setattr(verify_main.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(verify_main.report, "run_meta", lambda device: {"device": device})
     monkeypatch.setattr(
-        verify_main, "_run_single", lambda cases, device, progress: given.extend(cases) or []
+        verify_main,
+        "_run_single",
+        lambda cases, device, progress, predict: given.extend(cases) or [],
     )
     code = verify_main.main(["--device", "cuda", "--no-progress", "--out", str(tmp_path)])
     assert code == 0
@@ -64,3 +66,15 @@ def test_device_cuda_reaches_the_cases_and_lists_the_distributed_ones(
     distributed = [r for r in records if r["kind"] == "distributed"]
     assert distributed and all(r["status"] == "not-runnable" for r in distributed)
     assert "without --device cuda" in distributed[0]["message"]
+
+
+def test_measure_only_reaches_the_runner_without_prediction(monkeypatch, tmp_path) -> None:
+    seen: list = []
+    monkeypatch.setattr(verify_main.report, "run_meta", lambda device: {"device": device})
+    monkeypatch.setattr(
+        verify_main,
+        "_run_single",
+        lambda cases, device, progress, predict: seen.append(predict) or [],
+    )
+    argv = ["--cases", "prec-bf16-llama", "--measure-only", "--no-progress", "--out", str(tmp_path)]
+    assert verify_main.main(argv) == 0 and seen == [False]

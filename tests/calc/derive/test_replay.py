@@ -223,3 +223,20 @@ def test_sdpa_that_the_model_cannot_run_is_recorded_as_torch_runs_it(
         == calc.estimate(spec, replace(job, attention=recorded_as), device="cpu").peak_bytes
     )
     assert any(says in note for note in est.notes)
+
+
+def test_fp32_grouped_query_inference_on_cuda_is_refused_not_answered_with_cpu_kernels() -> None:
+    # CUDA's memory-efficient kernel takes no grouped key/value heads, so fp32 grouped-query
+    # SDPA runs math there (an H200 raised "No available kernel" with efficient forced:
+    # verify/measurements/nvidia-h200-2026-12-04-derived.json), while the recording runs CPU
+    # flash: neither the derived fallback of a hand-modelled type nor a derived type answers
+    gqa_phi3 = calc.ModelSpec.from_hf_config({**TINY_PHI3, "num_key_value_heads": 2})
+    hand_llama = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
+    fp32 = calc.Inference(batch=1, prompt=16, new_tokens=4, precision="fp32")
+    for spec in (gqa_phi3, hand_llama):
+        with pytest.raises(NotImplementedError, match="math kernel on CUDA"):
+            calc.estimate(spec, fp32, device="cuda")
+        assert calc.estimate(spec, fp32, device="cpu").peak_bytes > 0
+        assert calc.estimate(spec, replace(fp32, precision="bf16"), device="cuda").peak_bytes > 0
+    # equal heads: memory-efficient runs on CUDA as CPU flash does on the tracker
+    assert calc.estimate(calc.ModelSpec.from_hf_config(TINY_PHI3), fp32).peak_bytes > 0
