@@ -248,6 +248,18 @@ CASES: tuple[Case, ...] = (
                         "infer.double_quant": False},
                        {"quant": calc.Quant(method="nf4", group_size=128, double_quant=False)},
                        None)),
+    Case("qlora-nf4-head-refused", ({**REF16, "train.lora_rank": 8, "train.quant": "nf4",
+                                     "train.quant_lm_head": True},
+                                    {**REF16_JOB, "lora": calc.LoRA(rank=8),
+                                     "quant": calc.Quant(method="nf4",
+                                                         keep_16bit=("embed", "norm"))},
+                                    None)),
+    Case("infer-nf4-head-refused", ({"infer.implementation": "reference", "infer.quant": "nf4",
+                                     "infer.quant_lm_head": True},
+                                    {"implementation": "reference",
+                                     "quant": calc.Quant(method="nf4",
+                                                         keep_16bit=("embed", "norm"))},
+                                    None)),
     Case("infer-fp8", ({"infer.quant": "fp8", "infer.fp8_scaling": "row"},
                        {"quant": calc.Quant(method="fp8", fp8_scaling="row")}, None)),
     Case("infer-sample", ({"infer.prompt": 64, "infer.new_tokens": 4,
@@ -290,7 +302,9 @@ CASES: tuple[Case, ...] = (
     Case("parallel-lora-refused", ({**REF16, "train.lora_rank": 8, "train.dp": 2},
                                    {**REF16_JOB, "lora": calc.LoRA(rank=8)}, {"dp": 2})),
 )  # fmt: skip
-"""Most give numbers; ``lora-hf-refused`` (LoRA needs the reference code),
+"""Most give numbers; ``lora-hf-refused`` (LoRA needs the reference code), the two
+``*-nf4-head-refused`` (the reference graph keeps the LM head in 16 bits; the replay derived
+from transformers' code answers the ``hf`` job),
 ``tp2-sp-vocab`` (sequence parallelism), ``zero1-by-parameter`` (24 layers) and
 ``parallel-lora-refused`` are combinations the cost model refuses: the page shows its message."""
 
