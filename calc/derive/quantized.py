@@ -252,6 +252,22 @@ def quant_linear_class() -> Any:
     return QuantLinear
 
 
+def quantize_head(model: Any, quant: Quant) -> None:
+    """Replace the output linear of the Hugging Face ``model`` with a ``QuantLinear`` of
+    ``quant`` (a tied head gets its own quantized copy; the embedding keeps its matrix);
+    ``NotImplementedError`` for a model without an ``nn.Linear`` head behind
+    ``get_output_embeddings``."""
+    import torch
+
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    if not isinstance(head, torch.nn.Linear):
+        raise NotImplementedError(
+            f"a quantized LM head of {type(head).__name__} (Hugging Face nn.Linear heads only)"
+        )
+    model.set_output_embeddings(quant_linear_class()(head, quant))
+
+
 def apply(model: Any, layers: Any, quant: Quant) -> None:
     """Replace every decoder linear of ``layers`` (the llama-family projections and Phi-3's
     fused ones, `calc.derive.linears`; MoE experts are not ``nn.Linear``s and
@@ -268,10 +284,7 @@ def apply(model: Any, layers: Any, quant: Quant) -> None:
         )
     cls = quant_linear_class()
     if "lm_head" not in quant.keep_16bit:
-        head = model.get_output_embeddings()
-        if not isinstance(head, torch.nn.Linear):
-            raise NotImplementedError(f"a quantized LM head of {type(head).__name__}")
-        model.set_output_embeddings(cls(head, quant))
+        quantize_head(model, quant)
     places = [*LINEARS.values(), *FUSED.values()]
     for layer in layers:
         for sub, attr in places:

@@ -362,9 +362,9 @@ def derived_stream(
     model = _with_dropout(model, job)
     config = hf_config_dict(model)
     check_experts(config)
-    exact = every_layer or heterogeneous(config)
-    layout = layout_of(config) if exact and not every_layer else None
-    exact = exact and layout is None
+    differ = heterogeneous(config)
+    layout = layout_of(config) if differ and not every_layer else None
+    exact = every_layer or (differ and layout is None)
     layers = model.n_layers if exact else n_layers
     if layout is not None:
         layers = layout.recorded_layers

@@ -29,7 +29,7 @@ from torch import nn
 
 from calc.derive.linears import FUSED as FUSED_LINEARS
 from calc.derive.linears import LINEARS as LLAMA_LINEARS
-from calc.derive.quantized import quant_linear_class
+from calc.derive.quantized import quant_linear_class, quantize_head
 from verify.models import torchtune_llama
 
 if TYPE_CHECKING:
@@ -124,11 +124,7 @@ def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch
     if quant is not None and "embed" not in quant.keep_16bit:
         raise NotImplementedError("quantized embeddings are not run by verify")
     if quant is not None and "lm_head" not in quant.keep_16bit:
-        get_head = getattr(model, "get_output_embeddings", None)
-        head = get_head() if get_head is not None else None
-        if not isinstance(head, nn.Linear):
-            raise NotImplementedError("a quantized LM head is run on Hugging Face models only")
-        model.set_output_embeddings(QuantLinear(head, quant))
+        quantize_head(model, quant)  # the derived recording's own (calc.derive.quantized)
     if lora is not None:
         for p in model.parameters():
             p.requires_grad_(False)
