@@ -251,7 +251,8 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
             raise NotImplementedError("parallel inference is not modelled yet")
         events = replay_inference(model, job, device, branch)
     elif opts.stage is not None:
-        events = replay_stage(model, job, opts.stage, device, n_layers=branch, tp_comm=opts.tp_comm)
+        events = replay_stage(model, job, opts.stage, device, n_layers=branch,
+                              tp_comm=opts.tp_comm, grad_order=order)  # fmt: skip
     else:
         events = replay_training(
             model,

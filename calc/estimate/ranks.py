@@ -93,7 +93,10 @@ def estimate_parallel(
     results: list[tuple[RankClass, Estimate]] = []
     if parallel.pp > 1:  # one replay per pipeline stage (calc.step.pipeline)
         check_divisibility(model, parallel)
-        results = stage_results(model, _rank_job(job, parallel), parallel, device)
+        results = stage_results(
+            model, _rank_job(job, parallel), parallel, device,
+            lambda comp, key, local, mb_job: _stage_ddp(comp, key, local, mb_job, parallel),
+        )  # fmt: skip
     else:
         for rr in rank_replays(model, job, parallel, device):
             results.append((rr.rank_class, _estimate_class(rr, device)))
@@ -114,6 +117,18 @@ def estimate_parallel(
     return replace(
         worst, breakdown_fn=breakdown, rank=worst_rc.ranks[0], rank_peaks=rank_peaks, notes=notes
     )
+
+
+def _stage_ddp(
+    comp: Compiled, key: StructureKey, model: ModelSpec, job: Training, parallel: Parallelism
+) -> tuple[tuple[Extra, ...], tuple[str, ...]]:
+    """DDP's gradient buckets around one pipeline stage (`calc.estimate.stages`): one bucket
+    per dtype in step 1; ``PipelineStage`` calls ``prepare_for_backward`` on the last
+    micro-batch's backward only, so the ready order is recorded there and the buckets are
+    rebuilt by step 2's first forward (``_pre_forward``: ``reducer._rebuild_buckets()``)."""
+    first, later, n_buckets = ddp_buckets(_ddp_grads(comp, key, model, job), parallel)
+    note = f"DDP gradient buckets of the stage: 1 bucket in step 1, {n_buckets} after the rebuild"
+    return (("ddp/gradient_buckets", first, later),), (note,)
 
 
 def _rank_job(job: Training, parallel: Parallelism) -> Training:

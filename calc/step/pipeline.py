@@ -21,9 +21,13 @@ and ``schedules.py``), each a tape event here:
   gradients ``[b/m, s, h]`` on every stage but the last (the backward's seed);
 * ``fwd_cache``: each micro-batch's stage output, kept from its forward to its backward (the
   last layer's output is saved by nothing else);
-* the input gradient a stage sends back stays referenced by the schedule's send list:
-  GPipe keeps every send's work to the end of the backward loop (``bwd_sends_to_wait``);
+* the tensors a stage sends stay referenced by the schedule's send lists (a Work keeps its
+  tensor): GPipe keeps every forward send's work (``fwd_sends_to_wait``: the stage outputs,
+  past their backwards) and every backward send's (``bwd_sends_to_wait``: the input
+  gradients) to the end of the step;
   1F1B's ``bwd_sends`` (then ``send_work``) holds one until the next backward replaces it;
+* 1F1B's warm-up: the Work of the last forward send it fires (micro-batch ``w - 2``) keeps
+  that stage output alive past its backward, until the 1B1F loop ends (`_warmup_send`);
 * last stage: ``output_chunks`` keeps every micro-batch's logits ``[b/m, s, V]`` until the
   next step starts (``clear_runtime_states``), and ``step()`` returns them concatenated
   (``merge_chunks``: one ``[b, s, V]`` tensor, dropped by the caller); the losses are kept to
@@ -123,12 +127,18 @@ def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> No
             )
     if model.model_type == "gpt2" or model.tied_embeddings:
         raise NotImplementedError("pipeline stages are modelled for untied llama-family models")
-    if job.implementation != "reference" or job.precision.startswith("amp"):
+    if job.implementation != "reference":
+        raise NotImplementedError("pipeline parallelism is modelled for implementation='reference'")
+    if job.precision == "amp-fp16":
         raise NotImplementedError(
-            "pipeline parallelism is modelled for implementation='reference' without autocast"
+            "pipeline parallelism with amp-fp16 (a GradScaler over the schedule's losses) is not "
+            "modelled; amp-bf16 is"
         )
-    if job.grad_accum != 1 or job.recompute != "none":
-        raise NotImplementedError("pipeline parallelism with grad_accum > 1 or recomputation")
+    if job.grad_accum != 1:
+        raise NotImplementedError(
+            "pipeline parallelism with grad_accum > 1 (the schedule's pp_microbatches are the "
+            "accumulation)"
+        )
     if job.loop != "drop-output" or job.loss != "cross-entropy" or job.optimizer_in_backward:
         raise NotImplementedError(
             "pipeline parallelism with another loop or loss, or optimizer_in_backward"
@@ -234,17 +244,19 @@ def in_flight(plan: StagePlan) -> int:
 
 def replay_stage(
     model: ModelSpec, job: Training, plan: StagePlan, device: str,
-    n_layers: int | None = None, tp_comm: bool = False,
+    n_layers: int | None = None, tp_comm: bool = False, grad_order: list | None = None,
 ) -> list[Event]:  # fmt: skip
     """Replay two optimizer steps of one pipeline stage; ``job`` is the micro-batch job
     (`microbatch_job`). Sizes are symbolic, ``b`` being the micro-batch's sequences.
     ``n_layers``: layers replayed (default the stage's; 5 stand for any number, as
     `calc.replay.timeline` generalises). ``tp_comm``: the stage's layers are one tensor-parallel
-    rank's (`calc.parallel.tensor`)."""
+    rank's (`calc.parallel.tensor`). ``grad_order``, when given, receives the stage's parameters
+    in the order their gradients become ready in the first backward (DDP's buckets)."""
     if plan.schedule == "interleaved-1f1b":
-        return _replay_interleaved(model, job, plan, device, tp_comm)
+        return _replay_interleaved(model, job, plan, device, tp_comm, grad_order)
     layers = plan.n_layers if n_layers is None else n_layers
     tape, sh, w, keep, shapes, cos, sin = _stage_tape(model, job, plan, device, tp_comm, layers)
+    _record_order(tape, keep, grad_order)
     recv_act: list[Tensor] = []
     recv_grad: list[Tensor] = []
     chunks: list[Tensor] = []
@@ -255,11 +267,19 @@ def replay_stage(
             recv_act, recv_grad = _recv_buffers(tape, sh, plan)
         cache: dict[int, Tensor] = {}
         losses: dict[int, Tensor] = {}
-        sent: list[Tensor] = []  # input gradients still held by the schedule's send lists
+        sent: list[Tensor] = []  # tensors still held by the schedule's send lists
+        held = _warmup_send(plan)
+        warm: list[Tensor] = []  # the stage output the warm-up's last fired send still holds
+        forwards = 0
         for kind, i in schedule_actions(plan):
             if kind == "F":
                 out = _stage_forward(tape, sh, w, plan, cos, sin, recv_act[i] if recv_act else None)
                 cache[i] = out
+                forwards += 1
+                if i == held:
+                    warm.append(tape.alias(out))
+                if plan.schedule == "gpipe" and not plan.last:  # fwd_sends_to_wait holds it
+                    sent.append(tape.alias(out))
                 if plan.last:
                     chunks.append(tape.alias(out))
                     tape.segment = "head"
@@ -279,8 +299,44 @@ def replay_stage(
                 sent.append(tape.grads.pop(id(recv_act[i].storage)))
                 if plan.schedule == "1f1b" and len(sent) > 1:
                     tape.drop(sent.pop(0))  # the previous send's ops are replaced
+            if forwards == plan.microbatches:  # the 1B1F loop breaks: send_work is replaced
+                tape.drop(*warm)
+                warm = []
         _end_step(tape, plan, step, sent, [*losses.values()], chunks, tail)
     return tape.events
+
+
+def _record_order(tape: Tape, params: list[Tensor], order: list | None) -> None:
+    """Append to ``order`` each of the stage's ``params`` when its gradient is first ready (the
+    receive buffers are leaves too, but no parameter: DDP does not bucket them)."""
+    if order is None:
+        return
+    mine = {id(p.storage) for p in params}
+    seen: set[int] = set()
+
+    def hook(tape: Tape, leaf: Tensor) -> None:
+        key = id(leaf.storage)
+        if key in mine and key not in seen:
+            seen.add(key)
+            order.append(leaf)
+
+    assert tape.grad_hook is None, "a stage's tape has no other gradient hook"
+    tape.grad_hook = hook
+
+
+def _warmup_send(plan: StagePlan) -> int | None:
+    """The micro-batch whose stage output outlives its backward under 1F1B, or None.
+
+    ``Schedule1F1B._step_microbatches`` fires the send of every warm-up forward but the last
+    (``send_work = _batch_p2p(fwd_sends)``) and replaces ``send_work`` only after its 1B1F loop
+    breaks. The Work of the last one fired, micro-batch ``w - 2``, holds the output it sends
+    (a Work keeps its tensor; measured on gloo ranks), so that output lives from its forward
+    until the first backward after the last forward, past its own backward. The last stage
+    sends nothing; with ``w < 2`` no warm-up send is fired."""
+    if plan.schedule != "1f1b" or plan.last:
+        return None
+    warmup = min(plan.microbatches, plan.stages - plan.stage)
+    return warmup - 2 if warmup >= 2 else None
 
 
 def _begin_step(tape: Tape, step: int, chunks: list[Tensor]) -> list[Tensor]:
@@ -358,8 +414,9 @@ def _stage_tape(
 
 
 def _replay_interleaved(
-    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool
-) -> list[Event]:
+    model: ModelSpec, job: Training, plan: StagePlan, device: str, tp_comm: bool,
+    grad_order: list | None,
+) -> list[Event]:  # fmt: skip
     """`replay_stage` for interleaved 1F1B: every layer of the rank replayed (chunk ``k`` runs
     layers ``k L_r / v .. (k + 1) L_r / v - 1`` of the rank's ``L_r``), the actions in
     `interleaved_actions` order, every send held to the end of the step."""
@@ -368,6 +425,7 @@ def _replay_interleaved(
     tape, sh, w, keep, shapes, cos, sin = _stage_tape(
         model, job, plan, device, tp_comm, plan.n_layers
     )
+    _record_order(tape, keep, grad_order)
     act = sh.b * sh.s * sh.h
     recv_act: dict[tuple[int, int], Tensor] = {}
     recv_grad: dict[tuple[int, int], Tensor] = {}
@@ -432,8 +490,14 @@ def _stage_forward(
     sin: Tensor, received: Tensor | None, layers: list | None = None,
 ) -> Tensor:  # fmt: skip
     """``StageModule.forward`` (verify/dist/pp_plans.py): embedding (first stage), the layers
-    (``layers``, default all of ``w``), norm and head (last stage); returns the stage output."""
+    (``layers``, default all of ``w``; each checkpointed under ``recompute="full"``), norm and
+    head (last stage); returns the stage output. Under ``amp-*`` the stage's forward runs in
+    ``torch.autocast`` and leaves it before the schedule calls the loss: the weight-cast cache
+    is cleared at every micro-batch's exit, so each micro-batch in flight keeps its own
+    low-precision copies of the weights its linears saved."""
     n = sh.b * sh.s
+    if sh.autocast_itemsize:
+        tape.autocast_enter(sh.autocast_itemsize)
     if plan.first:
         tape.segment = "embed"
         x = ops.embedding(tape, w.embed, n, sh.h, "embed_out")
@@ -443,14 +507,21 @@ def _stage_forward(
         x.leaf = True  # the receive buffer is a leaf that requires grad
     for j, lw in enumerate(w.layers if layers is None else layers):
         tape.segment = j
-        x_next = reference.block(tape, sh, x, lw, cos, sin)
+        if sh.recompute == "full":
+
+            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
+                return reference.block(tape, sh, x, lw, cos, sin)
+
+            x_next = tape.checkpoint(run, [x])
+        else:  # selective: the attention core is checkpointed inside the block
+            x_next = reference.block(tape, sh, x, lw, cos, sin)
         tape.drop(x)
         x = x_next
-    if not plan.last:
-        return x
-    tape.segment = "head"
-    hid = reference.norm(tape, sh, x, w.norm, None, n)
-    tape.drop(x)
-    logits = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
-    tape.drop(hid)
-    return logits
+    if plan.last:
+        tape.segment = "head"
+        hid = reference.norm(tape, sh, x, w.norm, None, n)
+        tape.drop(x)
+        x = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+        tape.drop(hid)
+    tape.autocast_exit()
+    return x

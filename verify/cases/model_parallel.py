@@ -122,9 +122,16 @@ def _pl(pp: int, schedule: str, m: int) -> Parallelism:
 
 
 ONE_F_ONE_B = (
-    "1F1B: on some non-last stages (pp2 stage 0 with m=4, pp4 stage 2) the tracker sees one "
-    "[b/m, s, h] stage output more than the replay at that rank's peak (not yet named; the "
-    "most-loaded rank is exact)"
+    "1F1B: on a non-last stage with w = min(m, pp - r) >= 2 warm-up forwards, the Work of the "
+    "last send the warm-up fires keeps micro-batch w - 2's output alive past its backward, "
+    "until the 1B1F loop ends (calc.step.pipeline._warmup_send); every rank exact"
+)
+
+PP_DDP = (
+    "the engine gives PipelineStage its shapes (input_args, output_args, grads): torch 2.13's "
+    "shape inference runs the DDP stage outside no_sync, which arms DDP's hooks, and GPipe's "
+    "next bucket rebuild then fails (reducer.cpp INTERNAL ASSERT); without that run the last "
+    "stage holds 512-1,024 B less than the replay"
 )
 
 CASES += (
@@ -145,6 +152,28 @@ CASES += (
         Parallelism(pp=2, pp_schedule="interleaved-1f1b", pp_microbatches=8,
                     pp_virtual_stages=2),
         layers=8, micro_batch=8, note="2 layers per chunk, 4 rounds of 2 micro-batches"),
+    # what real pipeline runs add: recomputation and autocast inside each stage's forward
+    _pp("pp2-1f1b-m4-full-recompute", _pl(2, "1f1b", 4), recompute="full",
+        note=f"every layer checkpointed (non-reentrant) inside the stage; {ONE_F_ONE_B}"),
+    _pp("pp2-gpipe-m4-amp-bf16", _pl(2, "gpipe", 4), precision="amp-bf16",
+        note="autocast inside each stage's forward, left before the loss: every micro-batch "
+        "in flight keeps its own bf16 copies of the weights its linears saved"),
+    _pp("pp2-1f1b-m4-amp-bf16-full-recompute", _pl(2, "1f1b", 4), precision="amp-bf16",
+        recompute="full", note=f"autocast and full recomputation together; {ONE_F_ONE_B}"),
+    _pp("pp2-interleaved-v2-m4-selective",
+        Parallelism(pp=2, pp_schedule="interleaved-1f1b", pp_microbatches=4,
+                    pp_virtual_stages=2),
+        recompute="selective", note="the attention core checkpointed in every chunk"),
+    # data parallelism around the stages: mesh [dp, pp], each stage DDP over its dp group
+    _pp("pp2-dp2-1f1b-m4", Parallelism(pp=2, dp=2, pp_schedule="1f1b", pp_microbatches=4),
+        tags=("2d",), note="DDP around each stage, the stage shapes given (PP_DDP below): "
+        "no_sync on all but the last backward, which fills the buckets; the buckets rebuilt "
+        f"by step 2's first forward; {PP_DDP}"),
+    _pp("pp2-dp2-gpipe-m2-amp-bf16-full-recompute",
+        Parallelism(pp=2, dp=2, pp_schedule="gpipe", pp_microbatches=2), tags=("2d",),
+        precision="amp-bf16", recompute="full",
+        note="what real pipeline runs combine: data parallelism, recomputation and "
+        f"autocast; {PP_DDP}"),
 )  # fmt: skip
 
 

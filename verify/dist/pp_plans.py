@@ -14,9 +14,13 @@ the first ones taking the extra) driven by ``ScheduleInterleaved1F1B``.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import layers_per_stage
@@ -32,8 +36,10 @@ class StageModule(nn.Module):
     ``hidden -> hidden`` (middle) or ``hidden -> logits`` (last)."""
 
     def __init__(self, model: ReferenceLM, first: int, stop: int, *, is_first: bool,
-                 is_last: bool) -> None:  # fmt: skip
+                 is_last: bool, autocast: torch.dtype | None = None) -> None:  # fmt: skip
         super().__init__()
+        self.full_recompute = model.recompute == "full"  # selective lives inside the blocks
+        self.autocast = autocast
         if model.spec.model_type == "gpt2":
             raise ValueError("pipeline stages are planned for the llama family only")
         self.embed_tokens = model.embed_tokens if is_first else None
@@ -44,19 +50,61 @@ class StageModule(nn.Module):
         self.register_buffer("sin", model.sin, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed_tokens is not None:
-            x = self.embed_tokens(x)
-        rope = (self.cos, self.sin)
-        for block in self.layers:
-            x = block(x, rope)
-        if self.norm is not None:
-            x = F.linear(self.norm(x), self.lm_head.weight)
+        """The stage's part of the model, under ``torch.autocast`` when the job is ``amp-*``
+        (left before the schedule calls the loss), each layer checkpointed (non-reentrant)
+        under ``recompute="full"``."""
+        amp = self.autocast is not None
+        ctx = torch.autocast(x.device.type, dtype=self.autocast) if amp else nullcontext()
+        with ctx:
+            if self.embed_tokens is not None:
+                x = self.embed_tokens(x)
+            rope = (self.cos, self.sin)
+            for block in self.layers:
+                if self.full_recompute and self.training:
+                    x = checkpoint(block, x, rope, use_reentrant=False)
+                else:
+                    x = block(x, rope)
+            if self.norm is not None:
+                x = F.linear(self.norm(x), self.lm_head.weight)
         return x
 
 
 def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """The last stage's loss: ``F.cross_entropy`` over the flattened micro-batch."""
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _static_meta(case: DistCase, spec: ModelSpec, stage: int, last: int) -> dict[str, Any]:
+    """``input_args`` / ``output_args`` of a stage wrapped in DDP, as meta tensors.
+
+    Without them torch 2.13's ``PipelineStage`` infers the shapes with a real forward through
+    the DDP wrapper outside ``no_sync``: DDP's ``_post_forward`` then arms its autograd hooks
+    (``prepare_for_backward``) and the first ``no_sync`` backward records every parameter
+    again, so the next bucket rebuild fails (``reducer.cpp``: "rebuilt parameter indices size
+    is not same as original model parameters size"; seen with GPipe and with 1F1B when two
+    backwards follow each other). Given shapes, the stage skips that inference."""
+    job = case.job
+    rows = job.micro_batch // case.parallel.pp_microbatches
+    act = torch.float32 if job.precision in ("fp32", "amp-bf16", "amp-fp16") else torch.bfloat16
+    meta = torch.device("meta")
+    hidden = torch.empty(rows, job.seq_len, spec.hidden, dtype=act, device=meta)
+    ids = torch.empty(rows, job.seq_len, dtype=torch.int64, device=meta)
+    logits_dtype = torch.bfloat16 if job.precision != "fp32" else torch.float32
+    logits = torch.empty(rows, job.seq_len, spec.vocab, dtype=logits_dtype, device=meta)
+    out: dict[str, Any] = {
+        "input_args": (ids if stage == 0 else hidden,),
+        "output_args": (logits if stage == last else hidden,),
+    }
+    if stage != last:  # the gradient received from the next stage
+        out["output_grads"] = (hidden,)
+    if stage != 0:  # the gradient sent back to the previous stage
+        out["input_grads"] = (hidden,)
+    return out
+
+
+def _autocast_dtype(case: DistCase) -> torch.dtype | None:
+    """The dtype the job's stages autocast to (``amp-bf16``), else None."""
+    return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(case.job.precision)
 
 
 def _no_loss(ids: torch.Tensor, targets: torch.Tensor) -> None:
@@ -78,20 +126,32 @@ def pp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     par = case.parallel
     if par.pp_schedule == "interleaved-1f1b":
         return _interleaved_engine(case, spec, ctx)
-    if par.pp * par.tp != ctx.world or par.pp_virtual_stages != 1 or par.dp * par.cp != 1:
+    if par.dp * par.pp * par.tp != ctx.world or par.pp_virtual_stages != 1 or par.cp != 1:
         raise ValueError(f"pp engine: one stage per pp rank (pp={par.pp}, tp={par.tp})")
+    if par.dp > 1 and par.tp > 1:
+        raise ValueError("pp engine: dp and tp together are not planned")
     model = _untied_model(case, spec, ctx)
     counts = layers_per_stage(spec.n_layers, par)
-    r, last = ctx.rank // par.tp, par.pp - 1  # mesh [pp, tp], tp innermost
+    r, last = (ctx.rank // par.tp) % par.pp, par.pp - 1  # mesh [dp, pp, tp], tp innermost
     start = sum(counts[:r])
-    stage_mod = StageModule(model, start, start + counts[r], is_first=r == 0, is_last=r == last)
+    stage_mod = StageModule(model, start, start + counts[r], is_first=r == 0, is_last=r == last,
+                            autocast=_autocast_dtype(case))
     del model
     group = None
+    submod: nn.Module = stage_mod
     if par.tp > 1:  # a 2-D mesh: Megatron splits inside each stage, stages over pp
         mesh = device_mesh((par.pp, par.tp), ("pp", "tp"))
         parallelize_blocks(stage_mod.layers, mesh["tp"])
         group = mesh["pp"].get_group()
-    stage = PipelineStage(stage_mod, r, par.pp, torch.device(ctx.device), group=group)
+    elif par.dp > 1:  # a 2-D mesh: each stage replicated over dp by DDP, stages over pp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        mesh = device_mesh((par.dp, par.pp), ("dp", "pp"))
+        group = mesh["pp"].get_group()
+        submod = DDP(stage_mod, process_group=mesh["dp"].get_group(),
+                     bucket_cap_mb=par.ddp_bucket_mib)  # fmt: skip
+    static = _static_meta(case, spec, r, last) if par.dp > 1 else {}
+    stage = PipelineStage(submod, r, par.pp, torch.device(ctx.device), group=group, **static)
     cls = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}.get(par.pp_schedule)
     if cls is None:
         raise ValueError(f"pp engine: pp_schedule={par.pp_schedule!r} is not planned")
@@ -127,7 +187,7 @@ def _interleaved_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Bu
     for i in ids:
         start = sum(counts[:i])
         chunks.append(StageModule(model, start, start + counts[i], is_first=i == 0,
-                                  is_last=i == n_stages - 1))  # fmt: skip
+                                  is_last=i == n_stages - 1, autocast=_autocast_dtype(case)))  # fmt: skip
     del model
     holder = nn.ModuleList(chunks)  # the rank's parameters, for the optimizer and attribution
     stages = [

@@ -14,6 +14,7 @@ import pytest
 
 import calc
 from calc.config.parallelism import Parallelism
+from calc.estimate import core
 from calc.estimate.stages import stage_results
 from calc.step import pipeline
 from tests.specs import tiny_llama64, tiny_training
@@ -207,3 +208,82 @@ def test_1f1b_never_above_gpipe(m: int) -> None:
         assert peaks["1f1b"][rank] <= peaks["gpipe"][rank]
     if m > 2:  # more micro-batches than stages: 1F1B strictly lighter on the first stage
         assert peaks["1f1b"][0] < peaks["gpipe"][0]
+
+
+@pytest.mark.parametrize(
+    ("stage", "stages", "m", "schedule", "held"),
+    [
+        (0, 2, 4, "1f1b", 0),  # w = 2: the send of micro-batch 0 is the last one fired
+        (1, 2, 4, "1f1b", None),  # the last stage sends no activation
+        (0, 4, 4, "1f1b", 2),  # w = 4: sends of 0, 1, 2 fired, the Work of 2 kept
+        (2, 4, 4, "1f1b", 0),
+        (0, 4, 1, "1f1b", None),  # w = 1: the warm-up fires no send
+        (0, 2, 4, "gpipe", None),
+    ],
+)
+def test_warmup_send_kept_by_its_work(
+    stage: int, stages: int, m: int, schedule: str, held: int | None
+) -> None:
+    # Schedule1F1B._step_microbatches (torch 2.13): warm-up forward k fires its send unless
+    # k == w - 1, and send_work is replaced only after the 1B1F loop, so the Work of forward
+    # w - 2 is the one still referenced.
+    assert pipeline._warmup_send(_plan(stage, stages, m, schedule)) == held
+
+
+def test_warmup_send_costs_one_stage_output_on_the_first_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # pp=2, m=4, stage 0: micro-batch 0's output [b/m, s, h] = [1, 64, 64] fp32 = 16384 B is
+    # still held by the warm-up's Work while micro-batch 2 runs its forward after B0.
+    par = Parallelism(pp=2, pp_schedule="1f1b", pp_microbatches=4)
+    job = _job(micro_batch=4, seq_len=64, optimizer="sgd")
+    held = stage_results(_llama(), job, par, "cpu")[0][1].phases["step2/forward"]
+    monkeypatch.setattr(pipeline, "_warmup_send", lambda plan: None)
+    core._compile.cache_clear()  # replay again without the kept Work
+    core.compiled_for.cache_clear()
+    try:
+        free = stage_results(_llama(), job, par, "cpu")[0][1].phases["step2/forward"]
+    finally:
+        core._compile.cache_clear()
+        core.compiled_for.cache_clear()
+    assert held - free == 1 * 64 * 64 * 4
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_recomputation_inside_stages_lowers_the_forward_peak(recompute: str) -> None:
+    par = Parallelism(pp=2, pp_schedule="gpipe", pp_microbatches=4)
+    job = _job(micro_batch=4, seq_len=64, optimizer="sgd", attention="eager")
+    plain = stage_results(_llama(), job, par, "cpu")[0][1].phases["step2/forward"]
+    again = stage_results(_llama(), _job(micro_batch=4, seq_len=64, optimizer="sgd",
+                                         attention="eager", recompute=recompute), par, "cpu")
+    assert again[0][1].phases["step2/forward"] < plain
+
+
+def test_amp_fp16_under_pipeline_is_refused_by_name() -> None:
+    par = Parallelism(pp=2, pp_microbatches=2)
+    with pytest.raises(NotImplementedError, match="amp-fp16"):
+        stage_results(_llama(), _job(precision="amp-fp16"), par, "cpu")
+
+
+def test_ddp_around_each_stage_adds_one_flat_bucket_of_its_gradients() -> None:
+    # Stage 0 holds the embedding [64, 64] and one layer (4 x [64, 64] + 3 x [128, 64] + two
+    # norms [64]): 4096 + 41088 = 45184 fp32 gradients = 180736 B, all below DDP's 1 MiB
+    # first-bucket cap: one bucket in step 1 and one after the rebuild.
+    job = _job(micro_batch=4, seq_len=64, optimizer="sgd")
+    alone = calc.estimate(_llama(), job, Parallelism(pp=2, pp_microbatches=2))
+    ddp = calc.estimate(_llama(), job, Parallelism(pp=2, dp=2, pp_microbatches=2))
+    assert set(ddp.rank_peaks) == {0, 1, 2, 3}  # mesh [dp, pp]: stage 0 on ranks 0 and 2
+    assert ddp.rank_peaks[0] == ddp.rank_peaks[2]
+    assert ddp.rank_peaks[0] - alone.rank_peaks[0] == 180736
+
+
+def test_ddp_stages_refuse_what_is_not_replayed() -> None:
+    job = _job(micro_batch=4)
+    for par in (
+        Parallelism(pp=2, dp=2, pp_microbatches=2, gradient_as_bucket_view=True),
+        Parallelism(pp=2, dp=2, tp=2, pp_microbatches=2),
+        Parallelism(pp=2, dp=2, pp_schedule="interleaved-1f1b", pp_microbatches=2,
+                    pp_virtual_stages=2),
+    ):  # fmt: skip
+        with pytest.raises(NotImplementedError):
+            calc.estimate(_llama(n_layers=4), job, par)
