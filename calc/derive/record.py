@@ -97,10 +97,20 @@ def first_sentence(text: str, limit: int = 240) -> str:
     return head if len(head) <= limit else head[: limit - 3] + "..."
 
 
+CHECKPOINT_DTYPE_KEYS = ("torch_dtype", "dtype")
+"""Config keys naming the checkpoint's dtype. ``from_config`` builds the model in that dtype
+(transformers 5.24), so a real config (``"torch_dtype": "bfloat16"``) would give bf16 weights
+whatever the job's precision: they are left out, and the job's precision alone sets the dtype
+(`_built`)."""
+
+
 def _config_fields(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """(model type, the other keys) of ``config``, deep-copied: transformers' config classes
-    complete nested dicts in place (``rope_scaling``), and the caller's dict is a cache key."""
+    complete nested dicts in place (``rope_scaling``), and the caller's dict is a cache key.
+    The checkpoint's dtype is left out (`CHECKPOINT_DTYPE_KEYS`)."""
     fields = copy.deepcopy(dict(config))
+    for key in CHECKPOINT_DTYPE_KEYS:
+        fields.pop(key, None)
     return str(fields.pop("model_type")), fields
 
 

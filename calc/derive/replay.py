@@ -46,8 +46,10 @@ from calc.replay.tape import Event, Tape, Tensor
 
 T = TypeVar("T")
 
-SCHEMA = 1
-"""Version of the cached stream's layout (part of the key)."""
+SCHEMA = 2
+"""Version of the cached streams (part of the key): 2 since a config's checkpoint dtype no
+longer sets the recorded model's dtype (`calc.derive.record.CHECKPOINT_DTYPE_KEYS`); streams
+cached before were recorded in bf16 for every precision when the config said bfloat16."""
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 """Config keys of the decoder layer count, in the order configs use them."""
 WINDOW_KEYS = (

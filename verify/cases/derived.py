@@ -175,4 +175,12 @@ def derived_cases() -> list[Case]:
             Training(micro_batch=2, seq_len=64, precision="amp-bf16", **sdpa),
         )
     )
+    # real configs name the checkpoint's dtype; the job's precision sets the weights' dtype on
+    # both sides (transformers' from_config alone would build bf16 weights for an fp32 job)
+    for precision in ("fp32", "amp-bf16"):
+        out.append(
+            _case("gemma3_text", f"{precision}-config-says-bfloat16",
+                  Training(micro_batch=2, seq_len=32, precision=precision, **sdpa),
+                  torch_dtype="bfloat16")  # fmt: skip
+        )
     return out

@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from calc.config.hf_config import hf_config_dict
-from calc.derive.record import class_supports_sdpa
+from calc.derive.record import CHECKPOINT_DTYPE_KEYS, class_supports_sdpa
 
 if TYPE_CHECKING:
     import torch
@@ -35,6 +35,8 @@ def hf_config(spec: ModelSpec) -> Any:
     import transformers
 
     fields = hf_config_dict(spec)
+    for key in CHECKPOINT_DTYPE_KEYS:  # from_config would build in the checkpoint's dtype
+        fields.pop(key, None)
     model_type = fields.pop("model_type")
     return transformers.AutoConfig.for_model(model_type, **fields)
 

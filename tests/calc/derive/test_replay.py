@@ -240,3 +240,19 @@ def test_fp32_grouped_query_inference_on_cuda_is_refused_not_answered_with_cpu_k
         assert calc.estimate(spec, replace(fp32, precision="bf16"), device="cuda").peak_bytes > 0
     # equal heads: memory-efficient runs on CUDA as CPU flash does on the tracker
     assert calc.estimate(calc.ModelSpec.from_hf_config(TINY_PHI3), fp32).peak_bytes > 0
+
+
+@pytest.mark.parametrize("key", ["torch_dtype", "dtype"])
+def test_the_checkpoint_dtype_of_a_config_does_not_set_the_weights_dtype(key: str) -> None:
+    # Real configs say "torch_dtype": "bfloat16"; transformers' from_config would build the
+    # model in it. The job's precision decides. The tensors of the hand count above, each
+    # rounded up to 512 B: fp32 embed 131072, per layer qkv 49152 + o 16384 + gate_up 65536 +
+    # down 32768 + two norms 2 x 512 = 164864 (x 2), final norm 512, lm_head 131072: 592384;
+    # bf16 embed 65536, per layer 24576 + 8192 + 32768 + 16384 + 1024 = 82944 (x 2), 512,
+    # 65536: 297472.
+    spec = calc.ModelSpec.from_hf_config({**TINY_PHI3, key: "bfloat16"})
+    job = calc.Training(micro_batch=1, seq_len=32, optimizer="sgd")
+    fp32 = calc.estimate(spec, replace(job, precision="fp32"), device="cpu")
+    bf16 = calc.estimate(spec, replace(job, precision="bf16"), device="cpu")
+    assert fp32.breakdown["weights"] == 592384
+    assert bf16.breakdown["weights"] == 297472
