@@ -3,18 +3,17 @@ evaluated at the micro-batch's size; `calc.estimate.ranks` takes the most-loaded
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
-from collections.abc import Callable
-
 from calc.estimate.core import Compiled, ReplayOptions, StructureKey, compiled_for, evaluate
 from calc.estimate.result import Estimate
 from calc.parallel.data import ReplayPlan
 from calc.parallel.layout import RankClass, global_rank
 from calc.parallel.tensor import rank_model
 from calc.step.pipeline import in_flight, microbatch_job, stage_plans
-
 
 Extras = Callable[[Compiled, StructureKey, ModelSpec, Training], tuple[tuple, tuple[str, ...]]]
 """``(compiled stage, key, stage model, micro-batch job) -> (extras, notes)``: the constant

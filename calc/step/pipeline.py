@@ -281,20 +281,12 @@ def replay_stage(
                 if plan.schedule == "gpipe" and not plan.last:  # fwd_sends_to_wait holds it
                     sent.append(tape.alias(out))
                 if plan.last:
-                    chunks.append(tape.alias(out))
-                    tape.segment = "head"
-                    flat = ops.view(tape, out)
-                    losses[i] = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, out.itemsize)
-                    tape.drop(flat)
+                    losses[i] = _loss(tape, sh, out, chunks)
                 continue
             out = cache.pop(i)
-            if plan.last:
-                tape.segment = "head"
-                tape.backward(losses[i])
-            else:
-                tape.segment = "pipeline"
-                tape.backward(out, seed=recv_grad[i])
-            tape.drop(out)
+            _backward(
+                tape, out, losses[i] if plan.last else None, recv_grad[i] if recv_grad else None
+            )
             if recv_act:  # the input's gradient: read from .grad, set to None, sent
                 sent.append(tape.grads.pop(id(recv_act[i].storage)))
                 if plan.schedule == "1f1b" and len(sent) > 1:
@@ -304,6 +296,29 @@ def replay_stage(
                 warm = []
         _end_step(tape, plan, step, sent, [*losses.values()], chunks, tail)
     return tape.events
+
+
+def _loss(tape: Tape, sh: reference.Shape, logits: Tensor, chunks: list[Tensor]) -> Tensor:
+    """The last stage's loss of one micro-batch (``output_chunks`` keeps its logits)."""
+    chunks.append(tape.alias(logits))
+    tape.segment = "head"
+    flat = ops.view(tape, logits)
+    loss = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, logits.itemsize)
+    tape.drop(flat)
+    return loss
+
+
+def _backward(tape: Tape, out: Tensor, loss: Tensor | None, seed: Tensor | None) -> None:
+    """One micro-batch's backward: from its loss (last stage) or from its stage output seeded
+    with the received gradient; the output is dropped after."""
+    if loss is not None:
+        tape.segment = "head"
+        tape.backward(loss)
+    else:
+        assert seed is not None, "a stage before the last is seeded by the next stage"
+        tape.segment = "pipeline"
+        tape.backward(out, seed=seed)
+    tape.drop(out)
 
 
 def _record_order(tape: Tape, params: list[Tensor], order: list | None) -> None:
@@ -454,22 +469,12 @@ def _replay_interleaved(
                 out = _stage_forward(tape, sh, w, chunk, cos, sin, recv_act.get((k, i)), layers)
                 cache[k, i] = out
                 if last:
-                    chunks.append(tape.alias(out))
-                    tape.segment = "head"
-                    flat = ops.view(tape, out)
-                    losses[k, i] = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, out.itemsize)
-                    tape.drop(flat)
+                    losses[k, i] = _loss(tape, sh, out, chunks)
                 else:
                     sent.append(tape.alias(out))
                 continue
             out = cache.pop((k, i))
-            if last:
-                tape.segment = "head"
-                tape.backward(losses[k, i])
-            else:
-                tape.segment = "pipeline"
-                tape.backward(out, seed=recv_grad[k, i])
-            tape.drop(out)
+            _backward(tape, out, losses.get((k, i)) if last else None, recv_grad.get((k, i)))
             if (k, i) in recv_act:  # the input's gradient: read from .grad, set to None, sent
                 sent.append(tape.grads.pop(id(recv_act[k, i].storage)))
         _end_step(tape, plan, step, sent, [*losses.values()], chunks, tail)

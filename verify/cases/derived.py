@@ -179,8 +179,11 @@ def derived_cases() -> list[Case]:
     # both sides (transformers' from_config alone would build bf16 weights for an fp32 job)
     for precision in ("fp32", "amp-bf16"):
         out.append(
-            _case("gemma3_text", f"{precision}-config-says-bfloat16",
-                  Training(micro_batch=2, seq_len=32, precision=precision, **sdpa),
-                  torch_dtype="bfloat16")  # fmt: skip
+            _case(
+                "gemma3_text",
+                f"{precision}-config-says-bfloat16",
+                Training(micro_batch=2, seq_len=32, precision=precision, **sdpa),
+                torch_dtype="bfloat16",
+            )
         )
     return out

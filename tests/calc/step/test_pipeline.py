@@ -254,8 +254,12 @@ def test_recomputation_inside_stages_lowers_the_forward_peak(recompute: str) -> 
     par = Parallelism(pp=2, pp_schedule="gpipe", pp_microbatches=4)
     job = _job(micro_batch=4, seq_len=64, optimizer="sgd", attention="eager")
     plain = stage_results(_llama(), job, par, "cpu")[0][1].phases["step2/forward"]
-    again = stage_results(_llama(), _job(micro_batch=4, seq_len=64, optimizer="sgd",
-                                         attention="eager", recompute=recompute), par, "cpu")
+    again = stage_results(
+        _llama(),
+        _job(micro_batch=4, seq_len=64, optimizer="sgd", attention="eager", recompute=recompute),
+        par,
+        "cpu",
+    )
     assert again[0][1].phases["step2/forward"] < plain
 
 
