@@ -72,13 +72,9 @@ class RankReplay:
         notes = list(self.rank_class.notes)
         if self.ddp:
             assert grads is not None, "DDP buckets need the gradient order"
-            first, later, n_buckets = ddp_buckets(grads, self.parallel)
-            extras.append(("ddp/gradient_buckets", first, later))
-            view = self.parallel.gradient_as_bucket_view
-            notes.append(
-                f"DDP gradient buckets: 1 bucket in step 1, {n_buckets} after the rebuild "
-                f"({'gradients are bucket views' if view else 'plus .grad'})"
-            )
+            extra, note = _bucket_extra(grads, self.parallel)
+            extras.append(extra)
+            notes.append(note)
         extras.extend(self.extras)
         notes.extend(self.notes[len(self.rank_class.notes) :])
         return tuple(extras), tuple(notes)
@@ -126,9 +122,19 @@ def _stage_ddp(
     per dtype in step 1; ``PipelineStage`` calls ``prepare_for_backward`` on the last
     micro-batch's backward only, so the ready order is recorded there and the buckets are
     rebuilt by step 2's first forward (``_pre_forward``: ``reducer._rebuild_buckets()``)."""
-    first, later, n_buckets = ddp_buckets(_ddp_grads(comp, key, model, job), parallel)
-    note = f"DDP gradient buckets of the stage: 1 bucket in step 1, {n_buckets} after the rebuild"
-    return (("ddp/gradient_buckets", first, later),), (note,)
+    extra, note = _bucket_extra(_ddp_grads(comp, key, model, job), parallel)
+    return (extra,), (note,)
+
+
+def _bucket_extra(grads: Sequence[tuple[int, int]], parallel: Parallelism) -> tuple[Extra, str]:
+    """DDP's gradient buckets as an extra of the breakdown, and its note (`ddp_buckets`)."""
+    first, later, n_buckets = ddp_buckets(grads, parallel)
+    view = parallel.gradient_as_bucket_view
+    note = (
+        f"DDP gradient buckets: 1 bucket in step 1, {n_buckets} after the rebuild "
+        f"({'gradients are bucket views' if view else 'plus .grad'})"
+    )
+    return ("ddp/gradient_buckets", first, later), note
 
 
 def _rank_job(job: Training, parallel: Parallelism) -> Training:

@@ -27,8 +27,9 @@ from calc.config.parallelism import layers_per_stage
 from verify.cases.case import DistCase
 from verify.dist.engine import Built, RankContext, built_from, case_model, device_mesh
 from verify.dist.tp_plans import parallelize_blocks
-from verify.models.build import build_optimizer
+from verify.models.build import WEIGHT_DTYPE, build_optimizer
 from verify.models.reference import ReferenceLM
+from verify.run.step import AUTOCAST_DTYPE
 
 
 class StageModule(nn.Module):
@@ -85,11 +86,11 @@ def _static_meta(case: DistCase, spec: ModelSpec, stage: int, last: int) -> dict
     backwards follow each other). Given shapes, the stage skips that inference."""
     job = case.job
     rows = job.micro_batch // case.parallel.pp_microbatches
-    act = torch.float32 if job.precision in ("fp32", "amp-bf16", "amp-fp16") else torch.bfloat16
+    act = WEIGHT_DTYPE[job.precision]  # the residual stream stays in the weights' dtype
     meta = torch.device("meta")
     hidden = torch.empty(rows, job.seq_len, spec.hidden, dtype=act, device=meta)
     ids = torch.empty(rows, job.seq_len, dtype=torch.int64, device=meta)
-    logits_dtype = torch.bfloat16 if job.precision != "fp32" else torch.float32
+    logits_dtype = _autocast_dtype(case) or act
     logits = torch.empty(rows, job.seq_len, spec.vocab, dtype=logits_dtype, device=meta)
     out: dict[str, Any] = {
         "input_args": (ids if stage == 0 else hidden,),
@@ -104,7 +105,7 @@ def _static_meta(case: DistCase, spec: ModelSpec, stage: int, last: int) -> dict
 
 def _autocast_dtype(case: DistCase) -> torch.dtype | None:
     """The dtype the job's stages autocast to (``amp-bf16``), else None."""
-    return {"amp-bf16": torch.bfloat16, "amp-fp16": torch.float16}.get(case.job.precision)
+    return AUTOCAST_DTYPE.get(case.job.precision)
 
 
 def _no_loss(ids: torch.Tensor, targets: torch.Tensor) -> None:
