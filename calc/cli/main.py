@@ -201,6 +201,11 @@ def build_parser() -> argparse.ArgumentParser:
     par.add_argument("--pp-schedule", help=f"{_choices(PIPELINE_SCHEDULES)} (default 1f1b)")
     par.add_argument("--offload", help=f"{_choices(OFFLOADS)} (default none)")
     par.add_argument(
+        "--fsdp-version",
+        type=int,
+        help="with --fsdp: 2 (fully_shard, default) or 1 (FullyShardedDataParallel)",
+    )
+    par.add_argument(
         "--fsdp-param-dtype",
         help="FSDP2 MixedPrecisionPolicy param_dtype: none, bf16 (default none)",
     )
@@ -210,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for flag, hlp in (
         ("--sp", "sequence parallelism with --tp"),
-        ("--fsdp", "PyTorch FSDP2 fully_shard per layer (ZeRO-3 sharding)"),
+        ("--fsdp", "PyTorch FSDP per layer and root (ZeRO-3 sharding; --fsdp-version)"),
+        ("--fsdp-use-orig-params", "FSDP1 use_orig_params=True (LoRA under FSDP1)"),
         ("--gradient-as-bucket-view", "DDP gradient_as_bucket_view=True"),
         ("--vocab-parallel", "with --tp: vocabulary-parallel embedding and loss"),
         ("--no-reshard-after-forward", "FSDP2 reshard_after_forward=False"),
@@ -296,7 +302,7 @@ def _sampling(args: argparse.Namespace) -> Sampling | None:
 PARALLEL_FIELDS: tuple[str, ...] = (
     "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
     "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
-    "fsdp_param_dtype", "fsdp_reduce_dtype",
+    "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_version", "fsdp_use_orig_params",
 )  # fmt: skip
 
 

@@ -34,6 +34,7 @@ PIPELINE_SCHEDULES: tuple[str, ...] = get_args(PipelineSchedule)
 OFFLOADS: tuple[str, ...] = get_args(Offload)
 ZERO_PARTITIONS: tuple[str, ...] = get_args(ZeroPartition)
 FSDP_PARAM_DTYPES: tuple[str, ...] = ("none", "bf16")
+FSDP_VERSIONS: tuple[int, ...] = (1, 2)
 FSDP_REDUCE_DTYPES: tuple[str, ...] = get_args(FsdpDtype)
 ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
@@ -97,7 +98,18 @@ class Parallelism:
     """FSDP2 ``MixedPrecisionPolicy(cast_forward_inputs=...)``: each sharded module casts its
     floating-point inputs to ``param_dtype``. Same bytes either way here (the reference
     model's fp32 RoPE tables are cast per layer at its entry, or by ``.to(q.dtype)`` inside
-    the attention; measured both ways)."""
+    the attention; measured both ways). Passed as is to FSDP1's ``MixedPrecision`` too (whose
+    own default is False)."""
+    fsdp_version: int = 2
+    """Which PyTorch FSDP shards the model with ``fsdp=True``: 2, ``fully_shard`` (per-parameter
+    DTensor shards); 1, ``FullyShardedDataParallel`` with ``ModuleWrapPolicy`` on the decoder
+    layers (one flat parameter per layer and one for the rest; ``reshard_after_forward``
+    chooses ``FULL_SHARD`` or ``SHARD_GRAD_OP``; the ``fsdp_*_dtype`` fields its
+    ``MixedPrecision``). FSDP1 is recorded from torch's own code (derived replay)."""
+    fsdp_use_orig_params: bool = False
+    """FSDP1 ``use_orig_params``: the original parameters stay visible as views of the flat
+    parameter (needed for LoRA, whose frozen and trained parameters share a flat parameter;
+    the flat gradient then covers the frozen ones too)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp"):
@@ -109,6 +121,7 @@ class Parallelism:
             "fsdp_cast_forward_inputs",
             "gradient_as_bucket_view",
             "vocab_parallel",
+            "fsdp_use_orig_params",
         ):
             check_bool(name, getattr(self, name))
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
@@ -125,6 +138,22 @@ class Parallelism:
             )
         if self.ddp_bucket_mib is not None:
             check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
+        self._check_fsdp()
+        if self.sp and self.tp == 1:
+            raise ValueError("sp=True needs tp > 1 (sequence parallelism splits over tp ranks)")
+        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise ValueError(
+                f"pp_virtual_stages={self.pp_virtual_stages} needs "
+                "pp_schedule='interleaved-1f1b' (other schedules run one chunk per rank)"
+            )
+        if self.offload == "optimizer+params" and self.shard_level < 3:
+            raise ValueError(
+                "offload='optimizer+params' needs zero=3 or fsdp=True "
+                "(parameters are offloaded as shards, ZeRO-Infinity style)"
+            )
+
+    def _check_fsdp(self) -> None:
+        """The FSDP fields: dtypes, version and options only where they apply."""
         check_choice("fsdp_param_dtype", self.fsdp_param_dtype, FSDP_PARAM_DTYPES)
         check_choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, FSDP_REDUCE_DTYPES)
         if (self.fsdp_param_dtype != "none" or self.fsdp_reduce_dtype != "none") and not (
@@ -144,17 +173,14 @@ class Parallelism:
                 f"zero={self.zero} with fsdp=True: FSDP2 fully_shard shards parameters, "
                 "gradients and optimizer states (ZeRO-3); allowed zero: 0 or 3"
             )
-        if self.sp and self.tp == 1:
-            raise ValueError("sp=True needs tp > 1 (sequence parallelism splits over tp ranks)")
-        if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":
+        if isinstance(self.fsdp_version, bool) or self.fsdp_version not in FSDP_VERSIONS:
+            raise ValueError(f"fsdp_version={self.fsdp_version!r} is not one of 1, 2")
+        if self.fsdp_version == 1 and not self.fsdp:
+            raise ValueError("fsdp_version=1 chooses FullyShardedDataParallel: it needs fsdp=True")
+        if self.fsdp_use_orig_params and self.fsdp_version != 1:
             raise ValueError(
-                f"pp_virtual_stages={self.pp_virtual_stages} needs "
-                "pp_schedule='interleaved-1f1b' (other schedules run one chunk per rank)"
-            )
-        if self.offload == "optimizer+params" and self.shard_level < 3:
-            raise ValueError(
-                "offload='optimizer+params' needs zero=3 or fsdp=True "
-                "(parameters are offloaded as shards, ZeRO-Infinity style)"
+                "fsdp_use_orig_params=True is an option of FSDP1's FullyShardedDataParallel: it "
+                "needs fsdp=True and fsdp_version=1"
             )
 
     # ------------------------------------------------------------------ derived

@@ -411,14 +411,21 @@ def mode_type() -> type:
 
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
-    """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`."""
+    """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`; the
+    warnings FSDP1 gives on fake tensors (its resharded check reads ``data_ptr``) and on a
+    flat parameter of frozen and trained parameters (LoRA: the estimate counts that
+    gradient) silenced."""
     import logging
+    import warnings
 
     log = logging.getLogger("torch._subclasses.fake_tensor")
     level = log.level
     log.setLevel(logging.CRITICAL)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
+            warnings.filterwarnings("ignore", message=".*has both parameters with requires_grad")
+            yield
     finally:
         log.setLevel(level)
 

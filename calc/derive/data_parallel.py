@@ -38,7 +38,8 @@ def plain_ddp(plan: ReplayPlan) -> bool:
     is the single-process one (`calc.parallel.data.install` installs no hook for it)."""
     return plan == ReplayPlan(shard_world=plan.shard_world,
                               reshard_after_forward=plan.reshard_after_forward,
-                              cast_forward_inputs=plan.cast_forward_inputs)  # fmt: skip
+                              cast_forward_inputs=plan.cast_forward_inputs,
+                              use_orig_params=plan.use_orig_params)  # fmt: skip
 
 
 def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
@@ -75,6 +76,8 @@ def fsdp_shard(model: ModelSpec, job: Training, plan: ReplayPlan) -> Shard | Non
         param_itemsize=plan.param_itemsize,
         reduce_itemsize=plan.reduce_itemsize,
         cast_forward_inputs=plan.cast_forward_inputs,
+        version=plan.fsdp_version,
+        use_orig_params=plan.use_orig_params,
     )
 
 

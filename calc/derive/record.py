@@ -434,7 +434,7 @@ def session(
             with recorder(book) as mode:
                 if shard is not None:
                     model, layers = _built(config, job, backend)
-                    sharding.wrap(model, layers, shard, mesh)
+                    model = sharding.wrap(model, layers, shard, mesh)
                 for name, t in held:
                     st = storage_of(t)
                     if st is not None:

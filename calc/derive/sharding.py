@@ -51,10 +51,17 @@ class Shard:
     reduce_itemsize: int = 0
     """``MixedPrecisionPolicy(reduce_dtype=...)`` bytes per element, 0: the gradients'."""
     cast_forward_inputs: bool = True
+    version: int = 2
+    """2: FSDP2 ``fully_shard``; 1: FSDP1 ``FullyShardedDataParallel`` (flat parameters)."""
+    use_orig_params: bool = False
+    """FSDP1 ``use_orig_params`` (LoRA needs it: frozen and trained parameters in one flat
+    parameter)."""
 
     def __post_init__(self) -> None:
         if self.world < 2:
-            raise ValueError(f"Shard.world={self.world}: FSDP2 shards over 2 or more ranks")
+            raise ValueError(f"Shard.world={self.world}: FSDP shards over 2 or more ranks")
+        if self.version not in (1, 2):
+            raise ValueError(f"Shard.version={self.version}: allowed 1 (FSDP1), 2 (FSDP2)")
         for name in ("param_itemsize", "reduce_itemsize"):
             value = getattr(self, name)
             if value != 0 and value not in MP_DTYPES:
@@ -89,11 +96,16 @@ def fake_world(shard: Shard | None) -> Iterator[Any]:
             sys.excepthook = hook
 
 
-def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> None:
-    """``fully_shard`` every decoder layer, then the root, with ``shard``'s options (verify's
-    ``fsdp2`` engine, ``verify/dist/engines.py``)."""
+def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> Any:
+    """The module to train: ``model`` itself after ``fully_shard`` on every decoder layer, then
+    on the root (FSDP2, in place), or FSDP1's ``FullyShardedDataParallel`` wrapper around it
+    (`wrap_fsdp1`); with ``shard``'s options (verify's ``fsdp2`` and ``fsdp1`` engines,
+    ``verify/dist/engines.py``)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    if shard.version == 1:
+        return wrap_fsdp1(model, type(layers[0]), shard)
 
     kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": shard.reshard_after_forward}
     if shard.param_itemsize:
@@ -106,3 +118,52 @@ def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> None:
     for layer in layers:
         fully_shard(layer, **kw)
     fully_shard(model, **kw)
+    return model
+
+
+def wrap_fsdp1(model: Any, layer_class: type, shard: Shard) -> Any:
+    """FSDP1: ``FullyShardedDataParallel(model, auto_wrap_policy=ModuleWrapPolicy({layer
+    class}))`` (each decoder layer one flat parameter, the rest the root's), on the CPU
+    (``device_id``: FSDP1 asks for an accelerator otherwise, ``_init_utils.py``
+    ``_init_device_handle``), ``FULL_SHARD`` (``SHARD_GRAD_OP`` without
+    ``reshard_after_forward``), ``MixedPrecision(param_dtype, reduce_dtype,
+    cast_forward_inputs)`` and ``use_orig_params`` from ``shard``; every other argument
+    FSDP1's default (``BACKWARD_PRE`` prefetch, ``limit_all_gathers``). The same call as
+    verify's ``fsdp1`` engine."""
+    import torch
+    from torch.distributed.fsdp import (
+        FullyShardedDataParallel,
+        MixedPrecision,
+        ShardingStrategy,
+        _flat_param,
+    )
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    # use_orig_params aligns every parameter by its dtype's size, which FSDP1 learns once per
+    # process from a scalar ``torch.empty`` (``_get_dtype_size``, an lru_cache): every
+    # recording starts as a fresh process does, so every point records the same stream
+    cache_clear = getattr(getattr(_flat_param, "_get_dtype_size", None), "cache_clear", None)
+    if cache_clear is not None:
+        cache_clear()
+
+    strategy = (
+        ShardingStrategy.FULL_SHARD
+        if shard.reshard_after_forward
+        else ShardingStrategy.SHARD_GRAD_OP
+    )
+    mixed = None
+    if shard.param_itemsize:
+        reduce = MP_DTYPES.get(shard.reduce_itemsize)
+        mixed = MixedPrecision(
+            param_dtype=getattr(torch, MP_DTYPES[shard.param_itemsize]),
+            reduce_dtype=getattr(torch, reduce) if reduce else None,
+            cast_forward_inputs=shard.cast_forward_inputs,
+        )
+    return FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({layer_class}),
+        sharding_strategy=strategy,
+        mixed_precision=mixed,
+        device_id=torch.device("cpu"),
+        use_orig_params=shard.use_orig_params,
+    )

@@ -4,7 +4,6 @@ replay of one GPU (`calc.estimate.core`) or of the most-loaded rank of a paralle
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 from functools import partial
 
@@ -22,6 +21,7 @@ from calc.estimate.core import (
     compiled_for,
     evaluate,
 )
+from calc.estimate.fallback import derived_fallback
 from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
@@ -150,13 +150,13 @@ def _compiled_or_derived(
     """``(compiled, key, job, notes)`` of a one-GPU job. Where the hand-written Hugging Face
     graph refuses a job (eager attention under autocast, dropout, sampling, ...), the
     replay derived from transformers' own code (`calc.derive`) answers instead, when it
-    records what this device runs (`_derived_fallback`); its note names what the hand graph
+    records what this device runs (`calc.estimate.fallback`); its note names what the hand graph
     lacks. Otherwise the hand graph's ``NotImplementedError`` stands."""
     try:
         comp, key = compiled_for(model, job, device)
         return comp, key, job, ()
     except NotImplementedError as hand:
-        derived = _derived_fallback(model, job, device)
+        derived = derived_fallback(model, job, device)
         if derived is None:
             raise
         try:
@@ -166,29 +166,3 @@ def _compiled_or_derived(
         lacks = str(hand)
     note = f"derived from transformers' code: the hand-written graph does not model this ({lacks})"
     return comp, key, derived, (note,)
-
-
-def _derived_fallback(
-    model: ModelSpec, job: Training | Inference, device: str
-) -> Training | Inference | None:
-    """``job`` with ``implementation="derived"`` where that replay stands in for the hf one:
-    a hand-modelled type, torch and transformers installed (the recording needs them), and
-    the recorded CPU kernels the ones the device runs: always on the CPU tracker; on CUDA only
-    without attention dropout (CUDA keeps its fused SDPA kernels with dropout, the CPU takes the
-    math kernel: `calc.models.attention`) and not for fp32 grouped-query inference (math on
-    CUDA: `calc.derive.replay.check_cuda`)."""
-    if job.implementation != "hf" or model.derived:
-        return None
-    if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers")):
-        return None
-    if device != "cpu" and isinstance(job, Training):
-        attn_dropout = job.dropout if job.dropout is not None else model.attention_dropout
-        if attn_dropout > 0:
-            return None
-    derived = replace(job, implementation="derived")
-    if device != "cpu":
-        try:
-            check_cuda(model, derived)
-        except (NotImplementedError, ValueError):
-            return None  # CUDA runs another kernel: the hand graph's refusal stands
-    return derived

@@ -379,6 +379,12 @@ def compiled_for(
     model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
 ) -> tuple[Compiled, StructureKey]:
     """The compiled replay of this structure (cached) and its key."""
+    plan = opts.dp
+    if plan is not None and plan.fsdp and plan.fsdp_version == 1 and not is_derived(model, job):
+        raise NotImplementedError(
+            "fsdp_version=1: FullyShardedDataParallel's flat parameters are recorded from torch's "
+            "code (implementation='derived'), not written into the hand graphs"
+        )
     key = _structure_key(model, job, opts)
     _EXEMPLAR.setdefault(key, (model, job, opts))
     branch = model.n_layers if opts.exact_layers else _branch(model.n_layers)

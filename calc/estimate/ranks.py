@@ -28,8 +28,10 @@ from calc.estimate.core import (
     StructureKey,
     compiled_for,
     evaluate,
+    is_derived,
     values_for,
 )
+from calc.estimate.fallback import derived_fallback
 from calc.estimate.result import Estimate
 from calc.estimate.stages import stage_results
 from calc.parallel import data as dpm
@@ -186,7 +188,23 @@ def _rank_replay(
             f"context parallel (analytic, not verified): {job.seq_len} tokens per rank, "
             f"ring attention K/V chunks in flight {kv} B"
         )
-    if plan.fsdp and device == "cpu" and parallel.world_size == parallel.dp:
+    if plan.fsdp and plan.fsdp_version == 1 and not is_derived(model, job):
+        derived = derived_fallback(model, job, device)
+        if not isinstance(derived, Training):
+            raise NotImplementedError(
+                "fsdp_version=1 (FullyShardedDataParallel) is recorded from torch's own code on "
+                "transformers' model (the derived replay): it needs implementation='hf' or "
+                "'derived' and torch and transformers installed"
+                + ("" if device == "cpu" else ", and the recorded CPU kernels those CUDA runs")
+            )
+        job = derived
+        notes.append("FSDP1: recorded from torch's FullyShardedDataParallel on transformers' model")
+    if (
+        plan.fsdp
+        and plan.fsdp_version == 2
+        and device == "cpu"
+        and parallel.world_size == parallel.dp
+    ):
         # One DeviceMesh per fully_shard call holds its ranks as a CPU int64 tensor
         # (``init_device_mesh``: ``torch.arange(world_size)``); on a GPU run it stays in host
         # memory, under the CPU tracker it counts (measured: one 512 B block per group). With

@@ -66,6 +66,11 @@ class ReplayPlan:
     cast_forward_inputs: bool = True
     """FSDP2 ``MixedPrecisionPolicy(cast_forward_inputs=...)`` (the hand-written replays cast
     where the attention does, the same bytes; a derived rank records the policy itself)."""
+    fsdp_version: int = 2
+    """With ``fsdp``: 2 (``fully_shard``) or 1 (``FullyShardedDataParallel``, recorded only:
+    `calc.derive.sharding`)."""
+    use_orig_params: bool = False
+    """FSDP1 ``use_orig_params``."""
 
 
 def bucket_limits(parallel: Parallelism) -> tuple[int, int]:

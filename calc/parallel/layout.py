@@ -126,6 +126,8 @@ def rank_classes(
         param_itemsize=MP_ITEMSIZE[parallel.fsdp_param_dtype],
         reduce_itemsize=MP_ITEMSIZE[parallel.fsdp_reduce_dtype],
         cast_forward_inputs=parallel.fsdp_cast_forward_inputs,
+        fsdp_version=parallel.fsdp_version if fsdp else 2,
+        use_orig_params=parallel.fsdp_use_orig_params,
     )
     if plan.shard_states:
         notes.append(
@@ -140,18 +142,8 @@ def rank_classes(
             "gradients leave the GPU after the backward"
             + ("; parameter shards on the CPU, gathered per layer" if fsdp else "")
         )
-    if fsdp and parallel.fsdp_param_dtype != "none":
-        reduce = parallel.fsdp_reduce_dtype if parallel.fsdp_reduce_dtype != "none" else "bf16"
-        notes.append(
-            f"FSDP2 MixedPrecisionPolicy(param_dtype={parallel.fsdp_param_dtype}, "
-            f"reduce_dtype={reduce}): fp32 shards, gradients and optimizer states"
-        )
     if fsdp:
-        notes.append(
-            f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="
-            f"{parallel.reshard_after_forward}; ranks holding smaller (unpadded) shards may "
-            "peak lower"
-        )
+        notes.extend(_fsdp_notes(parallel))
     every = tuple(range(parallel.world_size))
     if "dp-owned" not in s:
         return [RankClass(every, "every rank", local, plan, ddp, tuple(notes))]
@@ -196,3 +188,30 @@ def param_numels(model: ModelSpec) -> list[int]:
             continue
         out.append(int(t.numel))
     return out
+
+
+def _fsdp_notes(parallel: Parallelism) -> list[str]:
+    """The notes of an FSDP rank: the mixed-precision policy and the wrapping."""
+    notes: list[str] = []
+    v1 = parallel.fsdp_version == 1
+    if parallel.fsdp_param_dtype != "none":
+        reduce = parallel.fsdp_reduce_dtype if parallel.fsdp_reduce_dtype != "none" else "bf16"
+        policy = "FSDP1 MixedPrecision" if v1 else "FSDP2 MixedPrecisionPolicy"
+        notes.append(
+            f"{policy}(param_dtype={parallel.fsdp_param_dtype}, "
+            f"reduce_dtype={reduce}): fp32 shards, gradients and optimizer states"
+        )
+    if v1:
+        strategy = "FULL_SHARD" if parallel.reshard_after_forward else "SHARD_GRAD_OP"
+        notes.append(
+            f"FSDP1 FullyShardedDataParallel over {parallel.dp} ranks: one flat parameter per "
+            f"decoder layer and one for the rest, {strategy}, use_orig_params="
+            f"{parallel.fsdp_use_orig_params}"
+        )
+    else:
+        notes.append(
+            f"FSDP2 per layer and root over {parallel.dp} ranks, reshard_after_forward="
+            f"{parallel.reshard_after_forward}; ranks holding smaller (unpadded) shards may "
+            "peak lower"
+        )
+    return notes

@@ -172,12 +172,12 @@ def derived_dist_cases() -> list[DistCase]:
             card=model_type,
             job=Training(**fields),
             parallel=parallel,
-            engine="fsdp2" if fsdp else "ddp",
+            engine=("fsdp1" if parallel.fsdp_version == 1 else "fsdp2") if fsdp else "ddp",
             tolerance_pct=tolerance or (GLOO_ASYNC_PCT if fsdp else TOLERANCE_PCT["hf"]),
             tags=("derived",),
             note=(
-                "FSDP2 on a derived architecture: the rank recorded wrapped by fully_shard "
-                "over a fake process group. " + GLOO_ASYNC_NOTE
+                f"FSDP{parallel.fsdp_version} on a derived architecture: the rank recorded "
+                "wrapped by torch's own FSDP over a fake process group. " + GLOO_ASYNC_NOTE
                 if fsdp
                 else "DDP on a derived architecture: the recorded step plus DDP's buckets"
             ),
@@ -255,5 +255,31 @@ def derived_dist_cases() -> list[DistCase]:
             Parallelism(dp=2, fsdp=True),
             512,
             lora=LoRA(rank=8, modules=("q", "k", "v", "o")),
+        ),
+        # FSDP1 (FullyShardedDataParallel, flat parameters): the same recording with torch's
+        # FSDP1 wrapper (calc.derive.sharding.wrap_fsdp1)
+        dist("fsdp1-2", "phi3", Parallelism(dp=2, fsdp=True, fsdp_version=1), VOCAB),
+        dist(
+            "fsdp1-mp-2",
+            "olmo2",
+            Parallelism(dp=2, fsdp=True, fsdp_version=1, **MP),
+            VOCAB,
+        ),
+        dist(
+            "fsdp1-shard-grad-op-bf16-2",
+            "mixtral",
+            Parallelism(dp=2, fsdp=True, fsdp_version=1, reshard_after_forward=False),
+            512,
+            precision="bf16",
+        ),
+        # LoRA: frozen and trained parameters share each flat parameter (use_orig_params); the
+        # flat gradient covers the frozen base too
+        dist(
+            "fsdp1-lora-2",
+            "gemma2",
+            Parallelism(dp=2, fsdp=True, fsdp_version=1, fsdp_use_orig_params=True),
+            512,
+            attention="eager",
+            lora=LoRA(rank=8),
         ),
     ]

@@ -148,6 +148,16 @@ CASES: tuple[DistCase, ...] = (
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
           tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
           "reduce_dtype=bf16): the bf16 gradient shards cast to fp32. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp1-hf-2", "fsdp1", Parallelism(dp=2, fsdp=True, fsdp_version=1),
+          implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
+          note="FSDP1 FullyShardedDataParallel (flat parameters) around Hugging Face "
+          "LlamaForCausalLM: calc answers with the derived replay. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp1-mp-hf-hold-2", "fsdp1",
+          Parallelism(dp=2, fsdp=True, fsdp_version=1, fsdp_param_dtype="bf16",
+                      fsdp_reduce_dtype="fp32"),
+          implementation="hf", loop="hold-output", tolerance_pct=GLOO_ASYNC_PCT,
+          note="FSDP1 MixedPrecision(bf16, fp32 reduce), the output held through backward. "
+          + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mp-nocast-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32",
                       fsdp_cast_forward_inputs=False),

@@ -7,7 +7,10 @@
   sharded over ranks: ZeRO stage 1);
 * ``fsdp2``: ``fully_shard`` on every layer, then on the root (ZeRO-3 sharding), with
   ``reshard_after_forward`` and the ``MixedPrecisionPolicy`` (``fsdp_param_dtype``,
-  ``fsdp_reduce_dtype``) from the case.
+  ``fsdp_reduce_dtype``) from the case;
+* ``fsdp1``: ``FullyShardedDataParallel`` with a ``ModuleWrapPolicy`` of the decoder layer
+  class (flat parameters), ``FULL_SHARD`` or ``SHARD_GRAD_OP``, ``MixedPrecision`` and
+  ``use_orig_params`` from the case.
 
 Each builder runs inside the rank's tracker, so what the wrapper allocates at construction
 counts (DDP's buckets are allocated in C++ then).
@@ -133,3 +136,35 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     # torchtune's recipe loss calls the model itself, which fully_shard wrapped in place
     call = loss_fn if case.impl == "torchtune" else _call(model, case, model)
     return built_from(model, call, bundle)
+
+
+def fsdp1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """FSDP1 around the Hugging Face model: every decoder layer its own flat parameter
+    (``ModuleWrapPolicy``), the rest the root's; the optimizer over the wrapper's parameters
+    (flat parameters, or the original ones with ``use_orig_params``)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    if case.impl != "hf":
+        raise ValueError(f"{case.name}: the fsdp1 engine wraps Hugging Face models")
+    par = case.parallel
+    model, _ = case_model(case, spec, ctx)
+    mixed = None
+    if par.fsdp_param_dtype != "none":
+        mixed = MixedPrecision(
+            param_dtype=_MP_DTYPES[par.fsdp_param_dtype],
+            reduce_dtype=_MP_DTYPES.get(par.fsdp_reduce_dtype),
+            cast_forward_inputs=par.fsdp_cast_forward_inputs,
+        )
+    wrapped = FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({type(model.model.layers[0])}),
+        sharding_strategy=ShardingStrategy.FULL_SHARD
+        if par.reshard_after_forward
+        else ShardingStrategy.SHARD_GRAD_OP,
+        mixed_precision=mixed,
+        device_id=torch.device(ctx.device),
+        use_orig_params=par.fsdp_use_orig_params,
+    )
+    bundle = build_optimizer(wrapped, case.job, device=ctx.device)
+    return built_from(wrapped, _call(wrapped, case, wrapped), bundle)

@@ -487,7 +487,7 @@ def test_help_names_the_subcommands(capsys) -> None:
 def test_not_modelled_says_what_works_instead(argv, instead, capsys, monkeypatch) -> None:
     # the hand-written graphs' refusals, as a user without torch sees them (with torch, the
     # derived replay answers most of them: the next test)
-    monkeypatch.setattr(estimate_api, "_derived_fallback", lambda *args: None)
+    monkeypatch.setattr(estimate_api, "derived_fallback", lambda *args: None)
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.startswith("not supported yet:")
     assert instead in err
