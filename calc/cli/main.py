@@ -206,6 +206,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --fsdp: 2 (fully_shard, default) or 1 (FullyShardedDataParallel)",
     )
     par.add_argument(
+        "--fsdp-output-dtype",
+        help="FSDP2 MixedPrecisionPolicy output_dtype: none, fp32, bf16 (default none)",
+    )
+    par.add_argument(
         "--fsdp-param-dtype",
         help="FSDP2 MixedPrecisionPolicy param_dtype: none, bf16 (default none)",
     )
@@ -303,6 +307,7 @@ PARALLEL_FIELDS: tuple[str, ...] = (
     "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
     "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
     "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_version", "fsdp_use_orig_params",
+    "fsdp_output_dtype",
 )  # fmt: skip
 
 

@@ -100,6 +100,11 @@ class Parallelism:
     model's fp32 RoPE tables are cast per layer at its entry, or by ``.to(q.dtype)`` inside
     the attention; measured both ways). Passed as is to FSDP1's ``MixedPrecision`` too (whose
     own default is False)."""
+    fsdp_output_dtype: FsdpDtype = "none"
+    """FSDP2 ``MixedPrecisionPolicy(output_dtype=...)`` of the root ``fully_shard``: the model's
+    floating-point outputs (logits, loss) cast to ``bf16`` or ``fp32`` (on every layer it would
+    hand fp32 hidden states to the bf16 head); ``none``: no cast. Recorded from torch's own
+    ``fully_shard`` (derived replay)."""
     fsdp_version: int = 2
     """Which PyTorch FSDP shards the model with ``fsdp=True``: 2, ``fully_shard`` (per-parameter
     DTensor shards); 1, ``FullyShardedDataParallel`` with ``ModuleWrapPolicy`` on the decoder
@@ -156,6 +161,12 @@ class Parallelism:
         """The FSDP fields: dtypes, version and options only where they apply."""
         check_choice("fsdp_param_dtype", self.fsdp_param_dtype, FSDP_PARAM_DTYPES)
         check_choice("fsdp_reduce_dtype", self.fsdp_reduce_dtype, FSDP_REDUCE_DTYPES)
+        check_choice("fsdp_output_dtype", self.fsdp_output_dtype, FSDP_REDUCE_DTYPES)
+        if self.fsdp_output_dtype != "none" and (not self.fsdp or self.fsdp_version != 2):
+            raise ValueError(
+                f"fsdp_output_dtype={self.fsdp_output_dtype!r} is FSDP2's MixedPrecisionPolicy"
+                "(output_dtype): it needs fsdp=True and fsdp_version=2"
+            )
         if (self.fsdp_param_dtype != "none" or self.fsdp_reduce_dtype != "none") and not (
             self.fsdp
         ):

@@ -76,6 +76,7 @@ def fsdp_shard(model: ModelSpec, job: Training, plan: ReplayPlan) -> Shard | Non
         param_itemsize=plan.param_itemsize,
         reduce_itemsize=plan.reduce_itemsize,
         cast_forward_inputs=plan.cast_forward_inputs,
+        output_itemsize=plan.output_itemsize,
         version=plan.fsdp_version,
         use_orig_params=plan.use_orig_params,
     )

@@ -25,7 +25,7 @@ import contextlib
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from calc.derive.book import DeriveError
@@ -51,6 +51,9 @@ class Shard:
     reduce_itemsize: int = 0
     """``MixedPrecisionPolicy(reduce_dtype=...)`` bytes per element, 0: the gradients'."""
     cast_forward_inputs: bool = True
+    output_itemsize: int = 0
+    """The root's ``MixedPrecisionPolicy(output_dtype=...)`` bytes per element, 0: no cast
+    (FSDP2)."""
     version: int = 2
     """2: FSDP2 ``fully_shard``; 1: FSDP1 ``FullyShardedDataParallel`` (flat parameters)."""
     use_orig_params: bool = False
@@ -62,7 +65,7 @@ class Shard:
             raise ValueError(f"Shard.world={self.world}: FSDP shards over 2 or more ranks")
         if self.version not in (1, 2):
             raise ValueError(f"Shard.version={self.version}: allowed 1 (FSDP1), 2 (FSDP2)")
-        for name in ("param_itemsize", "reduce_itemsize"):
+        for name in ("param_itemsize", "reduce_itemsize", "output_itemsize"):
             value = getattr(self, name)
             if value != 0 and value not in MP_DTYPES:
                 raise ValueError(f"Shard.{name}={value}: allowed 0, 2 (bf16), 4 (fp32)")
@@ -108,15 +111,20 @@ def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> Any:
         return wrap_fsdp1(model, type(layers[0]), shard)
 
     kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": shard.reshard_after_forward}
-    if shard.param_itemsize:
-        reduce = MP_DTYPES.get(shard.reduce_itemsize)
+    if shard.param_itemsize or shard.output_itemsize:
+
+        def dtype(itemsize: int) -> Any:
+            return getattr(torch, MP_DTYPES[itemsize]) if itemsize else None
+
         kw["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=getattr(torch, MP_DTYPES[shard.param_itemsize]),
-            reduce_dtype=getattr(torch, reduce) if reduce else None,
+            param_dtype=dtype(shard.param_itemsize),
+            reduce_dtype=dtype(shard.reduce_itemsize),
             cast_forward_inputs=shard.cast_forward_inputs,
         )
     for layer in layers:
         fully_shard(layer, **kw)
+    if shard.output_itemsize:  # the root's outputs only (a layer's would reach the bf16 head)
+        kw["mp_policy"] = replace(kw["mp_policy"], output_dtype=dtype(shard.output_itemsize))
     fully_shard(model, **kw)
     return model
 

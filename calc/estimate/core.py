@@ -380,10 +380,10 @@ def compiled_for(
 ) -> tuple[Compiled, StructureKey]:
     """The compiled replay of this structure (cached) and its key."""
     plan = opts.dp
-    if plan is not None and plan.fsdp and plan.fsdp_version == 1 and not is_derived(model, job):
+    if plan is not None and plan.recorded_only and not is_derived(model, job):
         raise NotImplementedError(
-            "fsdp_version=1: FullyShardedDataParallel's flat parameters are recorded from torch's "
-            "code (implementation='derived'), not written into the hand graphs"
+            f"{plan.recorded_only}: recorded from torch's code (implementation='derived'), not "
+            "written into the hand graphs"
         )
     key = _structure_key(model, job, opts)
     _EXEMPLAR.setdefault(key, (model, job, opts))

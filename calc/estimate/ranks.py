@@ -188,17 +188,19 @@ def _rank_replay(
             f"context parallel (analytic, not verified): {job.seq_len} tokens per rank, "
             f"ring attention K/V chunks in flight {kv} B"
         )
-    if plan.fsdp and plan.fsdp_version == 1 and not is_derived(model, job):
+    if plan.recorded_only and not is_derived(model, job):
         derived = derived_fallback(model, job, device)
         if not isinstance(derived, Training):
             raise NotImplementedError(
-                "fsdp_version=1 (FullyShardedDataParallel) is recorded from torch's own code on "
-                "transformers' model (the derived replay): it needs implementation='hf' or "
-                "'derived' and torch and transformers installed"
+                f"{plan.recorded_only} is recorded from torch's own FSDP code on transformers' "
+                "model (the derived replay): it needs implementation='hf' or 'derived' and "
+                "torch and transformers installed"
                 + ("" if device == "cpu" else ", and the recorded CPU kernels those CUDA runs")
             )
         job = derived
-        notes.append("FSDP1: recorded from torch's FullyShardedDataParallel on transformers' model")
+        notes.append(
+            f"{plan.recorded_only}: recorded from torch's FSDP on transformers' model (derived)"
+        )
     if (
         plan.fsdp
         and plan.fsdp_version == 2

@@ -66,11 +66,24 @@ class ReplayPlan:
     cast_forward_inputs: bool = True
     """FSDP2 ``MixedPrecisionPolicy(cast_forward_inputs=...)`` (the hand-written replays cast
     where the attention does, the same bytes; a derived rank records the policy itself)."""
+    output_itemsize: int = 0
+    """FSDP2 ``MixedPrecisionPolicy(output_dtype=...)`` bytes per element, 0: no cast
+    (recorded only: `calc.derive.sharding`)."""
     fsdp_version: int = 2
     """With ``fsdp``: 2 (``fully_shard``) or 1 (``FullyShardedDataParallel``, recorded only:
     `calc.derive.sharding`)."""
     use_orig_params: bool = False
     """FSDP1 ``use_orig_params``."""
+
+    @property
+    def recorded_only(self) -> str:
+        """What of this plan only the recorded rank models (the hand-written replays do not),
+        or ``""``: FSDP1 and FSDP2's ``output_dtype``."""
+        if self.fsdp and self.fsdp_version == 1:
+            return "fsdp_version=1 (FullyShardedDataParallel's flat parameters)"
+        if self.fsdp and self.output_itemsize:
+            return "fsdp_output_dtype (MixedPrecisionPolicy output casts)"
+        return ""
 
 
 def bucket_limits(parallel: Parallelism) -> tuple[int, int]:

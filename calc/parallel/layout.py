@@ -125,6 +125,7 @@ def rank_classes(
         offload=parallel.offload,
         param_itemsize=MP_ITEMSIZE[parallel.fsdp_param_dtype],
         reduce_itemsize=MP_ITEMSIZE[parallel.fsdp_reduce_dtype],
+        output_itemsize=MP_ITEMSIZE[parallel.fsdp_output_dtype] if fsdp else 0,
         cast_forward_inputs=parallel.fsdp_cast_forward_inputs,
         fsdp_version=parallel.fsdp_version if fsdp else 2,
         use_orig_params=parallel.fsdp_use_orig_params,
@@ -200,6 +201,11 @@ def _fsdp_notes(parallel: Parallelism) -> list[str]:
         notes.append(
             f"{policy}(param_dtype={parallel.fsdp_param_dtype}, "
             f"reduce_dtype={reduce}): fp32 shards, gradients and optimizer states"
+        )
+    if parallel.fsdp_output_dtype != "none":
+        notes.append(
+            f"FSDP2 MixedPrecisionPolicy(output_dtype={parallel.fsdp_output_dtype}) on the root: "
+            "the model's floating-point outputs cast (recorded from fully_shard)"
         )
     if v1:
         strategy = "FULL_SHARD" if parallel.reshard_after_forward else "SHARD_GRAD_OP"

@@ -256,6 +256,12 @@ def derived_dist_cases() -> list[DistCase]:
             512,
             lora=LoRA(rank=8, modules=("q", "k", "v", "o")),
         ),
+        dist(
+            "fsdp2-mp-output-fp32-2",
+            "phi3",
+            Parallelism(dp=2, fsdp=True, fsdp_output_dtype="fp32", **MP),
+            VOCAB,
+        ),
         # FSDP1 (FullyShardedDataParallel, flat parameters): the same recording with torch's
         # FSDP1 wrapper (calc.derive.sharding.wrap_fsdp1)
         dist("fsdp1-2", "phi3", Parallelism(dp=2, fsdp=True, fsdp_version=1), VOCAB),

@@ -158,6 +158,12 @@ CASES: tuple[DistCase, ...] = (
           implementation="hf", loop="hold-output", tolerance_pct=GLOO_ASYNC_PCT,
           note="FSDP1 MixedPrecision(bf16, fp32 reduce), the output held through backward. "
           + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-mp-output-fp32-hf-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32",
+                      fsdp_output_dtype="fp32"),
+          implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
+          note="MixedPrecisionPolicy(output_dtype=fp32): every layer's and the root's outputs "
+          "cast to fp32 (calc answers with the derived replay). " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-mp-nocast-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32",
                       fsdp_cast_forward_inputs=False),

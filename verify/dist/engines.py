@@ -18,6 +18,7 @@ counts (DDP's buckets are allocated in C++ then).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -106,16 +107,16 @@ _MP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 def _mp_policy(case: DistCase) -> dict[str, Any]:
     """``mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs)`` from
-    the case's ``fsdp_*`` fields (``fsdp_param_dtype`` none: no policy)."""
+    the case's ``fsdp_*`` fields (no policy when neither ``fsdp_param_dtype`` nor
+    ``fsdp_output_dtype`` is set; the root adds ``output_dtype``)."""
     par = case.parallel
-    if par.fsdp_param_dtype == "none":
+    if par.fsdp_param_dtype == "none" and par.fsdp_output_dtype == "none":
         return {}
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    reduce = _MP_DTYPES.get(par.fsdp_reduce_dtype)
     policy = MixedPrecisionPolicy(
-        param_dtype=_MP_DTYPES[par.fsdp_param_dtype],
-        reduce_dtype=reduce,
+        param_dtype=_MP_DTYPES.get(par.fsdp_param_dtype),
+        reduce_dtype=_MP_DTYPES.get(par.fsdp_reduce_dtype),
         cast_forward_inputs=par.fsdp_cast_forward_inputs,
     )
     return {"mp_policy": policy}
@@ -131,6 +132,9 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     layers = getattr(model, "blocks", None) or getattr(model, "layers", None) or model.model.layers
     for layer in layers:
         fully_shard(layer, **kw)
+    if case.parallel.fsdp_output_dtype != "none":  # the root's outputs only
+        policy = replace(kw["mp_policy"], output_dtype=_MP_DTYPES[case.parallel.fsdp_output_dtype])
+        kw = {**kw, "mp_policy": policy}
     fully_shard(model, **kw)
     bundle = build_optimizer(model, case.job, device=ctx.device)
     # torchtune's recipe loss calls the model itself, which fully_shard wrapped in place

@@ -1,5 +1,6 @@
-"""FSDP1 (``FullyShardedDataParallel``, flat parameters) on a derived model: the rank recorded
-wrapped by torch's own FSDP1 over a fake process group (`calc.derive.sharding.wrap_fsdp1`)."""
+"""What only the recorded rank models: FSDP1 (``FullyShardedDataParallel``, flat parameters;
+`calc.derive.sharding.wrap_fsdp1`) and FSDP2's root ``output_dtype``, each recorded wrapped by
+torch's own FSDP over a fake process group."""
 
 from __future__ import annotations
 
@@ -35,14 +36,30 @@ def test_a_hand_modelled_type_answers_with_the_recording_for_hf_and_refuses_refe
     spec = calc.load_card("llama-2-7b")
     job = calc.Training(micro_batch=1, seq_len=64, precision="bf16", implementation="hf")
     est = calc.estimate(spec, job, FSDP1, device="cpu")
-    assert any("FSDP1: recorded from torch's FullyShardedDataParallel" in n for n in est.notes)
+    assert any(
+        "fsdp_version=1 (FullyShardedDataParallel's flat parameters): recorded" in n
+        for n in est.notes
+    )
     with pytest.raises(NotImplementedError, match="fsdp_version=1"):
         calc.estimate(spec, replace(job, implementation="reference"), FSDP1, device="cpu")
+
+
+def test_the_root_output_dtype_is_answered_by_the_recording() -> None:
+    spec = calc.load_card("llama-2-7b")
+    job = calc.Training(micro_batch=1, seq_len=64, precision="fp32", implementation="hf")
+    policy = {"fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}
+    par = calc.Parallelism(dp=2, fsdp=True, fsdp_output_dtype="fp32", **policy)
+    est = calc.estimate(spec, job, par, device="cpu")
+    assert any("fsdp_output_dtype (MixedPrecisionPolicy output casts)" in n for n in est.notes)
+    with pytest.raises(NotImplementedError, match="fsdp_output_dtype"):
+        calc.estimate(spec, replace(job, implementation="reference"), par, device="cpu")
 
 
 @pytest.mark.parametrize(
     ("fields", "says"),
     [
+        ({"fsdp_output_dtype": "fp32"}, "it needs fsdp=True and fsdp_version=2"),
+        ({"fsdp_output_dtype": "fp16", "fsdp": True}, "fsdp_output_dtype='fp16'"),
         ({"fsdp_version": 3, "fsdp": True}, "fsdp_version=3 is not one of 1, 2"),
         ({"fsdp_version": 1}, "fsdp_version=1 chooses FullyShardedDataParallel: it needs fsdp"),
         ({"fsdp": True, "fsdp_use_orig_params": True}, "needs fsdp=True and fsdp_version=1"),
