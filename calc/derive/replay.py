@@ -30,6 +30,7 @@ from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
+from calc.derive.dropout import dropout_config
 from calc.derive.period import Periodic, is_layer, periodic_layout
 from calc.derive.record import (
     count_parameters,
@@ -227,8 +228,6 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             raise NotImplementedError("precision='bf16-master' on a derived architecture")
         if job.recompute == "selective":
             raise NotImplementedError("transformers has no selective recomputation")
-        if job.dropout is not None and model.derived:
-            raise NotImplementedError("a dropout override on a derived architecture")
 
 
 def check_loss_chunks(job: Training) -> None:
@@ -268,7 +267,17 @@ def check_cuda(model: ModelSpec, job: Training | Inference) -> None:
     (`calc.models.attention.check_cuda_kernel`; measured on an H200: "No available kernel" with
     it forced), while the recording runs CPU flash. Eager and math recordings run the same path
     on CUDA."""
-    if _backend(model, job, hf_config_dict(model)) in ("eager", "math"):
+    config = job_config(model, job)
+    backend = _backend(model, job, config)
+    if backend in ("eager", "math"):
+        without = attention_fallback(config, cpu_backend(attention_kernel(model, job)))[0]
+        if backend == "math" and without == "flash":  # math only for the attention dropout
+            dropout = config.get("attention_dropout")
+            raise NotImplementedError(
+                f"attention dropout {dropout} under SDPA on CUDA: CUDA keeps its fused kernel "
+                "with dropout, while the recording runs the CPU's math kernel (fused CPU "
+                "kernels take no dropout); use attention='eager' or device='cpu'"
+            )
         return
     check_cuda_kernel(model, job)
 
@@ -317,9 +326,19 @@ def attention_fallback(config: dict[str, Any], backend: str) -> tuple[str, str]:
     return backend, ""
 
 
+def job_config(model: ModelSpec, job: Training | Inference) -> dict[str, Any]:
+    """The ``config.json`` the job runs: a derived model's with ``job.dropout`` at every
+    dropout key (`calc.derive.dropout`); a hand-modelled type's from its spec with the job's
+    dropout (`_with_dropout`)."""
+    config = hf_config_dict(_with_dropout(model, job))
+    if isinstance(job, Training) and model.derived:
+        return dropout_config(config, job.dropout)
+    return config
+
+
 def _with_dropout(model: ModelSpec, job: Training | Inference) -> ModelSpec:
     """The model as the job runs it: ``job.dropout`` at every dropout site (hand-modelled
-    types; `check_job` refuses it on derived ones)."""
+    types; a derived one's config takes it, `job_config`)."""
     if not isinstance(job, Training) or job.dropout is None or model.derived:
         return model
     p = job.dropout
@@ -362,7 +381,7 @@ def derived_stream(
     when ``shard`` is given (`calc.derive.sharding`), from the disk cache when it has it."""
     check_job(model, job)
     model = _with_dropout(model, job)
-    config = hf_config_dict(model)
+    config = job_config(model, job)
     check_experts(config)
     differ = heterogeneous(config)
     layout = layout_of(config) if differ and not every_layer else None

@@ -65,6 +65,11 @@ def derived_training_cases() -> list[Case]:
     """The loop, loss and optimizer variants on derived types, and on llama/qwen2 derived."""
     return [
         _case("gemma2", "hold-fp32", loop="hold-output"),
+        # Training(dropout=p): every dropout key of the config at p (calc.derive.dropout)
+        _case("phi3", "dropout-fp32", dropout=0.1),
+        _case("gemma2", "dropout-bf16", dropout=0.1, precision="bf16"),
+        _case("starcoder2", "dropout-amp", dropout=0.1, precision="amp-bf16"),
+        _case("mixtral", "dropout-hold-fp32", dropout=0.05, loop="hold-output"),
         _case("phi3", "chunked-bf16", loss="chunked-ce", precision="bf16"),
         _case("phi3", "chunked-hold-amp", loss="chunked-ce", loop="hold-output",
               precision="amp-bf16", loss_chunks=4),

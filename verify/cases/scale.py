@@ -8,10 +8,12 @@ probabilities) and shrinks what only scales it (layers, width, vocabulary, posit
 
 from __future__ import annotations
 
+import json
 from fractions import Fraction
 
 from calc.config.model_spec import ModelSpec
 from calc.data.cards import load_card
+from calc.derive.dropout import dropout_config
 
 DEFAULT_HEAD_DIM = 16
 """Head width of a scaled model unless given, in elements."""
@@ -112,7 +114,15 @@ def with_dropout(spec: ModelSpec, p: float | None) -> ModelSpec:
     """The model a job with ``dropout=p`` runs: ``attention_dropout``, ``hidden_dropout`` and
     ``embedding_dropout`` all set to ``p``, as ``calc.step.training.shape_for`` reads ``Training.dropout``
     ("every dropout site"). The llama family's Hugging Face code has an attention-dropout site
-    only, so there only that one acts. ``None`` keeps the spec's values."""
+    only, so there only that one acts. ``None`` keeps the spec's values. A derived
+    architecture's ``config.json`` gets ``p`` at every dropout key
+    (`calc.derive.dropout.dropout_config`: what calc's ``dropout`` means there)."""
     if p is None:
         return spec
+    if spec.hf_config is not None:  # the SDPA pins read attention_dropout
+        config = dropout_config(json.loads(spec.hf_config), p)
+        attn = config.get("attention_dropout", 0.0)
+        return spec.with_overrides(
+            hf_config=json.dumps(config, sort_keys=True), attention_dropout=float(attn)
+        )
     return spec.with_overrides(attention_dropout=p, hidden_dropout=p, embedding_dropout=p)
