@@ -206,9 +206,13 @@ class DistCase:
     config: str = ""
     """A tiny Hugging Face ``config.json`` (JSON text) to run instead of scaling ``card`` (a
     derived architecture, as `Case.config`)."""
+    full_size: bool = False
+    """Run ``card`` itself on every rank, unscaled (`Case.full_size`)."""
 
     def __post_init__(self) -> None:
         _check(self.name, self.impl, self.job, self.tolerance_pct)
+        if self.full_size and (self.scale or self.config):
+            raise ValueError(f"case {self.name}: a full-size case takes no scale/config")
         if self.steps < 1:
             raise ValueError(f"case {self.name}: steps={self.steps} must be >= 1")
 
@@ -231,6 +235,8 @@ class DistCase:
         """The scaled model (or the model of ``config``)."""
         if self.config:
             return ModelSpec.from_json(self.config, name=f"{self.card}-tiny")
+        if self.full_size:
+            return load_card(self.card)
         return _scaled(self.card, self.scale, self.job.seq_len)
 
     def label(self) -> str:

@@ -307,4 +307,32 @@ CASES: tuple[DistCase, ...] = (
           note="torchtune with torch.nn.CrossEntropyLoss on the model's fp32 logits, no "
           "resharding after forward. " + GLOO_ASYNC_NOTE),
 )  # fmt: skip
-CASES = (*CASES, *derived_dist_cases())  # DDP on derived architectures
+
+
+def _full(name: str, engine: str, parallel: Parallelism, note: str, **job: Any) -> DistCase:
+    """Qwen2.5-0.5B itself on every rank (151,936-token vocabulary: the logits and the
+    embedding/head weigh as in real runs), the Hugging Face model, 1 x 256 tokens unless given."""
+    fields = {"micro_batch": 1, "seq_len": 256, "implementation": "hf", **job}
+    return DistCase(name=name, card=QWEN2, job=training_job(**fields), parallel=parallel,
+                    engine=engine, tolerance_pct=GLOO_ASYNC_PCT, tags=("full",), note=note,
+                    full_size=True)  # fmt: skip
+
+
+FULL_SIZE_CASES = (
+    _full("dist-full-qwen2.5-0.5b-ddp-bf16-2", "ddp", Parallelism(dp=2), precision="bf16",
+          note="DDP at full size: 25 MiB buckets over 494M bf16 gradients"),
+    _full("dist-full-qwen2.5-0.5b-fsdp2-mp-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          precision="fp32", seq_len=1024,
+          note="FSDP2 with torchtitan's policy at full size, 1,024 tokens: the backward of the "
+          "fp32 logits' loss decides the peak. " + GLOO_ASYNC_NOTE),
+    _full("dist-full-qwen2.5-0.5b-fsdp1-mp-2", "fsdp1",
+          Parallelism(dp=2, fsdp=True, fsdp_version=1, fsdp_param_dtype="bf16",
+                      fsdp_reduce_dtype="fp32"),
+          precision="fp32", seq_len=1024,
+          note="FSDP1 (flat parameters) with the same policy at full size, 1,024 tokens. "
+          + GLOO_ASYNC_NOTE),
+)  # fmt: skip
+"""Full-size data-parallel cases (`_full`), torchrun gloo on 2 ranks: minutes each."""
+
+CASES = (*CASES, *FULL_SIZE_CASES, *derived_dist_cases())  # DDP on derived architectures
