@@ -223,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--fsdp-use-orig-params", "FSDP1 use_orig_params=True (LoRA under FSDP1)"),
         ("--gradient-as-bucket-view", "DDP gradient_as_bucket_view=True"),
         ("--vocab-parallel", "with --tp: vocabulary-parallel embedding and loss"),
+        ("--expert-parallel", "with --tp on a derived MoE model: experts spread over tp ranks"),
         ("--no-reshard-after-forward", "FSDP2 reshard_after_forward=False"),
         ("--no-fsdp-cast-forward-inputs", "FSDP2 MixedPrecisionPolicy cast_forward_inputs=False"),
     ):
@@ -307,7 +308,7 @@ PARALLEL_FIELDS: tuple[str, ...] = (
     "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
     "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
     "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_version", "fsdp_use_orig_params",
-    "fsdp_output_dtype",
+    "fsdp_output_dtype", "expert_parallel",
 )  # fmt: skip
 
 

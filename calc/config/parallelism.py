@@ -84,6 +84,10 @@ class Parallelism:
     split over dp, padded, as FSDP2 and DeepSpeed's flat partitions do: 1/dp each) or
     ``by-parameter`` (whole parameters per rank, largest first to the least-loaded rank:
     ``torch.distributed.optim.ZeroRedundancyOptimizer``)."""
+    expert_parallel: bool = False
+    """With ``tp`` on a derived mixture-of-experts model: the experts spread over the tp ranks
+    (transformers' ``DistributedConfig(ep_size=tp)``, the model's ``base_model_ep_plan``: each
+    rank holds ``E / tp`` whole experts) instead of every expert split by the tp plan."""
     vocab_parallel: bool = False
     """With tp: the embedding split over the vocabulary and a vocabulary-parallel loss (else the
     embedding and the head are replicated on every tp rank)."""
@@ -127,6 +131,7 @@ class Parallelism:
             "gradient_as_bucket_view",
             "vocab_parallel",
             "fsdp_use_orig_params",
+            "expert_parallel",
         ):
             check_bool(name, getattr(self, name))
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
@@ -144,6 +149,8 @@ class Parallelism:
         if self.ddp_bucket_mib is not None:
             check_size("ddp_bucket_mib", self.ddp_bucket_mib, 1, 1 << 20)
         self._check_fsdp()
+        if self.expert_parallel and self.tp == 1:
+            raise ValueError("expert_parallel=True needs tp > 1 (the experts spread over tp ranks)")
         if self.sp and self.tp == 1:
             raise ValueError("sp=True needs tp > 1 (sequence parallelism splits over tp ranks)")
         if self.pp_virtual_stages > 1 and self.pp_schedule != "interleaved-1f1b":

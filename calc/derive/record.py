@@ -32,7 +32,7 @@ from calc.derive.book import (
     tensors_in,
 )
 from calc.derive.generate import cut, stop_after
-from calc.derive.sharding import Shard
+from calc.derive.native import Native, Rank, distribute, native_world
 from calc.replay.kinds import StorageKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -396,23 +396,24 @@ def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> t
 
 @contextlib.contextmanager
 def session(
-    config: dict[str, Any], job: Training | Inference, backend: str, shard: Shard | None = None
+    config: dict[str, Any], job: Training | Inference, backend: str, shard: Rank | None = None
 ) -> Iterator[Any]:
     """The model of ``config`` built on fake tensors, in the job's dtype and mode; yields
     ``trace(batch, seq, context) -> Trace`` that records the job at those sizes (each trace
     with fresh inputs, optimizer, caches and bookkeeping; the model's storages counted from
     the start, as when an eager run builds it inside the tracker).
 
-    The model is built once, except for an FSDP2 rank (``shard``, `calc.derive.sharding`):
-    FSDP2 makes buffers lazily in its first forward and keeps them (at 0 bytes) for later
-    steps, so each trace builds and wraps its own model, as each measured run does."""
+    The model is built once, except for a distributed rank (``shard``: FSDP,
+    `calc.derive.sharding`, or transformers' own plans, `calc.derive.native`): FSDP2 makes
+    buffers lazily in its first forward and keeps them (at 0 bytes) for later steps, so each
+    trace builds and wraps its own model, as each measured run does."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     # the build, recorded: what an eager build makes outside dispatch is not counted
     # (embed_scale = torch.tensor(..))
     setup = Book()
     with contextlib.ExitStack() as stack:
-        mesh = stack.enter_context(sharding.fake_world(shard))
+        mesh = stack.enter_context(_world(shard))
         stack.enter_context(eager_paths())
         stack.enter_context(quiet())
         stack.enter_context(FakeTensorMode())
@@ -434,7 +435,7 @@ def session(
             with recorder(book) as mode:
                 if shard is not None:
                     model, layers = _built(config, job, backend)
-                    model = sharding.wrap(model, layers, shard, mesh)
+                    model = _wrap(model, layers, shard, mesh)
                 for name, t in held:
                     st = storage_of(t)
                     if st is not None:
@@ -452,6 +453,20 @@ def session(
             return cut(book.trace(), starts) if context and starts else book.trace()
 
         yield trace
+
+
+def _world(rank: Rank | None) -> Any:
+    """The fake process group (and meshes) of a distributed rank, nothing for one process."""
+    if isinstance(rank, Native):
+        return native_world(rank)
+    return sharding.fake_world(rank)
+
+
+def _wrap(model: Any, layers: Any, rank: Rank, world: Any) -> Any:
+    """The model a distributed rank trains: FSDP's wrapping or transformers' own plans."""
+    if isinstance(rank, Native):
+        return distribute(model, world)
+    return sharding.wrap(model, layers, rank, world)
 
 
 def _layers_of(model: Any) -> int:

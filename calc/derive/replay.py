@@ -31,6 +31,7 @@ from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
 from calc.derive.dropout import dropout_config
+from calc.derive.native import Rank
 from calc.derive.period import Periodic, is_layer, periodic_layout
 from calc.derive.record import (
     count_parameters,
@@ -41,7 +42,6 @@ from calc.derive.record import (
     session,
     trainable_numels,
 )
-from calc.derive.sharding import Shard
 from calc.models.attention import attention_kernel, check_cuda_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -373,7 +373,7 @@ def derived_stream(
     model: ModelSpec,
     job: Training | Inference,
     n_layers: int,
-    shard: Shard | None = None,
+    shard: Rank | None = None,
     every_layer: bool = False,
 ) -> DerivedStream:
     """The fitted stream of ``job`` on ``model`` recorded with ``n_layers`` layers (all of them
@@ -402,7 +402,7 @@ def derived_stream(
     name = _cache_name(
         {"schema": SCHEMA, "config": traced, "job": structure, "kind": type(job).__name__,
          "regime": asdict(reg), "backend": backend, **_versions(),
-         **({"shard": asdict(shard)} if shard is not None else {})}
+         **({"shard": {"kind": type(shard).__name__, **asdict(shard)}} if shard else {})}
     )  # fmt: skip
     cached = read_plan_cache(name)
     if cached is not None:
@@ -418,7 +418,7 @@ def _record(
     backend: str,
     reg: lift.Regime,
     exact: bool,
-    shard: Shard | None = None,
+    shard: Rank | None = None,
 ) -> DerivedStream:
     """Record at the points of the regime's plan, check one structure, fit the sizes: first
     `lift.factor_plan`'s few points; when a size is of another form, the rest of the grid."""
@@ -533,7 +533,7 @@ def derived_events(
     model: ModelSpec,
     job: Training | Inference,
     n_layers: int,
-    shard: Shard | None = None,
+    shard: Rank | None = None,
     every_layer: bool = False,
 ) -> Recorded:
     """The events of ``job`` on ``model`` (one FSDP2 rank's with ``shard``): the fitted stream

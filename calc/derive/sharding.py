@@ -72,31 +72,39 @@ class Shard:
 
 
 @contextlib.contextmanager
-def fake_world(shard: Shard | None) -> Iterator[Any]:
-    """A ``fake`` default process group of ``shard.world`` ranks (this process is rank 0) and
-    its 1-D CPU ``DeviceMesh``, made before any fake tensor exists (``init_device_mesh`` reads
-    its ranks from a real tensor); torn down afterwards. Yields the mesh (None without
-    ``shard``). A process that already has a default group cannot record a second one."""
-    if shard is None:
-        yield None
-        return
+def fake_group(world: int) -> Iterator[None]:
+    """A ``fake`` default process group of ``world`` ranks (this process is rank 0), torn down
+    afterwards. A process that already has a default group cannot record a second one."""
     import torch.distributed as dist
     import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
-    from torch.distributed.device_mesh import init_device_mesh
 
     with _ONE_WORLD:
         if dist.is_initialized():
             raise DeriveError(
-                "recording an FSDP2 rank needs a process without a default process group (it "
-                "makes a fake one of the rank count); this one already has one"
+                "recording a distributed rank needs a process without a default process group "
+                "(it makes a fake one of the rank count); this one already has one"
             )
         hook = sys.excepthook  # init_process_group prefixes every later traceback "[rank0]"
-        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=shard.world)
+        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=world)
         try:
-            yield init_device_mesh("cpu", (shard.world,))
+            yield
         finally:
             dist.destroy_process_group()
             sys.excepthook = hook
+
+
+@contextlib.contextmanager
+def fake_world(shard: Shard | None) -> Iterator[Any]:
+    """`fake_group` of ``shard.world`` ranks and its 1-D CPU ``DeviceMesh``, made before any
+    fake tensor exists (``init_device_mesh`` reads its ranks from a real tensor). Yields the
+    mesh (None without ``shard``)."""
+    if shard is None:
+        yield None
+        return
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with fake_group(shard.world):
+        yield init_device_mesh("cpu", (shard.world,))
 
 
 def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> Any:

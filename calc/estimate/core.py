@@ -26,8 +26,8 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.bitsandbytes import BNB_MIN_8BIT_SIZE, BNB_OPTIMIZERS, BNB_PAGED_MIN_NUMEL
 from calc.derive.data_parallel import fsdp_shard, grad_order
+from calc.derive.native import Native, Rank
 from calc.derive.replay import derived_events, notes_of, regime_of
-from calc.derive.sharding import Shard
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
@@ -95,6 +95,8 @@ class ReplayOptions:
     """Replay every layer (no generalisation from five): the rank's state differs per layer."""
     stage: StagePlan | None = None
     """A pipeline stage (`calc.step.pipeline.StagePlan`): the rank replays that stage's schedule."""
+    native: Native | None = None
+    """transformers' own tensor/expert parallelism of a derived model (`calc.derive.native`)."""
 
 
 SINGLE = ReplayOptions()
@@ -281,11 +283,17 @@ def _compile_now(key: StructureKey, device: str, branch: int) -> Compiled:
 
 def _derived_dp(
     model: ModelSpec, job: Training | Inference, opts: ReplayOptions, branch: int
-) -> tuple[Shard | None, tuple]:
+) -> tuple[Rank | None, tuple]:
     """(FSDP2 wrapping, gradient order) of a derived model's data-parallel rank: FSDP2's rank
     is recorded wrapped (`calc.derive.sharding`); DDP's step is the recorded single-process
     one plus its buckets, sized from the gradient order (`calc.derive.data_parallel`).
     ``NotImplementedError`` for any other layout."""
+    if isinstance(job, Training) and opts.native is not None:
+        if replace(opts, native=None) != SINGLE:
+            raise NotImplementedError(
+                "transformers' tensor parallelism with data parallelism on a derived model"
+            )
+        return opts.native, ()
     if not isinstance(job, Training) or opts.dp is None or replace(opts, dp=None) != SINGLE:
         raise NotImplementedError(
             f"model_type={model.model_type!r} (derived replay): of the parallel layouts only "

@@ -22,6 +22,7 @@ from calc.compress.lora import trainable_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism, check_divisibility
+from calc.derive.native import Native
 from calc.estimate.core import (
     Compiled,
     ReplayOptions,
@@ -154,12 +155,48 @@ def rank_replays(
     ``NotImplementedError`` for what the cost model does not cover."""
     if parallel.pp > 1:
         raise NotImplementedError("rank_replays: pipeline stages are calc.step.pipeline's")
+    if parallel.tp > 1 and is_derived(model, job):
+        return [_native_replay(model, job, parallel)]
+    if parallel.expert_parallel:
+        raise NotImplementedError(
+            f"expert_parallel=True: {model.name} is a hand-written graph without experts; "
+            "expert parallelism is recorded on derived mixture-of-experts models"
+        )
     check_divisibility(model, parallel)
     job = _rank_job(job, parallel)
     return [
         _rank_replay(model, job, parallel, rc, device)
         for rc in rank_classes(model, parallel, trainable_numels(model, job))
     ]
+
+
+def _native_replay(model: ModelSpec, job: Training, parallel: Parallelism) -> RankReplay:
+    """A derived model's tensor-parallel rank: transformers' own ``DistributedConfig`` plans
+    recorded (`calc.derive.native`). Every rank holds the same shapes (the plans split evenly)."""
+    alone = replace(parallel, tp=1, expert_parallel=False, sp=False, vocab_parallel=False)
+    if alone != Parallelism() or parallel.sp or parallel.vocab_parallel:
+        raise NotImplementedError(
+            f"model_type={model.model_type!r} (derived replay): tp={parallel.tp} is recorded "
+            "with transformers' own tp_plan alone (dp, pp, cp, sp, ZeRO/FSDP and "
+            "vocab_parallel are not combined with it; the plan splits the vocabulary itself)"
+        )
+    if job.optimizer is not None and job.optimizer_impl != "for-loop":
+        raise NotImplementedError(
+            f"optimizer_impl={job.optimizer_impl!r} under transformers' tensor parallelism: "
+            "its plans leave norms and routers plain tensors beside the DTensor shards, and "
+            "torch's foreach and fused optimizers refuse the mix ('got mixed torch.Tensor and "
+            "DTensor'); use optimizer_impl='for-loop' (torch's default on the CPU)"
+        )
+    plan = Native(tp=parallel.tp, expert_parallel=parallel.expert_parallel)
+    every = tuple(range(parallel.world_size))
+    what = "experts over the ranks (base_model_ep_plan)" if plan.expert_parallel else "tp plan"
+    note = (
+        f"tensor parallel: transformers' own DistributedConfig(tp_size={parallel.tp}) on "
+        f"{model.name} ({what}), recorded"
+    )
+    rc = RankClass(every, "every rank", model, dpm.ReplayPlan(), False, (note,))
+    opts = ReplayOptions(native=plan)
+    return RankReplay(rc, model, job, opts, parallel, (), (note,))
 
 
 def _rank_replay(

@@ -10,7 +10,10 @@
   ``fsdp_reduce_dtype``) from the case;
 * ``fsdp1``: ``FullyShardedDataParallel`` with a ``ModuleWrapPolicy`` of the decoder layer
   class (flat parameters), ``FULL_SHARD`` or ``SHARD_GRAD_OP``, ``MixedPrecision`` and
-  ``use_orig_params`` from the case.
+  ``use_orig_params`` from the case;
+* ``hf-native``: transformers' own ``DistributedConfig(tp_size=tp)`` (with
+  ``expert_parallel``: ``ep_size=tp``, ``ep_implementation="all_reduce"``) applied to the
+  Hugging Face model by ``prepare_distribute_model`` and ``maybe_distribute_model``.
 
 Each builder runs inside the rank's tracker, so what the wrapper allocates at construction
 counts (DDP's buckets are allocated in C++ then).
@@ -172,3 +175,24 @@ def fsdp1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     )
     bundle = build_optimizer(wrapped, case.job, device=ctx.device)
     return built_from(wrapped, _call(wrapped, case, wrapped), bundle)
+
+
+def hf_native(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """transformers' own tensor (and expert) parallelism: the model's ``base_model_tp_plan``
+    (and ``base_model_ep_plan``) over every rank; the device meshes built outside the tracker
+    (a GPU run keeps their rank tensors on the host)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from transformers.distributed import DistributedConfig
+
+    if case.impl != "hf":
+        raise ValueError(f"{case.name}: the hf-native engine parallelizes Hugging Face models")
+    par = case.parallel
+    kwargs: dict[str, Any] = {"tp_size": par.tp}
+    if par.expert_parallel:
+        kwargs.update(ep_size=par.tp, ep_implementation="all_reduce")
+    model, _ = case_model(case, spec, ctx)
+    with _disable_current_modes():
+        config, _, mesh = type(model).prepare_distribute_model(DistributedConfig(**kwargs))
+    model = type(model).maybe_distribute_model(model, config, mesh)
+    bundle = build_optimizer(model, case.job, device=ctx.device)
+    return built_from(model, _call(model, case, model), bundle)

@@ -62,6 +62,7 @@ ENGINES: dict[str, Engine] = {
     "zero1": engines.zero1,
     "fsdp2": engines.fsdp2,
     "fsdp1": engines.fsdp1,
+    "hf-native": engines.hf_native,
     "tp": tp_plans.tp_engine,
     "fsdp-tp": tp_plans.fsdp_tp_engine,
     "pp": pp_plans.pp_engine,
