@@ -290,6 +290,18 @@ CASES: tuple[Case, ...] = (
                                   {"dp": 2, "fsdp": True, "fsdp_param_dtype": "bf16",
                                    "fsdp_reduce_dtype": "bf16",
                                    "fsdp_cast_forward_inputs": False})),
+    Case("fsdp1-orig-params", ({"train.dp": 2, "train.fsdp": True, "train.fsdp_version": 1,
+                                "train.fsdp_use_orig_params": True}, {},
+                               {"dp": 2, "fsdp": True, "fsdp_version": 1,
+                                "fsdp_use_orig_params": True})),
+    Case("fsdp-output-dtype", ({"train.precision": "fp32", "train.dp": 2, "train.fsdp": True,
+                                "train.fsdp_param_dtype": "bf16",
+                                "train.fsdp_output_dtype": "fp32"},
+                               {"precision": "fp32"},
+                               {"dp": 2, "fsdp": True, "fsdp_param_dtype": "bf16",
+                                "fsdp_output_dtype": "fp32"})),
+    Case("tp2-expert-parallel-refused", ({"train.tp": 2, "train.expert_parallel": True}, {},
+                                         {"tp": 2, "expert_parallel": True})),
     Case("ddp-buckets", ({"train.dp": 2, "train.ddp_bucket_mib": 4,
                           "train.gradient_as_bucket_view": True}, {},
                          {"dp": 2, "ddp_bucket_mib": 4, "gradient_as_bucket_view": True})),
@@ -305,7 +317,8 @@ CASES: tuple[Case, ...] = (
 """Most give numbers; ``lora-hf-refused`` (LoRA needs the reference code), the two
 ``*-nf4-head-refused`` (the reference graph keeps the LM head in 16 bits; the replay derived
 from transformers' code answers the ``hf`` job),
-``tp2-sp-vocab`` (sequence parallelism), ``zero1-by-parameter`` (24 layers) and
+``tp2-sp-vocab`` (sequence parallelism), ``zero1-by-parameter`` (24 layers),
+``tp2-expert-parallel-refused`` (experts are recorded on derived MoE models) and
 ``parallel-lora-refused`` are combinations the cost model refuses: the page shows its message."""
 
 

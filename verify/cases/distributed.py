@@ -109,9 +109,11 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-zero1-sgdm-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM), optimizer="sgd-momentum"),
     _case("dist-zero1-view-2", "zero1", Parallelism(dp=2, zero=1, zero_partition=BY_PARAM, gradient_as_bucket_view=True),
           scale=MID),
-    _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), tags=Q,
+    _case("dist-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True),
           tolerance_pct=GLOO_ASYNC_PCT, note="FSDP2 fully_shard per layer and root, "
-          "reshard_after_forward=True. " + GLOO_ASYNC_NOTE),
+          "reshard_after_forward=True. Not in the quick subset: a clean-clone CI run of "
+          "2026-12-04 measured -9.01 % (+262,144 B on one rank in step 3's backward, gloo's "
+          "late release; exact in every battery). " + GLOO_ASYNC_NOTE),
     _case("dist-fsdp2-keep-2", "fsdp2", Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
           tolerance_pct=10.0, note="FSDP2 reshard_after_forward=False (parameters kept "
           "unsharded from forward to backward). 10 %: bounded by the largest reduce-scatter "
