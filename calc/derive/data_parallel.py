@@ -38,8 +38,7 @@ def plain_ddp(plan: ReplayPlan) -> bool:
     is the single-process one (`calc.parallel.data.install` installs no hook for it)."""
     return plan == ReplayPlan(shard_world=plan.shard_world,
                               reshard_after_forward=plan.reshard_after_forward,
-                              cast_forward_inputs=plan.cast_forward_inputs,
-                              use_orig_params=plan.use_orig_params)  # fmt: skip
+                              cast_forward_inputs=plan.cast_forward_inputs)  # fmt: skip
 
 
 def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:

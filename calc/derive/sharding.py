@@ -107,12 +107,18 @@ def fake_world(shard: Shard | None) -> Iterator[Any]:
         yield init_device_mesh("cpu", (shard.world,))
 
 
+def torch_dtype(itemsize: int) -> Any:
+    """The torch dtype of a mixed-precision itemsize (`MP_DTYPES`), None for 0 (no cast)."""
+    import torch
+
+    return getattr(torch, MP_DTYPES[itemsize]) if itemsize else None
+
+
 def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> Any:
     """The module to train: ``model`` itself after ``fully_shard`` on every decoder layer, then
     on the root (FSDP2, in place), or FSDP1's ``FullyShardedDataParallel`` wrapper around it
     (`wrap_fsdp1`); with ``shard``'s options (verify's ``fsdp2`` and ``fsdp1`` engines,
     ``verify/dist/engines.py``)."""
-    import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     if shard.version == 1:
@@ -120,19 +126,15 @@ def wrap(model: Any, layers: Any, shard: Shard, mesh: Any) -> Any:
 
     kw: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": shard.reshard_after_forward}
     if shard.param_itemsize or shard.output_itemsize:
-
-        def dtype(itemsize: int) -> Any:
-            return getattr(torch, MP_DTYPES[itemsize]) if itemsize else None
-
         kw["mp_policy"] = MixedPrecisionPolicy(
-            param_dtype=dtype(shard.param_itemsize),
-            reduce_dtype=dtype(shard.reduce_itemsize),
+            param_dtype=torch_dtype(shard.param_itemsize),
+            reduce_dtype=torch_dtype(shard.reduce_itemsize),
             cast_forward_inputs=shard.cast_forward_inputs,
         )
     for layer in layers:
         fully_shard(layer, **kw)
     if shard.output_itemsize:  # the root's outputs only (a layer's would reach the bf16 head)
-        kw["mp_policy"] = replace(kw["mp_policy"], output_dtype=dtype(shard.output_itemsize))
+        kw["mp_policy"] = replace(kw["mp_policy"], output_dtype=torch_dtype(shard.output_itemsize))
     fully_shard(model, **kw)
     return model
 
@@ -169,10 +171,9 @@ def wrap_fsdp1(model: Any, layer_class: type, shard: Shard) -> Any:
     )
     mixed = None
     if shard.param_itemsize:
-        reduce = MP_DTYPES.get(shard.reduce_itemsize)
         mixed = MixedPrecision(
-            param_dtype=getattr(torch, MP_DTYPES[shard.param_itemsize]),
-            reduce_dtype=getattr(torch, reduce) if reduce else None,
+            param_dtype=torch_dtype(shard.param_itemsize),
+            reduce_dtype=torch_dtype(shard.reduce_itemsize),
             cast_forward_inputs=shard.cast_forward_inputs,
         )
     return FullyShardedDataParallel(
