@@ -487,7 +487,7 @@ def _train(
     prefix, handles = _hooks(model, book, _layers_of(model))
     params = [p for p in model.parameters() if p.requires_grad]
     opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job))
-    scaler = torch.amp.GradScaler("cpu") if job.precision == "amp-fp16" else None
+    scaler = _scaler() if job.precision == "amp-fp16" else None
     loss_fn = _loss_fn(model, job)
     _start(book, model, prefix, (ids, targets))
     with _sdpa(backend):
@@ -507,6 +507,22 @@ def _loss_fn(model: Any, job: Training) -> Callable[[Any, Any], Any]:
     if not loops.is_default_loop(job):
         return loops.LoopLoss(model, job)
     return lambda ids, targets: model(input_ids=ids, labels=targets).loss
+
+
+def _scaler() -> Any:
+    """``torch.amp.GradScaler("cpu")`` whose step does not read ``found_inf``: the real one
+    skips ``optimizer.step()`` when ``sum(v.item() for v in found_inf_per_device)`` is nonzero
+    (``torch/amp/grad_scaler.py``, ``_maybe_opt_step``), a value fake tensors do not have. The
+    recording takes the step, as every measured run does once its scale has settled (a skipped
+    step allocates nothing the taken one does not). Unscaling, the ``found_inf`` tensors and
+    ``update()`` run as in torch."""
+    import torch
+
+    class FiniteScaler(torch.amp.GradScaler):
+        def _maybe_opt_step(self, optimizer: Any, optimizer_state: Any, *args: Any, **kw: Any):
+            return optimizer.step(*args, **kw)
+
+    return FiniteScaler("cpu")
 
 
 def _run_steps(

@@ -70,6 +70,10 @@ def derived_training_cases() -> list[Case]:
         _case("gemma2", "dropout-bf16", dropout=0.1, precision="bf16"),
         _case("starcoder2", "dropout-amp", dropout=0.1, precision="amp-bf16"),
         _case("mixtral", "dropout-hold-fp32", dropout=0.05, loop="hold-output"),
+        # amp-fp16: torch's GradScaler (scale, unscale_, found_inf, update) recorded
+        _case("phi3", "amp-fp16", precision="amp-fp16"),
+        _case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),
+        _case("mixtral", "amp-fp16-accum2", precision="amp-fp16", grad_accum=2),
         _case("phi3", "chunked-bf16", loss="chunked-ce", precision="bf16"),
         _case("phi3", "chunked-hold-amp", loss="chunked-ce", loop="hold-output",
               precision="amp-bf16", loss_chunks=4),
@@ -232,6 +236,8 @@ def derived_dist_cases() -> list[DistCase]:
             precision="amp-bf16",
         ),
         dist("ddp-2", "olmo2", Parallelism(dp=2), 512, precision="bf16"),
+        # fp16 autocast with torch's GradScaler (unscale_, found_inf, update) on a DDP rank
+        dist("ddp-amp-fp16-2", "starcoder2", Parallelism(dp=2), VOCAB, precision="amp-fp16"),
         # the loops, losses, accumulation and adapters under DDP: the buckets are constant, the
         # rest is the recorded single-process step of that loop
         dist("ddp-hold-2", "phi3", Parallelism(dp=2), 512, loop="hold-output"),

@@ -217,6 +217,14 @@ def _hf_cases() -> list[Case]:
                tags=("hf",), **hf),
         _train("hf-qwen2-amp-accum2", QWEN2, precision="amp-bf16", grad_accum=2, tags=("hf",),
                **hf),
+        # eager attention under autocast: the hand graph refuses it, calc.estimate answers with
+        # the replay derived from transformers' code (calc.estimate.fallback)
+        _train("hf-qwen2-eager-amp-bf16", QWEN2, attention="eager", precision="amp-bf16",
+               micro_batch=4, seq_len=128, tags=("hf", "fallback"), **hf),
+        _train("hf-llama3-eager-amp-fp16", LLAMA3, attention="eager", precision="amp-fp16",
+               micro_batch=4, seq_len=128, tags=("hf", "fallback"), **hf),
+        _train("derived-qwen2-amp-fp16", QWEN2, precision="amp-fp16", impl="derived",
+               tags=("derived",), note="the GradScaler's unscale, found_inf and update recorded"),
         _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,
                seq_len=128, impl="derived", tags=("derived",),
                note="calc.derive's replay recorded from transformers' code (no hand graph)"),
