@@ -28,9 +28,9 @@ from calc.derive.sharding import Shard
 from calc.parallel.data import ReplayPlan
 from calc.replay.kinds import StorageKind
 
-GRAD_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2}
+GRAD_ITEMSIZE = {"fp32": 4, "amp-bf16": 4, "amp-fp16": 4, "bf16": 2, "bf16-master": 2}
 """Bytes per gradient element of each precision: the parameters' dtype (fp32 weights under
-autocast; ``verify/models/build.py``, ``WEIGHT_DTYPE``)."""
+autocast, bf16 under fp32 masters; ``verify/models/build.py``, ``WEIGHT_DTYPE``)."""
 
 
 def plain_ddp(plan: ReplayPlan) -> bool:

@@ -16,7 +16,10 @@ what the CPU tracker measures):
   gradients to None);
 * `InBackward`: ``optimizer_in_backward`` (torchtune's ``register_optim_in_bwd_hooks``,
   torchtune/training/memory.py): one optimizer per trainable parameter, stepped and zeroed by
-  a post-accumulate-grad hook during the backward; the protocol's own step does nothing.
+  a post-accumulate-grad hook during the backward; the protocol's own step does nothing;
+* `Masters`: ``precision="bf16-master"`` (``verify/models/optimizers.py``, ``MasterWeights``):
+  fp32 copies of the bf16 parameters made at the first step, the optimizer over them, each
+  step's gradients upcast onto them and the result copied back.
 
 `NoStep` and `InBackward` show the recorder what a torch optimizer shows it (``param_groups``,
 ``state``, ``step()``), so gradients and states are classified as for the default step.
@@ -145,11 +148,54 @@ class InBackward(NoStep):
             handle.remove()
 
 
+class Masters(NoStep):
+    """``bf16-master``: bf16 parameters and gradients, fp32 masters and an fp32 optimizer over
+    them (``verify/models/optimizers.py``, ``MasterWeights``). First step: ``masters =
+    [p.detach().float()]`` and ``make(masters)``; each step, under ``no_grad``: ``m.grad =
+    p.grad.float()`` for every parameter, the inner step, then ``p.copy_(m)`` and ``m.grad =
+    None`` parameter by parameter. Each master is its parameter's state ``"master"``, beside
+    the inner optimizer's states of that master."""
+
+    def __init__(self, params: list, make: Callable[[list], Any]) -> None:
+        super().__init__(params)
+        self.params = params
+        self.make = make
+        self.masters: list | None = None
+        self.inner: Any = None
+
+    def step(self) -> None:
+        """The first step's masters and optimizer, the upcast gradients, the step, the copy."""
+        import torch
+
+        with torch.no_grad():
+            if self.masters is None:
+                self.masters = [p.detach().float() for p in self.params]
+                self.inner = self.make(self.masters)
+            for p, m in zip(self.params, self.masters, strict=True):
+                m.grad = None if p.grad is None else p.grad.float()
+            self.inner.step()
+            for p, m in zip(self.params, self.masters, strict=True):
+                p.copy_(m)
+                m.grad = None
+
+    @property
+    def state(self) -> dict:
+        """Each parameter's master and the inner optimizer's states of it."""
+        if self.masters is None:
+            return {}
+        return {
+            p: {"master": m, **self.inner.state.get(m, {})}
+            for p, m in zip(self.params, self.masters, strict=True)
+        }
+
+
 def stepper(params: list, job: Training, make: Callable[[list], Any]) -> Any:
     """What the protocol steps for ``job``: the optimizer ``make(params)``, or `NoStep` /
-    `InBackward` (``verify/models/build.py``, ``build_optimizer``)."""
+    `InBackward` / `Masters` (``verify/models/build.py``, ``build_optimizer``)."""
     if job.optimizer is None:
         return NoStep(params)
     if job.optimizer_in_backward:
         return InBackward(params, make)
+    if job.precision == "bf16-master":
+        return Masters(params, make)
     return make(params)

@@ -43,6 +43,7 @@ _WEIGHT_DTYPE = {
     "amp-bf16": "float32",
     "amp-fp16": "float32",
     "bf16": "bfloat16",
+    "bf16-master": "bfloat16",
     "fp16": "float16",
 }
 """The weights' dtype of each precision (``verify/models/build.py``, ``WEIGHT_DTYPE``)."""

@@ -224,8 +224,6 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
                 f"optimizer={job.optimizer!r} on a derived architecture is not modelled yet "
                 "(sgd, sgd-momentum, adam, adamw, adam8bit, adam32bit are)"
             )
-        if job.precision == "bf16-master":
-            raise NotImplementedError("precision='bf16-master' on a derived architecture")
         if job.recompute == "selective":
             raise NotImplementedError("transformers has no selective recomputation")
 

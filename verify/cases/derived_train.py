@@ -74,6 +74,12 @@ def derived_training_cases() -> list[Case]:
         _case("phi3", "amp-fp16", precision="amp-fp16"),
         _case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),
         _case("mixtral", "amp-fp16-accum2", precision="amp-fp16", grad_accum=2),
+        # bf16-master: fp32 masters and states over bf16 weights (calc.derive.loops.Masters)
+        _case("phi3", "bf16-master", precision="bf16-master"),
+        _case("gemma2", "bf16-master-sgdm-hold", precision="bf16-master",
+              optimizer="sgd-momentum", loop="hold-output"),
+        _case("qwen3_moe", "bf16-master-for-loop", precision="bf16-master",
+              optimizer_impl="for-loop"),
         _case("phi3", "chunked-bf16", loss="chunked-ce", precision="bf16"),
         _case("phi3", "chunked-hold-amp", loss="chunked-ce", loop="hold-output",
               precision="amp-bf16", loss_chunks=4),
@@ -238,6 +244,9 @@ def derived_dist_cases() -> list[DistCase]:
         dist("ddp-2", "olmo2", Parallelism(dp=2), 512, precision="bf16"),
         # fp16 autocast with torch's GradScaler (unscale_, found_inf, update) on a DDP rank
         dist("ddp-amp-fp16-2", "starcoder2", Parallelism(dp=2), VOCAB, precision="amp-fp16"),
+        dist("ddp-bf16-master-2", "olmo2", Parallelism(dp=2), VOCAB, precision="bf16-master"),
+        dist("fsdp2-bf16-master-2", "phi3", Parallelism(dp=2, fsdp=True), VOCAB,
+             precision="bf16-master"),
         # the loops, losses, accumulation and adapters under DDP: the buckets are constant, the
         # rest is the recorded single-process step of that loop
         dist("ddp-hold-2", "phi3", Parallelism(dp=2), 512, loop="hold-output"),

@@ -225,6 +225,8 @@ def _hf_cases() -> list[Case]:
                micro_batch=4, seq_len=128, tags=("hf", "fallback"), **hf),
         _train("derived-qwen2-amp-fp16", QWEN2, precision="amp-fp16", impl="derived",
                tags=("derived",), note="the GradScaler's unscale, found_inf and update recorded"),
+        _train("derived-llama-bf16-master", LLAMA, precision="bf16-master", impl="derived",
+               tags=("derived",), note="fp32 masters and states recorded over bf16 weights"),
         _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,
                seq_len=128, impl="derived", tags=("derived",),
                note="calc.derive's replay recorded from transformers' code (no hand graph)"),

@@ -54,6 +54,36 @@ def test_fp16_autocast_with_its_grad_scaler_derived_equals_the_hand_graph(varian
     assert (derived.peak_bytes, derived.peak_phase) == (hand.peak_bytes, hand.peak_phase)
 
 
+@pytest.mark.parametrize(
+    "variant", [{}, {"optimizer": "sgd-momentum"}, {"optimizer_impl": "for-loop"}]
+)
+def test_bf16_master_weights_derived_equal_the_hand_graph_in_every_phase(variant: dict) -> None:
+    # bf16 weights and gradients, fp32 masters made at the first step, the fp32 optimizer over
+    # them (calc.derive.loops.Masters, verify's MasterWeights); the hand graph's bf16-master
+    # step is checked against the CPU tracker by verify's prec-bf16-master-* cases.
+    spec = calc.ModelSpec.from_hf_config(TINY_QWEN2, name="tiny-qwen2")
+    job = calc.Training(micro_batch=2, seq_len=64, precision="bf16-master", **variant)
+    hand = calc.estimate(spec, job, device="cpu")
+    derived = calc.estimate(spec, replace(job, implementation="derived"), device="cpu")
+    assert dict(derived.phases) == dict(hand.phases)
+
+
+def test_bf16_master_holds_fp32_masters_beside_the_bf16_weights() -> None:
+    # Hand count of tiny Phi-3 (tied embedding 4096 x 64; per layer qkv_proj 64 x 128,
+    # o_proj 64 x 64, gate_up_proj 64 x 256, down_proj 128 x 64, two norms of 64; final norm):
+    # 262,144 + 2 x 36,992 + 64 = 336,192 parameters. Plain SGD keeps no state, so from the
+    # first step on bf16-master holds the fp32 masters (4 B each, one 512-B-rounded tensor per
+    # parameter) beside what bf16 holds: the second forward weighs at least that much more.
+    params = 4096 * 64 + 2 * (64 * 128 + 64 * 64 + 64 * 256 + 128 * 64 + 2 * 64) + 64
+    assert params == 336_192
+    phi3 = {**TINY_QWEN2, "model_type": "phi3", "pad_token_id": 0}
+    spec = calc.ModelSpec.from_hf_config(phi3, name="tiny-phi3")
+    job = calc.Training(micro_batch=2, seq_len=64, precision="bf16", optimizer="sgd")
+    bf16 = calc.estimate(spec, job, device="cpu").phases["step2/forward"]
+    master = calc.estimate(spec, replace(job, precision="bf16-master"), device="cpu")
+    assert master.phases["step2/forward"] - bf16 >= 4 * params
+
+
 def test_on_cuda_the_derived_replay_lacks_only_the_flash_kernels_rng_tensors() -> None:
     # A stated gap: CUDA's flash kernel returns rng_state (uint64[2]) and an unused uint64[]
     # that its backward saves (aten/src/ATen/native/transformers/cuda/attention.cu), each one
