@@ -245,8 +245,13 @@ def derived_dist_cases() -> list[DistCase]:
         # fp16 autocast with torch's GradScaler (unscale_, found_inf, update) on a DDP rank
         dist("ddp-amp-fp16-2", "starcoder2", Parallelism(dp=2), VOCAB, precision="amp-fp16"),
         dist("ddp-bf16-master-2", "olmo2", Parallelism(dp=2), VOCAB, precision="bf16-master"),
-        dist("fsdp2-bf16-master-2", "phi3", Parallelism(dp=2, fsdp=True), VOCAB,
-             precision="bf16-master"),
+        dist(
+            "fsdp2-bf16-master-2",
+            "phi3",
+            Parallelism(dp=2, fsdp=True),
+            VOCAB,
+            precision="bf16-master",
+        ),
         # the loops, losses, accumulation and adapters under DDP: the buckets are constant, the
         # rest is the recorded single-process step of that loop
         dist("ddp-hold-2", "phi3", Parallelism(dp=2), 512, loop="hold-output"),

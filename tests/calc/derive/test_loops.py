@@ -167,9 +167,12 @@ def test_lora_derived_equals_the_hand_graph(lora: calc.LoRA, precision: str) -> 
     [
         # Phi-3 computes q, k and v in one qkv_proj: an adapter takes all three or none
         ({"model_type": "phi3", "pad_token_id": 0}, ("q", "v"), "qkv_proj"),
-        # Mixtral's MLP is its experts: no gate_proj/up_proj/down_proj linear to adapt
+        # Mixtral's MLP is its experts: no gate_proj/up_proj/down_proj linear to adapt; the
+        # message offers the attention projections it has
         ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
          ("q", "gate"), "['gate']"),
+        ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
+         ("q", "k", "v", "o", "gate", "up", "down"), "try LoRA(modules=('q', 'k', 'v', 'o'))"),
     ],
 )  # fmt: skip
 def test_lora_on_linears_a_model_lacks_is_refused_by_name(
