@@ -132,6 +132,10 @@ TRAINING: tuple[FormField, ...] = (
     FormField(task="train", name="recompute", label="recompute", kind="choice",
               default=_default(T, "recompute"), choices=jobs.RECOMPUTES,
               help="activation recomputation: selective = attention core, full = every layer"),
+    FormField(task="train", name="recompute_every", label="checkpoint every n-th layer",
+              kind="int", default=_default(T, "recompute_every"), high=1 << 16,
+              section="advanced", help="with recompute full: layers 0, n, 2n, ... checkpointed "
+              "(transformers' every_n_layers); 1 = every layer"),
     FormField(task="train", name="attention", label="attention", kind="choice",
               default=_default(T, "attention"), choices=jobs.ATTENTIONS,
               help="sdpa = the kernel CUDA picks; or force a kernel; eager = softmax written out"),

@@ -46,6 +46,7 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "optimizer",
     "optimizer_impl",
     "recompute",
+    "recompute_every",
     "attention",
     "implementation",
     "grad_accum",
@@ -124,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--optimizer-impl", help=f"{_choices(jobs.OPTIMIZER_IMPLS)} (default foreach)"
     )
     train.add_argument("--recompute", help=f"{_choices(jobs.RECOMPUTES)} (default none)")
+    train.add_argument(
+        "--recompute-every",
+        type=int,
+        help="with --recompute full: checkpoint layers 0, n, 2n, ... only (default 1: all)",
+    )
     train.add_argument(
         "--grad-accum", type=int, help="micro-batches per optimizer step (default 1)"
     )

@@ -73,6 +73,11 @@ class Training:
     """PyTorch's multi-tensor (``foreach``, the CUDA default), ``fused`` or per-tensor loop."""
     recompute: Recompute = "none"
     """Activation recomputation: none, ``selective`` (attention core) or ``full`` (every layer)."""
+    recompute_every: int = 1
+    """With ``recompute="full"``: checkpoint every n-th decoder layer only (layers 0, n, 2n,
+    ...), the others keep their activations (transformers'
+    ``activation_checkpointing_enable(every_n_layers=n)``; torchtune's and torchtitan's
+    layer-frequency option is the same trade). 1: every layer."""
     attention: Attention = "sdpa"
     """``sdpa`` (the kernel CUDA picks), a forced SDPA kernel, or ``eager`` softmax attention."""
     implementation: Implementation = "hf"
@@ -144,6 +149,12 @@ class Training:
             raise ValueError("optimizer_in_backward=True needs an optimizer (not None)")
         check_choice("optimizer_impl", self.optimizer_impl, OPTIMIZER_IMPLS)
         check_choice("recompute", self.recompute, RECOMPUTES)
+        check_size("recompute_every", self.recompute_every, 1, 1 << 16)
+        if self.recompute_every != 1 and self.recompute != "full":
+            raise ValueError(
+                f"recompute_every={self.recompute_every} needs recompute='full' (it says which "
+                f"layers are checkpointed), got recompute={self.recompute!r}"
+            )
         check_choice("attention", self.attention, ATTENTIONS)
         check_choice("implementation", self.implementation, IMPLEMENTATIONS)
         check_size("grad_accum", self.grad_accum, 1, 1 << 16)

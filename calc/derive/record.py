@@ -359,6 +359,22 @@ def _sdpa(backend: str) -> Iterator[None]:
         yield
 
 
+def checkpoint_layers(model: Any, every: int) -> None:
+    """transformers' activation checkpointing on decoder layers ``0, every, 2 every, ...``
+    (``activation_checkpointing_enable(every_n_layers=every)``, non-reentrant by default in
+    5.24; verify's ``build_model`` makes the same call)."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(every_n_layers=every)
+    elif every == 1:
+        model.gradient_checkpointing_enable()
+    else:
+        raise DeriveError(
+            f"recompute_every={every}: this transformers has no every_n_layers "
+            "(activation_checkpointing_enable, transformers 5.24)"
+        )
+
+
 def _model_tensors(model: Any) -> list:
     """(name, tensor) of what the built model holds: parameters, buffers and plain tensor
     attributes of its modules (RoPE's ``original_inv_freq``): the storages an eager run made
@@ -381,8 +397,7 @@ def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> t
 
     model = _build(config, "eager" if backend == "eager" else "sdpa")
     if isinstance(job, Training) and job.recompute == "full":
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        (enable or model.gradient_checkpointing_enable)()
+        checkpoint_layers(model, job.recompute_every)
     dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
     if dtype != torch.float32:
         _to_dtype(model, dtype)

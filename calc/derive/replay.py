@@ -151,19 +151,35 @@ def heterogeneous(config: dict[str, Any]) -> bool:
     return len(cached.get("kinds", [])) > 1
 
 
-def layout_of(config: dict[str, Any]) -> Periodic | None:
+def checkpoint_every(job: Training | Inference) -> int:
+    """Every how many decoder layers one is checkpointed (1: all or none)."""
+    return job.recompute_every if isinstance(job, Training) and job.recompute == "full" else 1
+
+
+def layout_of(config: dict[str, Any], checkpoint_every: int = 1) -> Periodic | None:
     """The repeating pattern of the decoder layers of a model whose layers differ
     (`calc.derive.period.periodic_layout` of `calc.derive.record.layer_signatures`), when the
     model recorded with its prefix, five units and its tail builds exactly those layers; None
-    otherwise (record every layer). Cached on disk with the config (it needs transformers)."""
-    name = _cache_name({"schema": SCHEMA, "layer_layout_of": config, **_versions()})
+    otherwise (record every layer). ``checkpoint_every`` > 1: layers ``0, n, 2n, ...`` are
+    checkpointed (``Training.recompute_every``), a difference between layers too. Cached on
+    disk with the config (it needs transformers)."""
+    key = {"schema": SCHEMA, "layer_layout_of": config, **_versions()}
+    if checkpoint_every != 1:
+        key["checkpoint_every"] = checkpoint_every
+    name = _cache_name(key)
     cached = read_plan_cache(name)
     if cached is None:
+
+        def marked(signatures: list) -> list:
+            if checkpoint_every == 1:
+                return signatures
+            return [(sig, i % checkpoint_every == 0) for i, sig in enumerate(signatures)]
+
         try:
-            signatures = layer_signatures(config)
+            signatures = marked(layer_signatures(config))
             layout = periodic_layout(signatures)
-            if layout is not None and layer_signatures(
-                _traced_config(config, layout.recorded_layers)
+            if layout is not None and marked(
+                layer_signatures(_traced_config(config, layout.recorded_layers))
             ) != layout.recorded_signatures(signatures):
                 layout = None
         except DeriveError as exc:
@@ -381,8 +397,9 @@ def derived_stream(
     model = _with_dropout(model, job)
     config = job_config(model, job)
     check_experts(config)
-    differ = heterogeneous(config)
-    layout = layout_of(config) if differ and not every_layer else None
+    every = checkpoint_every(job)
+    differ = every != 1 or heterogeneous(config)
+    layout = layout_of(config, every) if differ and not every_layer else None
     exact = every_layer or (differ and layout is None)
     layers = model.n_layers if exact else n_layers
     if layout is not None:

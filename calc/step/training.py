@@ -122,6 +122,12 @@ def check_supported(
     """Raise ``NotImplementedError`` (naming the combination) for a job the replay does not
     model; ``ValueError`` for a GPT-2 shape Hugging Face's model would refuse."""
     path = _forward_path(model, job)
+    if job.recompute_every != 1:
+        raise NotImplementedError(
+            f"recompute_every={job.recompute_every} on the hand-written graph: checkpointing "
+            "some layers only is recorded from transformers' code (implementation 'hf' or "
+            "'derived', every_n_layers)"
+        )
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)

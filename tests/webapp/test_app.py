@@ -39,6 +39,7 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.attention": "eager",
     "train.optimizer_impl": "for-loop",
     "train.implementation": "reference",
+    "train.recompute_every": 2,  # after reference: refused by name, no recording per rerun
     "train.grad_accum": 4,
     "train.weight_decay": 0.1,
     "train.dropout": 0.1,

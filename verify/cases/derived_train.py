@@ -37,8 +37,11 @@ MP: dict[str, Any] = {"fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}
 """Vocabulary of the tiny configs here (the loop cases' ``scale={"vocab": 4096}``)."""
 
 
-def _case(model_type: str, label: str, **job: Any) -> Case:
+def _case(model_type: str, label: str, layers: int | None = None, **job: Any) -> Case:
     attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
+    config = {**CONFIGS[model_type], "vocab_size": VOCAB}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
     fields = {"micro_batch": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
               "implementation": "hf", "attention": attention, **job}  # fmt: skip
     return Case(
@@ -49,7 +52,7 @@ def _case(model_type: str, label: str, **job: Any) -> Case:
         tolerance_pct=TOLERANCE_PCT["hf"],
         tags=("training", "hf", "derived", "loop"),
         note="derived replay: the job's loop/loss/optimizer variant recorded as verify runs it",
-        config=json.dumps({**CONFIGS[model_type], "vocab_size": VOCAB}, sort_keys=True),
+        config=json.dumps(config, sort_keys=True),
         scale=pairs(None),
     )
 
@@ -70,6 +73,13 @@ def derived_training_cases() -> list[Case]:
         _case("gemma2", "dropout-bf16", dropout=0.1, precision="bf16"),
         _case("starcoder2", "dropout-amp", dropout=0.1, precision="amp-bf16"),
         _case("mixtral", "dropout-hold-fp32", dropout=0.05, loop="hold-output"),
+        # every n-th layer checkpointed (transformers' every_n_layers): with 14 layers the
+        # pattern repeats often enough to record five units; with 8, every layer is recorded
+        _case("phi3", "recompute-every2-fp32", layers=14, recompute="full", recompute_every=2),
+        _case("gemma2", "recompute-every3-bf16", layers=8, recompute="full", recompute_every=3,
+              precision="bf16"),
+        _case("mixtral", "recompute-every2-hold-amp", layers=6, recompute="full",
+              recompute_every=2, loop="hold-output", precision="amp-bf16"),
         # amp-fp16: torch's GradScaler (scale, unscale_, found_inf, update) recorded
         _case("phi3", "amp-fp16", precision="amp-fp16"),
         _case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),

@@ -225,6 +225,13 @@ def _hf_cases() -> list[Case]:
                micro_batch=4, seq_len=128, tags=("hf", "fallback"), **hf),
         _train("derived-qwen2-amp-fp16", QWEN2, precision="amp-fp16", impl="derived",
                tags=("derived",), note="the GradScaler's unscale, found_inf and update recorded"),
+        # some layers checkpointed (transformers' every_n_layers): recorded from its code
+        _train("hf-llama3-recompute-every2", LLAMA3, recompute="full", recompute_every=2,
+               micro_batch=4, seq_len=128, scale={"layers": 14}, tags=("hf", "fallback"),
+               **hf),
+        _train("hf-qwen2-recompute-every3-amp", QWEN2, recompute="full", recompute_every=3,
+               precision="amp-bf16", micro_batch=2, seq_len=128, scale={"layers": 7},
+               tags=("hf", "fallback"), **hf),
         _train("derived-llama-bf16-master", LLAMA, precision="bf16-master", impl="derived",
                tags=("derived",), note="fp32 masters and states recorded over bf16 weights"),
         _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,

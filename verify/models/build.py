@@ -79,9 +79,16 @@ def build_model(
             raise NotRunnable("transformers is not installed (the hf extra)")
         model = hf_model.build_hf(spec, attention, device=device)
         if getattr(job, "recompute", "none") == "full":
-            # non-reentrant in transformers 5.24 (gradient_checkpointing_enable is deprecated)
+            # non-reentrant in transformers 5.24 (gradient_checkpointing_enable is deprecated);
+            # every_n_layers: layers 0, n, 2n, ... checkpointed
+            every = getattr(job, "recompute_every", 1)
             enable = getattr(model, "activation_checkpointing_enable", None)
-            (enable or model.gradient_checkpointing_enable)()
+            if enable is not None:
+                enable(every_n_layers=every)
+            elif every == 1:
+                model.gradient_checkpointing_enable()
+            else:
+                raise NotRunnable("this transformers has no every_n_layers")
         elif getattr(job, "recompute", "none") == "selective":
             raise NotRunnable("transformers has no selective recomputation")
 

@@ -280,6 +280,9 @@ def test_unknown_choices_are_rejected_naming_the_field(field, value) -> None:
         (dict(micro_batch=1, seq_len=8, zero_grad="never"), "zero_grad"),
         (dict(micro_batch=1, seq_len=8, weight_decay=-0.1), "weight_decay"),
         (dict(micro_batch=1, seq_len=8, dropout=1.0), "dropout"),
+        (dict(micro_batch=1, seq_len=8, recompute="full", recompute_every=0), "recompute_every"),
+        (dict(micro_batch=1, seq_len=8, recompute_every=2), "recompute_every"),
+        (dict(micro_batch=1, seq_len=8, recompute="full", recompute_every=1.5), "recompute_every"),
     ],
 )
 def test_training_invalid_field_names_the_field(kwargs, field) -> None:
