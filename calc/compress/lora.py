@@ -213,6 +213,12 @@ def check_parallel(job: Training | Inference, parallel: Parallelism) -> None:
         )
     if parallel.offload != "none":
         raise NotImplementedError(f"LoRA/QLoRA with offload={parallel.offload!r} is not modelled")
+    if parallel.fsdp and parallel.fsdp_version == 1 and not parallel.fsdp_use_orig_params:
+        raise ValueError(
+            "LoRA with fsdp_version=1 needs fsdp_use_orig_params=True: FSDP1 flattens a layer's "
+            "parameters into one, which must all require grad or none (torch: 'has both "
+            "parameters with requires_grad=True and False')"
+        )
     if parallel.shard_level == 3:  # fsdp=True or zero=3: both replay FSDP2 (calc.parallel.fsdp)
         if job.quant is not None:
             raise NotImplementedError(

@@ -280,6 +280,23 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-lora-fsdp2-hf-2", "fsdp2", Parallelism(dp=2, fsdp=True), implementation="hf",
           lora=LoRA(rank=8), tolerance_pct=GLOO_LORA_PCT,
           note="Hugging Face LlamaForCausalLM with LoRA. " + GLOO_LORA_NOTE),
+    # jobs the hand graph refuses on a rank, answered by the derived replay of the same layout
+    # (calc.estimate.ranks, _derived_instead)
+    _case("dist-lora-ddp-hf-hold-2", "ddp", Parallelism(dp=2), implementation="hf",
+          loop="hold-output", lora=LoRA(rank=8),
+          note="LoRA with the held output under DDP: derived (the hand graph refuses loops "
+          "with LoRA)"),
+    _case("dist-ddp-hf-eager-amp-fp16-2", "ddp", Parallelism(dp=2), implementation="hf",
+          attention="eager", precision="amp-fp16",
+          note="eager attention under fp16 autocast, GradScaler, DDP: derived"),
+    _case("dist-lora-fsdp2-mp-hf-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          implementation="hf", lora=LoRA(rank=8), tolerance_pct=GLOO_LORA_PCT,
+          note="LoRA under FSDP2's bf16/fp32 policy: derived. " + GLOO_LORA_NOTE),
+    _case("dist-fsdp2-hf-recompute-every2-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          implementation="hf", recompute="full", recompute_every=2, scale={**SMALL, "layers": 4},
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="every other layer checkpointed under FSDP2: derived. " + GLOO_ASYNC_NOTE),
     _case("dist-qlora-ddp-2", "ddp", Parallelism(dp=2), precision="bf16", lora=LoRA(rank=8),
           quant=Quant(method="nf4"), tags=Q,
           note="QLoRA: NF4 base (double quantization) replicated, bf16 adapters bucketed"),

@@ -117,7 +117,7 @@ def test_five_recorded_units_give_the_bytes_of_every_layer_recorded(
     # layers is six (sliding, full) units, 10 layers recorded; DeepSeek-V2 one dense layer
     # and seven MoE ones, 6 recorded. DDP's buckets follow the expanded gradient order.
     periodic = _estimate(config, job, parallel)
-    monkeypatch.setattr(replay, "layout_of", lambda config: None)
+    monkeypatch.setattr(replay, "layout_of", lambda config, checkpoint_every=1: None)
     every = _estimate(config, job, parallel)
     assert periodic.peak_bytes == every.peak_bytes
     assert periodic.peak_phase == every.peak_phase

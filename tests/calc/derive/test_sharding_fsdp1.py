@@ -44,6 +44,15 @@ def test_a_hand_modelled_type_answers_with_the_recording_for_hf_and_refuses_refe
         calc.estimate(spec, replace(job, implementation="reference"), FSDP1, device="cpu")
 
 
+def test_lora_under_fsdp1_without_orig_params_names_the_option() -> None:
+    # FSDP1 flattens a layer's frozen base and its adapters into one flat parameter, which
+    # torch refuses unless use_orig_params=True: the estimate says so before recording.
+    spec = calc.load_card("llama-2-7b")
+    job = calc.Training(micro_batch=1, seq_len=64, precision="bf16", lora=calc.LoRA(rank=8))
+    with pytest.raises(ValueError, match="fsdp_use_orig_params=True"):
+        calc.estimate(spec, job, FSDP1, device="cpu")
+
+
 def test_the_root_output_dtype_is_answered_by_the_recording() -> None:
     spec = calc.load_card("llama-2-7b")
     job = calc.Training(micro_batch=1, seq_len=64, precision="fp32", implementation="hf")

@@ -1,0 +1,52 @@
+"""Where a hand-written graph refuses a Hugging Face job, the replay derived from transformers'
+code answers (`calc.estimate.fallback`): on one GPU and on each rank of a data-parallel layout
+(`calc.estimate.ranks`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+import calc
+
+pytest.importorskip("transformers")
+
+TINY_LLAMA = {
+    "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
+    "max_position_embeddings": 1024,
+}  # fmt: skip
+HELD_LORA = calc.Training(
+    micro_batch=2, seq_len=64, precision="fp32", loop="hold-output", lora=calc.LoRA(rank=8)
+)
+"""A job the hand graph refuses: a loop other than the default together with LoRA."""
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        calc.Parallelism(dp=2),
+        calc.Parallelism(dp=2, fsdp=True),
+        calc.Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+    ],
+)
+def test_a_rank_the_hand_graph_refuses_is_answered_by_the_derived_replay(
+    parallel: calc.Parallelism,
+) -> None:
+    spec = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
+    with pytest.raises(NotImplementedError, match=r"LoRA|compression"):  # the hand graph alone
+        calc.estimate(spec, replace(HELD_LORA, implementation="reference"), parallel, "cpu")
+    est = calc.estimate(spec, HELD_LORA, parallel, device="cpu")
+    assert any("the hand-written graph does not model this" in n for n in est.notes)
+    derived = calc.estimate(spec, replace(HELD_LORA, implementation="derived"), parallel, "cpu")
+    assert (est.peak_bytes, est.rank_peaks) == (derived.peak_bytes, derived.rank_peaks)
+
+
+def test_a_layout_the_recording_lacks_keeps_the_hand_graphs_refusal() -> None:
+    # ZeroRedundancyOptimizer (zero=1 by-parameter) is not recorded from transformers' code:
+    # the hand graph's own message stands.
+    spec = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
+    par = calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter")
+    with pytest.raises(NotImplementedError, match="loop='hold-output'"):
+        calc.estimate(spec, HELD_LORA, par, device="cpu")
