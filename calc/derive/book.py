@@ -323,15 +323,20 @@ def _op_tag(book: Book, args: Any, kwargs: Any, index: int, n_out: int) -> objec
     return None
 
 
-def _scalar_read(t: Any) -> bool:
+def _scalar_read(t: Any, phase: str) -> bool | float:
     """A Python value read from a fake tensor (``bool(x)``, ``x.item()``), as the eager run
     reads it: the modeling code asks such questions of boolean checks on its own index tensors
     (``masking_utils``: "no packed sequences?", "no padding?"), which are true for the
-    unpadded, unpacked batches of the protocol. Any other read cannot be answered."""
+    unpadded, unpacked batches of the protocol. In the optimizer step a floating-point read is
+    a scalar factor that sizes nothing (``torch.optim.Adafactor`` reads its step count and the
+    parameter and update norms as Python numbers: ``torch/optim/_adafactor.py``, ``step_t.item()``,
+    ``param.norm(2).item()``): 1.0 stands for it. Any other read cannot be answered."""
     import torch
 
     if t.dtype == torch.bool:
         return True
+    if phase.endswith("/optimizer") and t.dtype.is_floating_point:
+        return 1.0
     raise DeriveError(
         f"the modeling code reads a value of a {t.dtype} tensor (aten._local_scalar_dense): "
         "its sizes depend on data the derived replay does not have"
@@ -386,7 +391,7 @@ def mode_type() -> type:
                 try:  # a constant the fake mode knows (torch.tensor(0.0): Adam's step)
                     return func(*args, **(kwargs or {}))
                 except DataDependentOutputException:
-                    return _scalar_read(args[0])
+                    return _scalar_read(args[0], self.book.phase)
             if func is torch.ops.aten._grouped_mm.default and args[0].dtype != torch.bfloat16:
                 out = grouped_mm_fake(args, kwargs)
             else:

@@ -337,6 +337,8 @@ def _optimizer(params: list, job: Training) -> Any:
         return bnb.bnb_adam_class()(params, bits, job.paged_optimizer)
     foreach, fused = job.optimizer_impl == "foreach", job.optimizer_impl == "fused"
     wd = job.weight_decay
+    if job.optimizer == "adafactor":  # its scalar reads: calc.derive.book._scalar_read
+        return torch.optim.Adafactor(params, lr=1e-2, weight_decay=wd, foreach=foreach)
     if job.optimizer in ("sgd", "sgd-momentum"):
         momentum = 0.9 if job.optimizer == "sgd-momentum" else 0.0
         return torch.optim.SGD(

@@ -235,10 +235,11 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
         )
     if isinstance(job, Training):
         check_loss_chunks(job)
-        if job.optimizer not in (None, "sgd", "sgd-momentum", "adam", "adamw", *BNB_OPTIMIZERS):
+        known = (None, "sgd", "sgd-momentum", "adam", "adamw", "adafactor", *BNB_OPTIMIZERS)
+        if job.optimizer not in known:
             raise NotImplementedError(
                 f"optimizer={job.optimizer!r} on a derived architecture is not modelled yet "
-                "(sgd, sgd-momentum, adam, adamw, adam8bit, adam32bit are)"
+                "(sgd, sgd-momentum, adam, adamw, adafactor, adam8bit, adam32bit are)"
             )
         if job.recompute == "selective":
             raise NotImplementedError("transformers has no selective recomputation")

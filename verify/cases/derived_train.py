@@ -80,6 +80,13 @@ def derived_training_cases() -> list[Case]:
               precision="bf16"),
         _case("mixtral", "recompute-every2-hold-amp", layers=6, recompute="full",
               recompute_every=2, loop="hold-output", precision="amp-bf16"),
+        # Adafactor (torch.optim.Adafactor): factored second moments, 3-D expert tensors too
+        _case("phi3", "adafactor-fp32", optimizer="adafactor"),
+        _case("mixtral", "adafactor-for-loop-bf16", optimizer="adafactor",
+              optimizer_impl="for-loop", precision="bf16"),
+        _case("qwen3_moe", "adafactor-step-fp32", optimizer="adafactor", micro_batch=1,
+              seq_len=8),
+        _case("deepseek_v2", "adafactor-amp", optimizer="adafactor", precision="amp-bf16"),
         # amp-fp16: torch's GradScaler (scale, unscale_, found_inf, update) recorded
         _case("phi3", "amp-fp16", precision="amp-fp16"),
         _case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),

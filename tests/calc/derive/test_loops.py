@@ -68,6 +68,32 @@ def test_bf16_master_weights_derived_equal_the_hand_graph_in_every_phase(variant
     assert dict(derived.phases) == dict(hand.phases)
 
 
+@pytest.mark.parametrize("variant", [{}, {"optimizer_impl": "for-loop", "weight_decay": 0.1}])
+def test_adafactor_derived_equals_the_hand_graph_in_every_phase(variant: dict) -> None:
+    # torch.optim.Adafactor reads its step count and norms as Python numbers (values the fake
+    # tensors lack; they size nothing); its factored states and temporaries are recorded. The
+    # hand graph's Adafactor is checked against the CPU tracker by verify's opt-adafactor-*.
+    spec = calc.ModelSpec.from_hf_config(TINY_QWEN2, name="tiny-qwen2")
+    job = calc.Training(micro_batch=2, seq_len=64, precision="fp32", optimizer="adafactor",
+                        **variant)  # fmt: skip
+    hand = calc.estimate(spec, job, device="cpu")
+    derived = calc.estimate(spec, replace(job, implementation="derived"), device="cpu")
+    assert dict(derived.phases) == dict(hand.phases)
+
+
+def test_a_value_read_outside_the_optimizer_step_is_still_refused_by_name() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from calc.derive.book import DeriveError, _scalar_read
+
+    with FakeTensorMode():
+        t = torch.empty(3)
+    assert _scalar_read(t, "step1/optimizer") == 1.0
+    with pytest.raises(DeriveError, match=r"reads a value of a torch\.float32 tensor"):
+        _scalar_read(t, "step1/forward")
+
+
 def test_bf16_master_holds_fp32_masters_beside_the_bf16_weights() -> None:
     # Hand count of tiny Phi-3 (tied embedding 4096 x 64; per layer qkv_proj 64 x 128,
     # o_proj 64 x 64, gate_up_proj 64 x 256, down_proj 128 x 64, two norms of 64; final norm):
