@@ -202,12 +202,12 @@ def _note(parallel: Parallelism) -> str:
     if parallel.tp > 1:
         return (
             "transformers' own tensor parallelism (DistributedConfig) recorded over a fake "
-            "process group. 8 %, for two gaps not named yet, both small in bytes at this tiny "
-            "size: in the fp32 cases calc's forward holds 131,072 B (twice the rank's [2, 32, 256] "
-            "fp32 logits shard) more than measured at the logits' all-gather, in every "
-            "run (backward and optimizer phases exact: mixtral +2.80 % every run); and gloo "
-            "keeps a collective's buffer longer in some runs (measured on 2026-12-04 over 4 "
-            "runs: phi3 +3.36, +3.36, -6.24, +3.36 %; olmo2 0, -7.21, 0, 0 %; qwen3_moe 0 %)"
+            "process group. 8 % for gloo, which keeps a collective's buffer longer in some "
+            "runs (2026-12-05: olmo2 exact, then -7.21 % with rank 1 holding 98,304 B more in "
+            "step 2; 2026-12-04 over 4 runs: phi3 once -6.24 %). The fp32 cases' +131,072 B "
+            "in the forward until 2026-12-05 was the recording's: the fake rule of "
+            "wait_tensor made a new tensor where the kernels return their input "
+            "(calc.derive.book); exact since"
         )
     if parallel.fsdp:
         return (

@@ -54,3 +54,15 @@ def test_expert_parallelism_needs_tp_and_a_derived_model() -> None:
         )
     with pytest.raises(ValueError, match=r"Native\.tp=1"):
         Native(tp=1)
+
+
+def test_waiting_on_a_collective_allocates_nothing() -> None:
+    # _c10d_functional.wait_tensor's kernels return their input; its fake rule returns a new
+    # tensor (empty_like), which the recording must not count: measured on 2 gloo ranks, tiny
+    # Phi-3 fp32 (dist-derived-phi3-tp-2), the forward held 131,072 B less than a recording
+    # that counted it (the [2, 32, 512] fp32 logits gathered from [2, 32, 256] shards).
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3_CONFIG)
+    est = calc.estimate(spec, JOB, calc.Parallelism(tp=2), device="cpu")
+    assert not [name for name in est.breakdown if name.endswith("/wait_tensor")]
+    # the collective's output is counted once, under the collective (the embedding's all-reduce)
+    assert "activations/embedding/all_reduce" in est.breakdown
