@@ -178,8 +178,8 @@ TRAINING: tuple[FormField, ...] = (
               help="chunks of the chunked cross-entropy"),
     FormField(task="train", name="compile", label="torch.compile", kind="choice",
               default=_default(T, "compile"), choices=jobs.COMPILES, section="advanced",
-              help="none: eager; default: torch.compile(model), measured but not modelled yet "
-              "(the estimate is refused)"),
+              help="none: eager; default: torch.compile(model), one GPU: recorded from "
+              "Inductor's generated code at this batch and sequence (seconds per new size)"),
 )  # fmt: skip
 
 NONE = "none"

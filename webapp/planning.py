@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import streamlit as st
@@ -79,6 +79,8 @@ class Request:
         """A request whose unexplored axes hold the sidebar job's values."""
         same_kind = isinstance(job, calc.Inference) == (kind(task) == INFERENCE)
         base = job if same_kind else None
+        if isinstance(base, calc.Training) and base.compile != "none":
+            base = replace(base, compile="none")  # the planner sweeps eager jobs
         # ``Axis.current``: the job's value on each axis (None for the layout, which a job does
         # not carry: the planner then enumerates the layouts of ``gpu_count`` GPUs).
         pinned = [a for a in axes_for(kind(task)) if a.name in explorable(task)]

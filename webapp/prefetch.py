@@ -67,7 +67,10 @@ def enabled() -> bool:
 
 
 def neighbours(job: calc.Training | calc.Inference) -> list[calc.Training | calc.Inference]:
-    """The valid jobs that differ from ``job`` in exactly one of ``NEIGHBOUR_CHOICES``."""
+    """The valid jobs that differ from ``job`` in exactly one of ``NEIGHBOUR_CHOICES``; none
+    for a compiled step (each is a recording of seconds, made when asked for)."""
+    if isinstance(job, calc.Training) and job.compile != "none":
+        return []
     out = []
     for field, values in NEIGHBOUR_CHOICES[type(job)].items():
         for value in values:

@@ -58,6 +58,7 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "loss_chunks",
     "optimizer_in_backward",
     "paged_optimizer",
+    "compile",
 )
 INFERENCE_FIELDS: tuple[str, ...] = (
     "batch",
@@ -155,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="bitsandbytes' paged optimizer (with --optimizer adam8bit or adam32bit): large "
         "params' states in CUDA managed memory, outside PyTorch's allocator",
+    )
+    train.add_argument(
+        "--compile",
+        help=f"{_choices(jobs.COMPILES)}: default is torch.compile(model), recorded from "
+        "Inductor's generated code at this batch and sequence, one GPU (default none)",
     )
     cli_compression.add_arguments(p)  # --quant, --kv-quant, --lora-rank, ...
 

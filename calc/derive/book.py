@@ -423,6 +423,20 @@ def mode_type() -> type:
     return Recorder
 
 
+def compiled_mode_type() -> type:
+    """The recorder for a ``torch.compile``'d model: torch turns a mode that ignores compile
+    internals off while it compiles and on while the compiled code runs
+    (``TorchDispatchMode.ignore_compile_internals``); any other mode makes Dynamo run the
+    model eagerly."""
+
+    class CompiledRecorder(mode_type()):  # type: ignore[misc]
+        @classmethod
+        def ignore_compile_internals(cls) -> bool:
+            return True
+
+    return CompiledRecorder
+
+
 @contextlib.contextmanager
 def quiet() -> Iterator[None]:
     """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`; the
@@ -461,8 +475,10 @@ def eager_paths() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def recorder(book: Book) -> Iterator[Any]:
-    """The recorder over ``book``, with the saved-tensor hooks the tracker installs."""
+def recorder(book: Book, compiled: bool = False) -> Iterator[Any]:
+    """The recorder over ``book``, with the saved-tensor hooks the tracker installs;
+    ``compiled``: off while ``torch.compile`` compiles, on while its code runs
+    (`calc.derive.inductor`)."""
     import torch
 
     def pack(t: Any) -> Any:
@@ -476,7 +492,7 @@ def recorder(book: Book) -> Iterator[Any]:
     cls = torch.UntypedStorage
     own = "resize_" in cls.__dict__
     original = cls.resize_
-    with mode_type()(book) as mode:
+    with (compiled_mode_type() if compiled else mode_type())(book) as mode:
 
         def resize_(st: Any, size: int) -> Any:  # as the tracker patches it
             out = original(st, size)

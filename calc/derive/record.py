@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import bnb, loops, lora, quantized, sharding
+from calc.derive import bnb, inductor, loops, lora, quantized, sharding
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -430,7 +431,10 @@ def session(
     # the build, recorded: what an eager build makes outside dispatch is not counted
     # (embed_scale = torch.tensor(..))
     setup = Book()
+    compiled = isinstance(job, Training) and job.compile != "none"
     with contextlib.ExitStack() as stack:
+        if compiled:
+            stack.enter_context(inductor.fake_inductor())
         mesh = stack.enter_context(_world(shard))
         stack.enter_context(eager_paths())
         stack.enter_context(quiet())
@@ -440,6 +444,8 @@ def session(
         if shard is None:
             with recorder(setup):
                 model, _ = _built(config, job, backend)
+                if compiled:
+                    inductor.compile_model(model, job)
                 held = [
                     (name, t)
                     for name, t in _model_tensors(model)
@@ -450,7 +456,11 @@ def session(
             nonlocal model
             book = Book()
             starts: list[int] = []  # generate's forwards, where the stream is cut
-            with recorder(book) as mode:
+            if compiled:  # each point compiled for its own shapes, as each measured run is
+                import torch._dynamo
+
+                torch._dynamo.reset()
+            with recorder(book, compiled) as mode:
                 if shard is not None:
                     model, layers = _built(config, job, backend)
                     model = _wrap(model, layers, shard, mesh)
@@ -502,11 +512,18 @@ def _train(
 
     ids = torch.randint(0, vocab, (batch, seq))
     targets = torch.randint(0, vocab, (batch, seq))
-    prefix, handles = _hooks(model, book, _layers_of(model))
+    compiled = job.compile != "none"
+    handles: list[Any] = []
+    if compiled:  # one graph of every layer: hooks inside it would break it, so no layer tags
+        prefix = _layer_list(model, _layers_of(model))[0]
+    else:
+        prefix, handles = _hooks(model, book, _layers_of(model))
     params = [p for p in model.parameters() if p.requires_grad]
+    loss_fn = _loss_fn(model, job)
+    if compiled:
+        _warm_up(loss_fn, params, job, backend, ids, targets)
     opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job))
     scaler = _scaler() if job.precision == "amp-fp16" else None
-    loss_fn = _loss_fn(model, job)
     _start(book, model, prefix, (ids, targets))
     with _sdpa(backend):
         _run_steps(book, mode, loss_fn, opt, scaler, params, job, ids, targets, steps)
@@ -517,6 +534,26 @@ def _train(
         h.remove()
     if isinstance(opt, loops.NoStep):
         opt.close()
+
+
+def _warm_up(
+    loss_fn: Any, params: list, job: Training, backend: str, ids: Any, targets: Any
+) -> None:
+    """verify's warm-up of a compiled model (``verify/run/compiled.py``, ``warm_up``): one
+    forward and backward, which compile both graphs, then every gradient set to None and a
+    garbage collection; before the measured part starts."""
+    import torch
+
+    amp = _AUTOCAST.get(job.precision)
+    ctx = torch.autocast("cpu", dtype=getattr(torch, amp)) if amp else contextlib.nullcontext()
+    with _sdpa(backend):
+        with ctx:
+            loss = loss_fn(ids, targets)
+        loss.backward()
+    del loss
+    for p in params:
+        p.grad = None
+    gc.collect()  # as verify's warm-up: what a reference cycle of the compile held goes now
 
 
 def _loss_fn(model: Any, job: Training) -> Callable[[Any, Any], Any]:

@@ -216,6 +216,10 @@ def _regime(job: Training | Inference, config: dict[str, Any]) -> lift.Regime:
         return generate.generate_regime(
             job.batch, job.prompt_len, job.new_tokens, thresholds(config)
         )
+    if isinstance(job, Training) and job.compile != "none":
+        # Inductor compiles for the shapes it is given, and its program (which buffers,
+        # which fused kernels) changes with them: one recording at the job's own sizes
+        return lift.Regime((), tuple(job_values(job).items()))
     return lift.regime(job_values(job), thresholds(config))
 
 
@@ -399,6 +403,13 @@ def derived_stream(
     config = job_config(model, job)
     check_experts(config)
     every = checkpoint_every(job)
+    if isinstance(job, Training) and job.compile != "none":
+        if shard is not None:
+            raise NotImplementedError(
+                f"compile={job.compile!r} with DDP/FSDP/tensor parallelism is not modelled "
+                "yet (one GPU is)"
+            )
+        every_layer = True  # one graph of all layers: no layer's storages can be told apart
     differ = every != 1 or heterogeneous(config)
     layout = layout_of(config, every) if differ and not every_layer else None
     exact = every_layer or (differ and layout is None)
@@ -438,6 +449,13 @@ def _record(
 ) -> DerivedStream:
     """Record at the points of the regime's plan, check one structure, fit the sizes: first
     `lift.factor_plan`'s few points; when a size is of another form, the rest of the grid."""
+    if not reg.free:  # every size fixed: one recording, its sizes as they are
+        with contextlib.ExitStack() as stack:
+            trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend)))
+            values = dict(reg.fixed)
+            tr = _guarded(config, partial(trace, values["b"], values["s"], values.get("c", 0)))
+        constant: tuple[lift.Poly, ...] = tuple((((), n, 1),) if n else () for n in tr.nbytes)
+        return DerivedStream(reg, constant, tr.info, tr.baseline, tr.stream, exact)
     grid, held = generate.sample_plan(reg)
     generating = isinstance(job, Inference) and job.new_tokens > 0
     quick = None if generating else lift.factor_plan(reg)  # generate: the full grid, as verified

@@ -60,7 +60,6 @@ def estimate(
         raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
     if isinstance(job, Training):
         _check_training(model, job)
-        _refuse_compile(job)
     if job.quant is not None:  # the group size must divide every quantized linear
         check_fits(model, job.quant)
     compressed = isinstance(job, Training) and any(
@@ -78,6 +77,7 @@ def estimate(
     if device == "cuda" and model.derived:
         check_cuda(model, job)  # the recording's CPU kernel must be the one CUDA runs
     comp, key, job, notes = _compiled_or_derived(model, job, device)
+    notes = (*notes, *compile_notes(job, device))
     est = _with_paged(evaluate(comp, key, model, job, device, notes=notes), model, job)
     if gpu_obj is not None:
         est = for_gpu(est, job, gpu_obj)
@@ -90,7 +90,13 @@ def estimate(
 
 
 def _check_paged(job: Training | Inference, parallel: Parallelism) -> None:
-    """Paged optimizer states are modelled unsharded (one GPU, DDP)."""
+    """Paged optimizer states are modelled unsharded (one GPU, DDP); a compiled step on one
+    GPU only."""
+    if isinstance(job, Training) and job.compile != "none":
+        raise NotImplementedError(
+            f"compile={job.compile!r} with DDP/FSDP/tensor parallelism is not modelled yet "
+            "(one GPU is: parallel=None)"
+        )
     paged = isinstance(job, Training) and job.paged_optimizer
     if paged and (parallel.shard_level or parallel.offload != "none"):
         raise NotImplementedError(
@@ -131,17 +137,23 @@ def _check_training(model: ModelSpec, job: Training) -> None:
             )
 
 
-def _refuse_compile(job: Training) -> None:
-    """``NotImplementedError`` for ``compile="default"``: verify measures compiled steps
-    (``compile-*`` cases, `verify.measure.alloc`), but the compiled step's memory (the
-    partitioner's saved set, the generated code's buffers) is not derived yet
-    (docs/compile.md gives the measured gap to eager)."""
-    if job.compile != "none":
-        raise NotImplementedError(
-            f"compile={job.compile!r}: torch.compile's step is measured (verify compile-* "
-            "cases) but not modelled yet; docs/compile.md gives its measured distance from "
-            "the eager estimate"
-        )
+COMPILE_NOTE = (
+    "torch.compile: recorded from Inductor's own generated code run on fake tensors, at this "
+    "job's batch and sequence (Inductor compiles for the shapes it is given: other sizes are "
+    "recorded again, seconds each); the optimizer step runs eagerly"
+)
+COMPILE_CUDA_NOTE = (
+    "torch.compile on CUDA: the program recorded is Inductor's CPU one (C++ kernels); on a GPU "
+    "Inductor writes Triton kernels from the same scheduled graph, saved set and buffer plan, "
+    "but this has not been measured on a GPU yet"
+)
+
+
+def compile_notes(job: Training | Inference, device: str) -> tuple[str, ...]:
+    """The notes of a compiled training step (`calc.derive.inductor`), none otherwise."""
+    if not isinstance(job, Training) or job.compile == "none":
+        return ()
+    return (COMPILE_NOTE, COMPILE_CUDA_NOTE) if device == "cuda" else (COMPILE_NOTE,)
 
 
 def _compiled_or_derived(

@@ -116,6 +116,11 @@ def plan(
     if not isinstance(model, ModelSpec):
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
     check_plannable(model)
+    if isinstance(base, Training) and base.compile != "none":
+        raise ValueError(
+            f"base.compile={base.compile!r}: the planner sweeps eager jobs; a compiled step is "
+            "recorded per batch and sequence (seconds each), so estimate it with calc.estimate"
+        )
     gpu_obj = gpu_of(gpu)
     ctx = context(kind, seq_len, global_batch, gpu_count)
     base_fields = base_fields_of(kind, base, task)

@@ -116,18 +116,28 @@ def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
     return ForwardPath.HF_GPT2 if model.model_type == "gpt2" else ForwardPath.HF
 
 
-def check_supported(
-    model: ModelSpec, job: Training, sh: reference.Shape, tp_comm: bool, dp: ReplayPlan | None
-) -> None:
-    """Raise ``NotImplementedError`` (naming the combination) for a job the replay does not
-    model; ``ValueError`` for a GPT-2 shape Hugging Face's model would refuse."""
-    path = _forward_path(model, job)
+def _check_recorded_only(job: Training) -> None:
+    """What only the replay recorded from transformers' code models (`calc.derive`)."""
+    if job.compile != "none":
+        raise NotImplementedError(
+            f"compile={job.compile!r} on the hand-written graph: torch.compile's step is "
+            "recorded from Inductor's own generated code (implementation 'hf' or 'derived')"
+        )
     if job.recompute_every != 1:
         raise NotImplementedError(
             f"recompute_every={job.recompute_every} on the hand-written graph: checkpointing "
             "some layers only is recorded from transformers' code (implementation 'hf' or "
             "'derived', every_n_layers)"
         )
+
+
+def check_supported(
+    model: ModelSpec, job: Training, sh: reference.Shape, tp_comm: bool, dp: ReplayPlan | None
+) -> None:
+    """Raise ``NotImplementedError`` (naming the combination) for a job the replay does not
+    model; ``ValueError`` for a GPT-2 shape Hugging Face's model would refuse."""
+    path = _forward_path(model, job)
+    _check_recorded_only(job)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
     if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)

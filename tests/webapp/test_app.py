@@ -48,7 +48,8 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.loss": "chunked-ce",
     "train.loss_chunks": 4,
     "train.optimizer_in_backward": True,
-    "train.compile": "default",  # last: calc refuses it, and the page must say so
+    "train.compile": "default",  # last: a recording (seconds), after implementation=reference:
+    # refused by name there (compile records transformers' code)
 }
 INFER_CHANGES: tuple[tuple[str, object], ...] = (
     ("infer.batch", 4),

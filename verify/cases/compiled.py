@@ -2,19 +2,46 @@
 `verify.run.compiled` (the profiler's allocation events; the storage tracker's dispatch mode
 would make Dynamo run the model eagerly).
 
-Each is an hf training step whose activations outweigh the optimizer step (batch 4 x 128
-tokens), so the forward and backward peaks, which the compiled graph changes, decide the peak.
-calc refuses ``compile="default"`` (not modelled yet): the record's ``extra`` gives the eager
-estimate of the same job next to the compiled measurement.
+Each is a training step whose activations outweigh the optimizer step, so the forward and
+backward peaks, which the compiled graph changes, decide the peak. calc records the compiled
+step from Inductor's own generated code run on fake tensors (`calc.derive.inductor`); the
+record's ``extra`` also gives the eager estimate of the same job, what ignoring
+``torch.compile`` would predict.
 """
 
 from __future__ import annotations
 
-from verify.cases.case import LLAMA, QWEN2, Case, train
+import json
+from typing import Any
+
+from calc.config.jobs import Training
+from verify.cases.case import GPT2, LLAMA, QWEN2, TOLERANCE_PCT, Case, pairs, train
+from verify.cases.derived import CONFIGS
 
 __all__ = ["compiled_cases"]
 
 _SIZE = {"micro_batch": 4, "seq_len": 128}
+_VOCAB = 4096
+"""Vocabulary of the derived types' tiny configs here (the logits weigh, as in real runs)."""
+
+
+def _derived(model_type: str, label: str, **job: Any) -> Case:
+    """A compiled step of a type calc knows only by derivation (`verify.cases.derived`)."""
+    attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
+    config = {**CONFIGS[model_type], "vocab_size": _VOCAB}
+    fields = {"micro_batch": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
+              "implementation": "hf", "attention": attention, "compile": "default", **job}  # fmt: skip
+    return Case(
+        name=f"compile-{model_type}-{label}",
+        card=model_type,
+        job=Training(**fields),
+        impl="hf",
+        tolerance_pct=TOLERANCE_PCT["hf"],
+        tags=("training", "hf", "derived", "compile"),
+        note="torch.compile(model) of a derived architecture",
+        config=json.dumps(config, sort_keys=True),
+        scale=pairs(None),
+    )
 
 
 def compiled_cases() -> list[Case]:
@@ -25,4 +52,25 @@ def compiled_cases() -> list[Case]:
         train("compile-hf-llama-bf16", LLAMA, precision="bf16", **hf),
         train("compile-hf-qwen2-fp32", QWEN2, precision="fp32", **hf),
         train("compile-hf-qwen2-amp-bf16", QWEN2, precision="amp-bf16", **hf),
+        # runs it never saw while the recording was written
+        train("compile-hf-gpt2-fp32", GPT2, precision="fp32", **hf),
+        train("compile-hf-llama-accum2-bf16", LLAMA, precision="bf16", grad_accum=2, **hf),
+        train("compile-hf-qwen2-hold-fp32", QWEN2, precision="fp32", loop="hold-output", **hf),
+        # Qwen2.5-0.5B itself: a 151,936-token vocabulary, the logits' regime of real runs;
+        # SGD (no states), so that the compiled backward, not the optimizer, is the peak
+        train(
+            "compile-full-qwen2.5-0.5b-bf16-sgd",
+            QWEN2,
+            precision="bf16",
+            impl="hf",
+            optimizer="sgd",
+            compile="default",
+            micro_batch=1,
+            seq_len=512,
+            full_size=True,
+            tags=("compile", "full"),
+        ),
+        _derived("phi3", "fp32"),
+        _derived("gemma2", "bf16", precision="bf16"),
+        _derived("olmo2", "amp-bf16", precision="amp-bf16"),
     ]

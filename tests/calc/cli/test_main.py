@@ -139,6 +139,12 @@ def test_every_training_flag_reaches_its_field(calls, capsys) -> None:
     assert device == "cpu"
 
 
+def test_compile_flag_reaches_its_field(calls, capsys) -> None:
+    code, _, err = run_cli(["--card", "gpt2", "--seq-len", "64", "--compile", "default"], capsys)
+    assert code == 0, err
+    assert calls[0][1] == calc.Training(micro_batch=1, seq_len=64, compile="default")
+
+
 def test_every_inference_flag_reaches_its_field(calls, capsys) -> None:
     argv = ["--task", "infer", "--batch", "3", "--context", "1024", "--prompt", "100"]
     argv += ["--precision", "fp16", "--attention", "math", "--implementation", "reference"]
