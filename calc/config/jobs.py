@@ -30,7 +30,7 @@ Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
 InferencePrecision = Literal["fp32", "bf16", "fp16"]
 CacheImpl = Literal["dynamic", "static"]
-Compile = Literal["none", "default"]
+Compile = Literal["none", "default", "regional"]
 Device = Literal["cuda", "cpu"]
 
 PRECISIONS: tuple[str, ...] = get_args(Precision)
@@ -129,10 +129,12 @@ class Training:
     PyTorch's allocator, so they are not in the peak; the estimate names their bytes. Needs
     ``optimizer`` ``adam8bit`` or ``adam32bit``."""
     compile: Compile = "none"
-    """``none`` (eager) or ``default``: the model wrapped by ``torch.compile(model)`` in its
+    """``none`` (eager); ``default``: the whole model wrapped by ``torch.compile(model)`` in its
     default mode (Inductor; AOTAutograd's partitioner chooses what the forward saves, the
-    generated code allocates its own buffers). Measured by verify (``compile-*`` cases);
-    ``calc.estimate`` refuses it until the compiled step is derived (docs/compile.md)."""
+    generated code allocates its own buffers); ``regional``: each decoder layer compiled on its
+    own (``layer.compile()``: torchtune's ``compile_model``, torchtitan's per-block compile),
+    the embedding, head and loss eager. Recorded from Inductor's own code at the job's sizes,
+    one GPU (`calc.derive.inductor`, docs/compile.md)."""
 
     def __post_init__(self) -> None:
         check_size("micro_batch", self.micro_batch, 1, 1 << 20)

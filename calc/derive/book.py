@@ -429,10 +429,37 @@ def compiled_mode_type() -> type:
     (``TorchDispatchMode.ignore_compile_internals``); any other mode makes Dynamo run the
     model eagerly."""
 
+    import torch
+    from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+
+    state_bytes = torch.get_rng_state().numel()  # the CPU generator's state, a uint8 tensor
+
     class CompiledRecorder(mode_type()):  # type: ignore[misc]
+        supports_higher_order_operators = True
+
         @classmethod
         def ignore_compile_internals(cls) -> bool:
             return True
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+            if not isinstance(func, torch._ops.HigherOrderOperator):
+                return super().__torch_dispatch__(func, types, args, kwargs)
+            # a checkpointed region's random op (torch/_prims/rng_prims.py, impl_cpu): the
+            # generator's state taken before the op runs, the op itself recorded
+            kwargs = kwargs or {}
+            if func is run_and_save_rng_state:
+                op, *rest = args
+                with self:
+                    state = torch.empty(state_bytes, dtype=torch.uint8)
+                    return state, op(*rest, **kwargs)
+            if func is run_with_rng_state:
+                _saved, op, *rest = args
+                with self:
+                    current = torch.empty(state_bytes, dtype=torch.uint8)  # restored after op
+                    out = op(*rest, **kwargs)
+                    del current
+                    return out
+            return NotImplemented
 
     return CompiledRecorder
 

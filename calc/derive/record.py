@@ -443,9 +443,9 @@ def session(
         model: Any = None
         if shard is None:
             with recorder(setup):
-                model, _ = _built(config, job, backend)
+                model, layers = _built(config, job, backend)
                 if compiled:
-                    inductor.compile_model(model, job)
+                    inductor.compile_model(model, layers, job)
                 held = [
                     (name, t)
                     for name, t in _model_tensors(model)
@@ -514,7 +514,7 @@ def _train(
     targets = torch.randint(0, vocab, (batch, seq))
     compiled = job.compile != "none"
     handles: list[Any] = []
-    if compiled:  # one graph of every layer: hooks inside it would break it, so no layer tags
+    if inductor.whole_graph(job):  # one graph of every layer: hooks would break it, no tags
         prefix = _layer_list(model, _layers_of(model))[0]
     else:
         prefix, handles = _hooks(model, book, _layers_of(model))

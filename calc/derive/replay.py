@@ -409,7 +409,9 @@ def derived_stream(
                 f"compile={job.compile!r} with DDP/FSDP/tensor parallelism is not modelled "
                 "yet (one GPU is)"
             )
-        every_layer = True  # one graph of all layers: no layer's storages can be told apart
+        # "default": one graph of all layers, no layer's storages can be told apart;
+        # "regional": which layers compile is Dynamo's call (`calc.derive.inductor`)
+        every_layer = True
     differ = every != 1 or heterogeneous(config)
     layout = layout_of(config, every) if differ and not every_layer else None
     exact = every_layer or (differ and layout is None)

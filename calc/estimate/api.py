@@ -16,12 +16,9 @@ from calc.data.gpus import GPU, get_gpu
 from calc.derive.replay import check_cuda, derived_trainable_numels
 from calc.estimate.core import (
     CUBLAS_WORKSPACE_BYTES,
-    Compiled,
-    StructureKey,
-    compiled_for,
     evaluate,
 )
-from calc.estimate.fallback import derived_fallback
+from calc.estimate.fallback import compiled_or_derived
 from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
@@ -76,7 +73,7 @@ def estimate(
         return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
     if device == "cuda" and model.derived:
         check_cuda(model, job)  # the recording's CPU kernel must be the one CUDA runs
-    comp, key, job, notes = _compiled_or_derived(model, job, device)
+    comp, key, job, notes = compiled_or_derived(model, job, device)
     notes = (*notes, *compile_notes(job, device))
     est = _with_paged(evaluate(comp, key, model, job, device, notes=notes), model, job)
     if gpu_obj is not None:
@@ -149,32 +146,19 @@ COMPILE_CUDA_NOTE = (
 )
 
 
+COMPILE_REGIONAL_NOTE = (
+    "compile='regional': transformers' decoder layers keep their index as an int, which Dynamo "
+    "specialises on, so each layer may compile a graph of its own; past "
+    "torch._dynamo.config.recompile_limit (8 in torch 2.13) the remaining layers run eagerly, "
+    "and the recording does the same (raise the limit in the run to compile them all)"
+)
+
+
 def compile_notes(job: Training | Inference, device: str) -> tuple[str, ...]:
     """The notes of a compiled training step (`calc.derive.inductor`), none otherwise."""
     if not isinstance(job, Training) or job.compile == "none":
         return ()
-    return (COMPILE_NOTE, COMPILE_CUDA_NOTE) if device == "cuda" else (COMPILE_NOTE,)
-
-
-def _compiled_or_derived(
-    model: ModelSpec, job: Training | Inference, device: str
-) -> tuple[Compiled, StructureKey, Training | Inference, tuple[str, ...]]:
-    """``(compiled, key, job, notes)`` of a one-GPU job. Where the hand-written Hugging Face
-    graph refuses a job (eager attention under autocast, dropout, sampling, ...), the
-    replay derived from transformers' own code (`calc.derive`) answers instead, when it
-    records what this device runs (`calc.estimate.fallback`); its note names what the hand graph
-    lacks. Otherwise the hand graph's ``NotImplementedError`` stands."""
-    try:
-        comp, key = compiled_for(model, job, device)
-        return comp, key, job, ()
-    except NotImplementedError as hand:
-        derived = derived_fallback(model, job, device)
-        if derived is None:
-            raise
-        try:
-            comp, key = compiled_for(model, derived, device)
-        except NotImplementedError:
-            raise hand from None
-        lacks = str(hand)
-    note = f"derived from transformers' code: the hand-written graph does not model this ({lacks})"
-    return comp, key, derived, (note,)
+    notes: tuple[str, ...] = (COMPILE_NOTE,)
+    if job.compile == "regional":
+        notes = (*notes, COMPILE_REGIONAL_NOTE)
+    return (*notes, COMPILE_CUDA_NOTE) if device == "cuda" else notes

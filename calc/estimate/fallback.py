@@ -1,7 +1,7 @@
 """Where a hand-written graph refuses a Hugging Face job, the replay derived from transformers'
 own code (`calc.derive`) may answer instead: `derived_fallback` says whether and with which
-job. Used by `calc.estimate` for one GPU and by `calc.estimate.ranks` for FSDP1, which only the
-recording models."""
+job, `compiled_or_derived` compiles whichever answers. Used by `calc.estimate` for one GPU and
+by `calc.estimate.ranks` for each rank of a DDP/FSDP layout (FSDP1 only the recording models)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import replace
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.derive.replay import check_cuda
+from calc.estimate.core import SINGLE, Compiled, ReplayOptions, StructureKey, compiled_for
 
 
 def derived_fallback(
@@ -37,3 +38,36 @@ def derived_fallback(
         except (NotImplementedError, ValueError):
             return None  # CUDA runs another kernel: the hand graph's refusal stands
     return derived
+
+
+def recorded_only(job: Training | Inference) -> bool:
+    """Whether only the recording models ``job`` (``torch.compile``, checkpointing some layers):
+    when it fails, its reason is the one to give, not the hand graph's."""
+    return isinstance(job, Training) and (job.compile != "none" or job.recompute_every != 1)
+
+
+def compiled_or_derived(
+    model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
+) -> tuple[Compiled, StructureKey, Training | Inference, tuple[str, ...]]:
+    """``(compiled, key, job, notes)`` of ``job`` replayed with ``opts``. Where the
+    hand-written Hugging Face graph refuses it (eager attention under autocast, dropout,
+    sampling, a loop with LoRA on a DDP rank, ...), the replay derived from transformers' own
+    code answers instead when `derived_fallback` allows it and the recording covers ``opts``;
+    its note names what the hand graph lacks. Otherwise the hand graph's
+    ``NotImplementedError`` stands."""
+    try:
+        comp, key = compiled_for(model, job, device, opts)
+        return comp, key, job, ()
+    except NotImplementedError as hand:
+        derived = derived_fallback(model, job, device)
+        if derived is None:
+            raise
+        try:
+            comp, key = compiled_for(model, derived, device, opts)
+        except NotImplementedError:
+            if recorded_only(job):  # the hand graph never models it: the recording's reason
+                raise
+            raise hand from None
+        lacks = str(hand)
+    note = f"derived from transformers' code: the hand-written graph does not model this ({lacks})"
+    return comp, key, derived, (note,)

@@ -27,12 +27,11 @@ from calc.estimate.core import (
     Compiled,
     ReplayOptions,
     StructureKey,
-    compiled_for,
     evaluate,
     is_derived,
     values_for,
 )
-from calc.estimate.fallback import derived_fallback
+from calc.estimate.fallback import compiled_or_derived, derived_fallback
 from calc.estimate.result import Estimate
 from calc.estimate.stages import stage_results
 from calc.parallel import data as dpm
@@ -255,32 +254,14 @@ def _rank_replay(
 
 
 def _estimate_class(rr: RankReplay, device: str) -> Estimate:
-    try:
-        comp, key = compiled_for(rr.model, rr.job, device, rr.options)
-    except NotImplementedError as hand:
-        rr = _derived_instead(rr, device, hand)
-        comp, key = compiled_for(rr.model, rr.job, device, rr.options)
+    # a job the hand graph refuses on this rank: the derived replay of the same layout
+    comp, key, job, notes = compiled_or_derived(rr.model, rr.job, device, rr.options)
+    if job is not rr.job:
+        assert isinstance(job, Training)
+        rr = replace(rr, job=job, notes=(*rr.notes, *notes))
     grads = _ddp_grads(comp, key, rr.model, rr.job) if rr.ddp else None
     extras, notes = rr.finish(grads)
     return evaluate(comp, key, rr.model, rr.job, device, extras, notes)
-
-
-def _derived_instead(rr: RankReplay, device: str, hand: NotImplementedError) -> RankReplay:
-    """``rr`` with the replay derived from transformers' code where the hand graph refused the
-    rank's job (a loop with LoRA under DDP, eager attention under autocast, ...) and the
-    derived replay records this layout (DDP, FSDP1/2: `calc.estimate.core`'s ``_derived_dp``),
-    as `calc.estimate` does for one GPU (`derived_fallback`); else ``hand`` is raised."""
-    if rr.options.native is not None or is_derived(rr.model, rr.job):
-        raise hand
-    derived = derived_fallback(rr.model, rr.job, device)
-    if not isinstance(derived, Training):
-        raise hand
-    try:
-        compiled_for(rr.model, derived, device, rr.options)
-    except NotImplementedError:
-        raise hand from None
-    note = f"derived from transformers' code: the hand-written graph does not model this ({hand})"
-    return replace(rr, job=derived, notes=(*rr.notes, note))
 
 
 _GRADS: dict[tuple, tuple] = {}

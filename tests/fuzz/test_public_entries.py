@@ -67,8 +67,8 @@ def _no_derived_fallback_in_ci() -> object:
         yield
         return
     with pytest.MonkeyPatch.context() as patch:
-        api = importlib.import_module("calc.estimate.api")  # the package name is the function's
-        patch.setattr(api, "derived_fallback", lambda *_args: None)
+        fallback = importlib.import_module("calc.estimate.fallback")
+        patch.setattr(fallback, "derived_fallback", lambda *_args: None)
         ranks = importlib.import_module("calc.estimate.ranks")
         patch.setattr(ranks, "derived_fallback", lambda *_args: None)  # FSDP1
         yield

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from calc.config.compression import LoRA
 from calc.config.jobs import Training
 from verify.cases.case import GPT2, LLAMA, QWEN2, TOLERANCE_PCT, Case, pairs, train
 from verify.cases.derived import CONFIGS
@@ -25,10 +26,12 @@ _VOCAB = 4096
 """Vocabulary of the derived types' tiny configs here (the logits weigh, as in real runs)."""
 
 
-def _derived(model_type: str, label: str, **job: Any) -> Case:
+def _derived(model_type: str, label: str, layers: int | None = None, **job: Any) -> Case:
     """A compiled step of a type calc knows only by derivation (`verify.cases.derived`)."""
     attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
     config = {**CONFIGS[model_type], "vocab_size": _VOCAB}
+    if layers is not None:
+        config["num_hidden_layers"] = layers
     fields = {"micro_batch": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
               "implementation": "hf", "attention": attention, "compile": "default", **job}  # fmt: skip
     return Case(
@@ -47,6 +50,7 @@ def _derived(model_type: str, label: str, **job: Any) -> Case:
 def compiled_cases() -> list[Case]:
     """The ``compile-*`` cases."""
     hf = {"impl": "hf", "compile": "default", "tags": ("compile",), **_SIZE}
+    regional = {**hf, "compile": "regional"}
     return [
         train("compile-hf-llama-fp32", LLAMA, precision="fp32", **hf),
         train("compile-hf-llama-bf16", LLAMA, precision="bf16", **hf),
@@ -73,4 +77,27 @@ def compiled_cases() -> list[Case]:
         _derived("phi3", "fp32"),
         _derived("gemma2", "bf16", precision="bf16"),
         _derived("olmo2", "amp-bf16", precision="amp-bf16"),
+        _derived("mixtral", "fp32"),  # MoE: router top-k, experts' grouped matmuls
+        _derived("deepseek_v2", "regional-fp32", compile="regional"),  # MLA + shared experts
+        _derived("gemma3_text", "bf16", precision="bf16"),
+        # each decoder layer compiled on its own (torchtune, torchtitan), the head eager
+        train("compile-regional-hf-llama-bf16", LLAMA, precision="bf16", **regional),
+        train("compile-regional-hf-qwen2-amp-bf16", QWEN2, precision="amp-bf16", **regional),
+        _derived("gemma2", "regional-fp32", compile="regional"),
+        # with recomputation (checkpointed random ops: run_and_save_rng_state), LoRA, fp16
+        train("compile-hf-llama-recompute-bf16", LLAMA, precision="bf16", recompute="full", **hf),
+        train(
+            "compile-regional-hf-qwen2-recompute-amp-bf16",
+            QWEN2,
+            precision="amp-bf16",
+            recompute="full",
+            **regional,
+        ),
+        train("compile-hf-llama-lora-bf16", LLAMA, precision="bf16", lora=LoRA(rank=8), **hf),
+        train("compile-hf-qwen2-amp-fp16", QWEN2, precision="amp-fp16", **hf),
+        train("compile-hf-llama-del-logits-fp32", LLAMA, precision="fp32", loop="del-logits", **hf),
+        # 14 layers: recorded as five, the middle ones added (calc.replay.timeline)
+        _derived(
+            "phi3", "regional-14-layers-bf16", precision="bf16", compile="regional", layers=14
+        ),
     ]

@@ -47,15 +47,34 @@ WARMUP_PHASE = "setup"
 
 
 def compile_model(
-    model: torch.nn.Module, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    mode: str = "default",
 ) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """``loss_fn`` with ``model`` replaced by ``torch.compile(model)`` (default mode).
+    """``loss_fn`` with ``model`` compiled in place (``torch.compile``'s default mode):
+    ``mode="default"``, the whole model (``nn.Module.compile``); ``"regional"``, each decoder
+    layer by its own ``compile()`` (torchtune's ``training.compile_model`` calls ``m.compile()``
+    on each layer; torchtitan compiles each block), the rest eager.
 
-    ``loss_fn`` calls ``model`` by closure; the compiled module's ``forward`` is swapped in, so
-    the same loss code runs the compiled graph (``nn.Module.compile`` does the same in place).
+    ``loss_fn`` calls ``model`` by closure, so the same loss code runs the compiled graphs.
     """
-    model.compile()
+    if mode == "default":
+        model.compile()
+    elif mode == "regional":
+        for layer in decoder_layers(model):
+            layer.compile()
+    else:
+        raise ValueError(f"compile mode {mode!r} is not measured")
     return loss_fn
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The ``ModuleList`` holding the model's ``config.num_hidden_layers`` decoder layers."""
+    count = model.config.num_hidden_layers
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == count]
+    if not lists:
+        raise ValueError(f"no list of {count} decoder layers in {type(model).__name__}")
+    return lists[0]
 
 
 def warm_up(
@@ -92,7 +111,7 @@ def measure_compiled(
     model, loss_fn = build_model(spec, job, seed=seed, device="cpu")
     if hasattr(model, "set_rope") and not spec.learned_positions:
         model.set_rope(job.seq_len)
-    loss_fn = compile_model(model, loss_fn)
+    loss_fn = compile_model(model, loss_fn, job.compile)
     warm_up(loss_fn, model, ids, targets, job, pins)
     baseline = storage_bytes(*model.parameters(), *model.buffers(), ids, targets)
     meter = AllocationMeter()

@@ -21,7 +21,7 @@ import calc
 from calc.cli import main as cli
 from calc.cli import model_source
 from calc.data.gpus import get_gpu
-from calc.estimate import api as estimate_api
+from calc.estimate import fallback as estimate_fallback
 from tests.hub_cache import TINY, write_snapshot
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -493,7 +493,7 @@ def test_help_names_the_subcommands(capsys) -> None:
 def test_not_modelled_says_what_works_instead(argv, instead, capsys, monkeypatch) -> None:
     # the hand-written graphs' refusals, as a user without torch sees them (with torch, the
     # derived replay answers most of them: the next test)
-    monkeypatch.setattr(estimate_api, "derived_fallback", lambda *args: None)
+    monkeypatch.setattr(estimate_fallback, "derived_fallback", lambda *args: None)
     code, _, err = run_cli(argv, capsys)
     assert code == 2 and err.startswith("not supported yet:")
     assert instead in err
