@@ -28,7 +28,11 @@ def model_key(model: Model) -> str:
     return "config:" + json.dumps(model.config, sort_keys=True, separators=(",", ":"))
 
 
-@st.cache_resource(max_entries=256, show_spinner="compiling the expressions of this job...")
+@st.cache_resource(
+    max_entries=256,
+    show_spinner="compiling the expressions of this job (a torch.compile'd step records "
+    "Inductor's generated code first: up to about 2 minutes for a large model)...",
+)
 def estimate(
     _model: Model,
     key: str,
