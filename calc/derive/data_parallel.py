@@ -22,6 +22,7 @@ from __future__ import annotations
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.derive import lift
+from calc.derive.native import LocalOptimizer, Rank
 from calc.derive.period import expand_order
 from calc.derive.replay import derived_stream
 from calc.derive.sharding import Shard
@@ -34,11 +35,13 @@ autocast, bf16 under fp32 masters; ``verify/models/build.py``, ``WEIGHT_DTYPE``)
 
 
 def plain_ddp(plan: ReplayPlan) -> bool:
-    """Whether ``plan`` is DDP without gradient views, ZeRO, FSDP or offload: the rank's step
-    is the single-process one (`calc.parallel.data.install` installs no hook for it)."""
+    """Whether ``plan`` is DDP without gradient views, ZeRO, FSDP or offload, or with ZeRO-1 by
+    parameter: the rank's step is the single-process one (`calc.parallel.data.install` installs
+    no hook for it), its optimizer over the rank's parameters for ZeRO-1."""
     return plan == ReplayPlan(shard_world=plan.shard_world,
                               reshard_after_forward=plan.reshard_after_forward,
-                              cast_forward_inputs=plan.cast_forward_inputs)  # fmt: skip
+                              cast_forward_inputs=plan.cast_forward_inputs,
+                              optimizer_params=plan.optimizer_params)  # fmt: skip
 
 
 def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
@@ -50,9 +53,18 @@ def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
     name = f"model_type={model.model_type!r} (derived replay)"
     if not plain_ddp(plan) and not (plan.fsdp and plan.offload == "none"):
         raise NotImplementedError(
-            f"{name}: of the parallel layouts DDP without gradient_as_bucket_view and FSDP2 "
-            "without offload are modelled (ZeRO-1/2, bucket views and offload change the "
-            "recorded step: the recording would need their hooks)"
+            f"{name}: of the parallel layouts DDP without gradient_as_bucket_view (ZeRO-1 by "
+            "parameter included) and FSDP2 without offload are modelled (ZeRO-1 by shard, "
+            "ZeRO-2, bucket views and offload change the recorded step)"
+        )
+    zero1 = ("sgd", "sgd-momentum", "adam", "adamw")  # verify's zero1 engine: torch's classes
+    if plan.optimizer_params is not None and (
+        job.optimizer not in zero1 or job.precision in ("amp-fp16", "bf16-master")
+    ):
+        raise NotImplementedError(
+            f"{name} under ZeRO-1 with optimizer={job.optimizer!r}, precision={job.precision!r}: "
+            f"ZeroRedundancyOptimizer is recorded around {', '.join(zero1)} without a "
+            "GradScaler or fp32 masters"
         )
     if job.optimizer_in_backward or job.loss == "chunked-ce":
         raise NotImplementedError(
@@ -63,12 +75,13 @@ def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
         )
 
 
-def fsdp_shard(model: ModelSpec, job: Training, plan: ReplayPlan) -> Shard | None:
-    """The FSDP2 wrapping a derived rank is recorded with (`calc.derive.sharding`), None for
-    DDP; ``NotImplementedError`` from `check_ddp` for what is not modelled."""
+def fsdp_shard(model: ModelSpec, job: Training, plan: ReplayPlan) -> Rank | None:
+    """How a derived rank is recorded: wrapped by FSDP2 (`calc.derive.sharding`), with ZeRO-1's
+    local optimizer (`LocalOptimizer`), or as one process (None: DDP);
+    ``NotImplementedError`` from `check_ddp` for what is not modelled."""
     check_ddp(model, job, plan)
     if not plan.fsdp:
-        return None
+        return None if plan.optimizer_params is None else LocalOptimizer(plan.optimizer_params)
     return Shard(
         world=plan.shard_world,
         reshard_after_forward=plan.reshard_after_forward,

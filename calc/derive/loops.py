@@ -29,7 +29,7 @@ torch is imported only inside these functions: ``calc`` imports without it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from calc.config.jobs import Training
@@ -189,9 +189,34 @@ class Masters(NoStep):
         }
 
 
-def stepper(params: list, job: Training, make: Callable[[list], Any]) -> Any:
+class LocalSteps:
+    """A ZeRO-1 rank's optimizer (``ZeroRedundancyOptimizer``): its param groups hold every
+    trained parameter (``zero_grad`` and the recording's filing of gradients cover them all),
+    while the local optimizer ``local`` steps, and keeps states for, the rank's own."""
+
+    def __init__(self, local: Any, params: list) -> None:
+        self.local = local
+        self.param_groups = [{"params": params}]
+
+    @property
+    def state(self) -> Any:
+        """The local optimizer's states (none for the parameters other ranks own)."""
+        return self.local.state
+
+    def step(self) -> None:
+        """The local step (the broadcast of the updated parameters allocates nothing)."""
+        self.local.step()
+
+
+def stepper(
+    params: list, job: Training, make: Callable[[list], Any], owned: Sequence[int] | None = None
+) -> Any:
     """What the protocol steps for ``job``: the optimizer ``make(params)``, or `NoStep` /
-    `InBackward` / `Masters` (``verify/models/build.py``, ``build_optimizer``)."""
+    `InBackward` / `Masters` (``verify/models/build.py``, ``build_optimizer``); with ``owned``
+    (a ZeRO-1 rank's parameter indices) `LocalSteps` over ``make`` of those
+    (``verify/dist/engines.py``, ``zero1``)."""
+    if owned is not None:
+        return LocalSteps(make([params[i] for i in owned]), params)
     if job.optimizer is None:
         return NoStep(params)
     if job.optimizer_in_backward:

@@ -58,8 +58,21 @@ class Native:
         return DistributedConfig(tp_size=self.tp, ep_size=self.tp, ep_implementation=EP_IMPL)
 
 
-Rank = Shard | Native
-"""How a recorded distributed rank is wrapped: FSDP (`Shard`) or transformers' plans."""
+@dataclass(frozen=True, slots=True)
+class LocalOptimizer:
+    """A DDP rank under ZeRO-1 by parameter (``torch.distributed.optim.ZeroRedundancyOptimizer``,
+    verify's ``zero1`` engine): its local optimizer steps, and keeps the states of, the trained
+    parameters at ``params`` only (indices in ``model.parameters()`` order, as
+    `calc.parallel.data.zero_redundancy_partition` assigns them); the model is not wrapped (DDP's
+    buckets are added to the recorded step, `calc.derive.data_parallel`), and every gradient is
+    made and set to None as on one process (``zero_grad`` covers every parameter)."""
+
+    params: tuple[int, ...]
+
+
+Rank = Shard | Native | LocalOptimizer
+"""How a recorded distributed rank differs from one process: FSDP (`Shard`), transformers'
+plans (`Native`) or a ZeRO-1 rank's optimizer (`LocalOptimizer`)."""
 
 
 @contextlib.contextmanager

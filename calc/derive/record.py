@@ -33,7 +33,7 @@ from calc.derive.book import (
     tensors_in,
 )
 from calc.derive.generate import cut, stop_after
-from calc.derive.native import Native, Rank, distribute, native_world
+from calc.derive.native import LocalOptimizer, Native, Rank, distribute, native_world
 from calc.replay.kinds import StorageKind
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -441,7 +441,9 @@ def session(
         stack.enter_context(FakeTensorMode())
         held: list = []
         model: Any = None
-        if shard is None:
+        owned = shard.params if isinstance(shard, LocalOptimizer) else None
+        wrapped = shard is not None and owned is None
+        if not wrapped:
             with recorder(setup):
                 model, layers = _built(config, job, backend)
                 if compiled:
@@ -461,7 +463,8 @@ def session(
 
                 torch._dynamo.reset()
             with recorder(book, compiled) as mode:
-                if shard is not None:
+                if wrapped:
+                    assert shard is not None and not isinstance(shard, LocalOptimizer)
                     model, layers = _built(config, job, backend)
                     model = _wrap(model, layers, shard, mesh)
                 for name, t in held:
@@ -472,7 +475,8 @@ def session(
                         if sid is not None:
                             book.classify(sid, StorageKind.BUFFER, name, "base")
                 if isinstance(job, Training):
-                    _train(book, mode, model, job, backend, batch, seq, _vocab(config), steps)
+                    vocab = _vocab(config)
+                    _train(book, mode, model, job, backend, batch, seq, vocab, steps, owned)
                 elif job.new_tokens > 0:
                     vocab = _vocab(config)
                     starts = _generate(book, model, job, backend, batch, seq, context, vocab)
@@ -484,13 +488,16 @@ def session(
 
 
 def _world(rank: Rank | None) -> Any:
-    """The fake process group (and meshes) of a distributed rank, nothing for one process."""
+    """The fake process group (and meshes) of a distributed rank, nothing for one process or a
+    ZeRO-1 rank (its collectives change no sizes)."""
     if isinstance(rank, Native):
         return native_world(rank)
+    if isinstance(rank, LocalOptimizer):
+        return contextlib.nullcontext()
     return sharding.fake_world(rank)
 
 
-def _wrap(model: Any, layers: Any, rank: Rank, world: Any) -> Any:
+def _wrap(model: Any, layers: Any, rank: sharding.Shard | Native, world: Any) -> Any:
     """The model a distributed rank trains: FSDP's wrapping or transformers' own plans."""
     if isinstance(rank, Native):
         return distribute(model, world)
@@ -503,11 +510,12 @@ def _layers_of(model: Any) -> int:
 
 def _train(
     book: Book, mode: Any, model: Any, job: Training, backend: str, batch: int, seq: int,
-    vocab: int, steps: int = 2,
+    vocab: int, steps: int = 2, owned: tuple[int, ...] | None = None,
 ) -> None:  # fmt: skip
     """Two optimizer steps of ``job`` at ``batch`` x ``seq`` tokens (``verify/run/step.py``,
     ``train_two_steps``); ``steps=1``: the first only (`calc.derive.book.second_step_sizes`
-    gives the second's sizes from it)."""
+    gives the second's sizes from it). ``owned``: the optimizer steps those of the trained
+    parameters only (a ZeRO-1 rank, `LocalOptimizer`)."""
     import torch
 
     ids = torch.randint(0, vocab, (batch, seq))
@@ -522,7 +530,7 @@ def _train(
     loss_fn = _loss_fn(model, job)
     if compiled:
         _warm_up(loss_fn, params, job, backend, ids, targets)
-    opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job))
+    opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job), owned)
     scaler = _scaler() if job.precision == "amp-fp16" else None
     _start(book, model, prefix, (ids, targets))
     with _sdpa(backend):

@@ -31,7 +31,7 @@ from calc.data.cards import read_plan_cache, write_plan_cache
 from calc.derive import generate, lift
 from calc.derive.book import DeriveError, Trace, second_step_sizes
 from calc.derive.dropout import dropout_config
-from calc.derive.native import Rank
+from calc.derive.native import LocalOptimizer, Rank
 from calc.derive.period import Periodic, is_layer, periodic_layout
 from calc.derive.record import (
     count_parameters,
@@ -403,6 +403,8 @@ def derived_stream(
     config = job_config(model, job)
     check_experts(config)
     every = checkpoint_every(job)
+    if isinstance(shard, LocalOptimizer):  # ZeRO-1's partition differs from layer to layer
+        every_layer = True
     if isinstance(job, Training) and job.compile != "none":
         if shard is not None:
             raise NotImplementedError(

@@ -28,6 +28,7 @@ from calc.data.bitsandbytes import BNB_MIN_8BIT_SIZE, BNB_OPTIMIZERS, BNB_PAGED_
 from calc.derive.data_parallel import fsdp_shard, grad_order
 from calc.derive.native import Native, Rank
 from calc.derive.replay import derived_events, notes_of, regime_of
+from calc.derive.sharding import Shard
 from calc.estimate.result import Estimate
 from calc.models.attention import attention_kernel, flash_head_pad
 from calc.parallel.data import ReplayPlan
@@ -294,15 +295,16 @@ def _derived_dp(
                 "transformers' tensor parallelism with data parallelism on a derived model"
             )
         return opts.native, ()
-    if not isinstance(job, Training) or opts.dp is None or replace(opts, dp=None) != SINGLE:
+    plain = replace(opts, dp=None, exact_layers=False)  # ZeRO-1 by parameter: every layer
+    if not isinstance(job, Training) or opts.dp is None or plain != SINGLE:
         raise NotImplementedError(
             f"model_type={model.model_type!r} (derived replay): of the parallel layouts only "
             "DDP and FSDP2 are modelled on derived architectures (not TP, SP, PP)"
         )
     shard = fsdp_shard(model, job, opts.dp)
-    if shard is not None:
+    if isinstance(shard, Shard):
         return shard, ()
-    return None, grad_order(model, job, branch)
+    return shard, grad_order(model, job, branch)  # DDP (ZeRO-1: its optimizer) plus buckets
 
 
 DERIVED_NOTE = (

@@ -23,6 +23,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism, check_divisibility
 from calc.derive.native import Native
+from calc.derive.replay import derived_trainable_numels
 from calc.estimate.core import (
     Compiled,
     ReplayOptions,
@@ -165,8 +166,17 @@ def rank_replays(
     job = _rank_job(job, parallel)
     return [
         _rank_replay(model, job, parallel, rc, device)
-        for rc in rank_classes(model, parallel, trainable_numels(model, job))
+        for rc in rank_classes(model, parallel, _trained_numels(model, job, parallel))
     ]
+
+
+def _trained_numels(model: ModelSpec, job: Training, parallel: Parallelism) -> list[int] | None:
+    """Elements of the trained parameters in ``parameters()`` order, for ZeRO-1's partition:
+    transformers' model built on the meta device for a derived one (the ModelSpec has no
+    parameter list of its own), the adapters under LoRA, None for all of a hand-written one."""
+    if is_derived(model, job) and parallel.zero == 1 and parallel.zero_partition != "shard":
+        return derived_trainable_numels(model, job)
+    return trainable_numels(model, job)
 
 
 def _native_replay(model: ModelSpec, job: Training, parallel: Parallelism) -> RankReplay:

@@ -214,6 +214,11 @@ def _note(parallel: Parallelism) -> str:
             f"FSDP{parallel.fsdp_version} on a derived architecture: the rank recorded wrapped "
             "by torch's own FSDP over a fake process group. " + GLOO_ASYNC_NOTE
         )
+    if parallel.zero == 1:
+        return (
+            "ZeRO-1 (ZeroRedundancyOptimizer) on a derived architecture: each rank's step "
+            "recorded with its local optimizer over its own parameters, plus DDP's buckets"
+        )
     return "DDP on a derived architecture: the recorded step plus DDP's buckets"
 
 
@@ -222,7 +227,7 @@ def _engine(parallel: Parallelism) -> str:
         return "hf-native"  # transformers' own DistributedConfig
     if parallel.fsdp:
         return "fsdp1" if parallel.fsdp_version == 1 else "fsdp2"
-    return "ddp"
+    return "zero1" if parallel.zero == 1 else "ddp"
 
 
 def derived_dist_cases() -> list[DistCase]:
@@ -259,6 +264,25 @@ def derived_dist_cases() -> list[DistCase]:
             precision="amp-bf16",
         ),
         dist("ddp-2", "olmo2", Parallelism(dp=2), 512, precision="bf16"),
+        # ZeroRedundancyOptimizer: each rank steps and keeps the states of its parameters
+        # (every layer recorded: the partition differs from layer to layer)
+        dist("zero1-2", "phi3", Parallelism(dp=2, zero=1, zero_partition="by-parameter"), VOCAB),
+        dist(
+            "zero1-hold-bf16-2",
+            "mixtral",
+            Parallelism(dp=2, zero=1, zero_partition="by-parameter"),
+            VOCAB,
+            precision="bf16",
+            loop="hold-output",
+        ),
+        dist(
+            "zero1-lora-2",
+            "gemma2",
+            Parallelism(dp=2, zero=1, zero_partition="by-parameter"),
+            VOCAB,
+            lora=LoRA(rank=8),
+            attention="eager",
+        ),
         # fp16 autocast with torch's GradScaler (unscale_, found_inf, update) on a DDP rank
         dist("ddp-amp-fp16-2", "starcoder2", Parallelism(dp=2), VOCAB, precision="amp-fp16"),
         dist("ddp-bf16-master-2", "olmo2", Parallelism(dp=2), VOCAB, precision="bf16-master"),

@@ -37,10 +37,44 @@ def test_the_held_output_under_ddp_adds_the_same_bucket() -> None:
     assert ddp - single == 591_360
 
 
+def _owned_by(rank: int, numels: list[int], world: int) -> list[int]:
+    """torch's ZeroRedundancyOptimizer partition, written out here: the parameters sorted by
+    size, largest first (stable), each to the rank with the smallest total so far."""
+    totals = [0] * world
+    owned: list[int] = []
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        to = totals.index(min(totals))
+        totals[to] += numels[i]
+        if to == rank:
+            owned.append(i)
+    return owned
+
+
+def test_a_zero1_rank_holds_the_adam_states_of_its_own_parameters_only() -> None:
+    # AdamW keeps exp_avg and exp_avg_sq (fp32, each storage rounded to 512 B) of the
+    # parameters the partition gives the rank; the parameters are transformers' own (meta).
+    import torch
+    import transformers
+
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.for_model(**TINY_PHI3)
+        )
+    numels = [p.numel() for p in model.parameters()]
+    spec = calc.ModelSpec.from_hf_config(TINY_PHI3)
+    par = calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter")
+    est = calc.estimate(spec, JOB, par, device="cpu")  # the most-loaded rank's
+    owned = _owned_by(est.rank, numels, 2)
+    assert 0 < len(owned) < len(numels)
+    assert est.breakdown["optimizer"] == sum(2 * (-(-4 * numels[i] // 512) * 512) for i in owned)
+
+
 @pytest.mark.parametrize(
     ("parallel", "job", "says"),
     [
-        (calc.Parallelism(dp=2, zero=1), JOB, "DDP without gradient_as_bucket_view and FSDP2"),
+        (calc.Parallelism(dp=2, zero=1), JOB, "ZeRO-1 by shard"),
+        (calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter"),
+         replace(JOB, precision="amp-fp16"), "without a GradScaler"),
         (calc.Parallelism(dp=2, fsdp=True, offload="optimizer"), JOB, "offload"),
         (calc.Parallelism(dp=2, fsdp=True),
          calc.Training(micro_batch=2, seq_len=32, loss="chunked-ce"), "loss='chunked-ce'"),
