@@ -11,40 +11,23 @@ record's ``extra`` also gives the eager estimate of the same job, what ignoring
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from calc.config.compression import LoRA
-from calc.config.jobs import Training
-from verify.cases.case import GPT2, LLAMA, QWEN2, TOLERANCE_PCT, Case, pairs, train
-from verify.cases.derived import CONFIGS
+from verify.cases.case import GPT2, LLAMA, QWEN2, Case, train
+from verify.cases.derived_train import derived_case
 
 __all__ = ["compiled_cases"]
 
 _SIZE = {"micro_batch": 4, "seq_len": 128}
-_VOCAB = 4096
-"""Vocabulary of the derived types' tiny configs here (the logits weigh, as in real runs)."""
 
 
 def _derived(model_type: str, label: str, layers: int | None = None, **job: Any) -> Case:
     """A compiled step of a type calc knows only by derivation (`verify.cases.derived`)."""
-    attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
-    config = {**CONFIGS[model_type], "vocab_size": _VOCAB}
-    if layers is not None:
-        config["num_hidden_layers"] = layers
-    fields = {"micro_batch": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
-              "implementation": "hf", "attention": attention, "compile": "default", **job}  # fmt: skip
-    return Case(
-        name=f"compile-{model_type}-{label}",
-        card=model_type,
-        job=Training(**fields),
-        impl="hf",
-        tolerance_pct=TOLERANCE_PCT["hf"],
-        tags=("training", "hf", "derived", "compile"),
-        note="torch.compile(model) of a derived architecture",
-        config=json.dumps(config, sort_keys=True),
-        scale=pairs(None),
-    )
+    fields = {"compile": "default", **job}
+    note = "torch.compile(model) of a derived architecture"
+    return derived_case(model_type, label, layers, prefix="compile", tag="compile", note=note,
+                        **fields)  # fmt: skip
 
 
 def compiled_cases() -> list[Case]:

@@ -37,7 +37,15 @@ MP: dict[str, Any] = {"fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}
 """Vocabulary of the tiny configs here (the loop cases' ``scale={"vocab": 4096}``)."""
 
 
-def _case(model_type: str, label: str, layers: int | None = None, **job: Any) -> Case:
+def derived_case(
+    model_type: str, label: str, layers: int | None = None, *, prefix: str = "dtrain",
+    tag: str = "loop",
+    note: str = "derived replay: the job's loop/loss/optimizer variant recorded as verify runs it",
+    **job: Any,
+) -> Case:  # fmt: skip
+    """``<prefix>-<model_type>-<label>``: a training step of the tiny config of ``model_type``
+    (`verify.cases.derived`, vocabulary `VOCAB`, ``layers`` decoder layers if given), 2 x 64
+    tokens, fp32 AdamW, the hf model (eager attention for Gemma and DeepSeek), then ``job``."""
     attention = "eager" if model_type.startswith(("gemma", "deepseek")) else "sdpa"
     config = {**CONFIGS[model_type], "vocab_size": VOCAB}
     if layers is not None:
@@ -45,13 +53,13 @@ def _case(model_type: str, label: str, layers: int | None = None, **job: Any) ->
     fields = {"micro_batch": 2, "seq_len": 64, "precision": "fp32", "optimizer": "adamw",
               "implementation": "hf", "attention": attention, **job}  # fmt: skip
     return Case(
-        name=f"dtrain-{model_type}-{label}",
+        name=f"{prefix}-{model_type}-{label}",
         card=model_type,
         job=Training(**fields),
         impl="hf",
         tolerance_pct=TOLERANCE_PCT["hf"],
-        tags=("training", "hf", "derived", "loop"),
-        note="derived replay: the job's loop/loss/optimizer variant recorded as verify runs it",
+        tags=("training", "hf", "derived", tag),
+        note=note,
         config=json.dumps(config, sort_keys=True),
         scale=pairs(None),
     )
@@ -67,52 +75,52 @@ def _derived(name: str, card: str, **job: Any) -> Case:
 def derived_training_cases() -> list[Case]:
     """The loop, loss and optimizer variants on derived types, and on llama/qwen2 derived."""
     return [
-        _case("gemma2", "hold-fp32", loop="hold-output"),
+        derived_case("gemma2", "hold-fp32", loop="hold-output"),
         # Training(dropout=p): every dropout key of the config at p (calc.derive.dropout)
-        _case("phi3", "dropout-fp32", dropout=0.1),
-        _case("gemma2", "dropout-bf16", dropout=0.1, precision="bf16"),
-        _case("starcoder2", "dropout-amp", dropout=0.1, precision="amp-bf16"),
-        _case("mixtral", "dropout-hold-fp32", dropout=0.05, loop="hold-output"),
+        derived_case("phi3", "dropout-fp32", dropout=0.1),
+        derived_case("gemma2", "dropout-bf16", dropout=0.1, precision="bf16"),
+        derived_case("starcoder2", "dropout-amp", dropout=0.1, precision="amp-bf16"),
+        derived_case("mixtral", "dropout-hold-fp32", dropout=0.05, loop="hold-output"),
         # every n-th layer checkpointed (transformers' every_n_layers): with 14 layers the
         # pattern repeats often enough to record five units; with 8, every layer is recorded
-        _case("phi3", "recompute-every2-fp32", layers=14, recompute="full", recompute_every=2),
-        _case("gemma2", "recompute-every3-bf16", layers=8, recompute="full", recompute_every=3,
+        derived_case("phi3", "recompute-every2-fp32", layers=14, recompute="full", recompute_every=2),
+        derived_case("gemma2", "recompute-every3-bf16", layers=8, recompute="full", recompute_every=3,
               precision="bf16"),
-        _case("mixtral", "recompute-every2-hold-amp", layers=6, recompute="full",
+        derived_case("mixtral", "recompute-every2-hold-amp", layers=6, recompute="full",
               recompute_every=2, loop="hold-output", precision="amp-bf16"),
         # Adafactor (torch.optim.Adafactor): factored second moments, 3-D expert tensors too
-        _case("phi3", "adafactor-fp32", optimizer="adafactor"),
-        _case("mixtral", "adafactor-for-loop-bf16", optimizer="adafactor",
+        derived_case("phi3", "adafactor-fp32", optimizer="adafactor"),
+        derived_case("mixtral", "adafactor-for-loop-bf16", optimizer="adafactor",
               optimizer_impl="for-loop", precision="bf16"),
-        _case("qwen3_moe", "adafactor-step-fp32", optimizer="adafactor", micro_batch=1,
+        derived_case("qwen3_moe", "adafactor-step-fp32", optimizer="adafactor", micro_batch=1,
               seq_len=8),
-        _case("deepseek_v2", "adafactor-amp", optimizer="adafactor", precision="amp-bf16"),
+        derived_case("deepseek_v2", "adafactor-amp", optimizer="adafactor", precision="amp-bf16"),
         # amp-fp16: torch's GradScaler (scale, unscale_, found_inf, update) recorded
-        _case("phi3", "amp-fp16", precision="amp-fp16"),
-        _case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),
-        _case("mixtral", "amp-fp16-accum2", precision="amp-fp16", grad_accum=2),
+        derived_case("phi3", "amp-fp16", precision="amp-fp16"),
+        derived_case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),
+        derived_case("mixtral", "amp-fp16-accum2", precision="amp-fp16", grad_accum=2),
         # bf16-master: fp32 masters and states over bf16 weights (calc.derive.loops.Masters)
-        _case("phi3", "bf16-master", precision="bf16-master"),
-        _case("gemma2", "bf16-master-sgdm-hold", precision="bf16-master",
+        derived_case("phi3", "bf16-master", precision="bf16-master"),
+        derived_case("gemma2", "bf16-master-sgdm-hold", precision="bf16-master",
               optimizer="sgd-momentum", loop="hold-output"),
-        _case("qwen3_moe", "bf16-master-for-loop", precision="bf16-master",
+        derived_case("qwen3_moe", "bf16-master-for-loop", precision="bf16-master",
               optimizer_impl="for-loop"),
-        _case("phi3", "chunked-bf16", loss="chunked-ce", precision="bf16"),
-        _case("phi3", "chunked-hold-amp", loss="chunked-ce", loop="hold-output",
+        derived_case("phi3", "chunked-bf16", loss="chunked-ce", precision="bf16"),
+        derived_case("phi3", "chunked-hold-amp", loss="chunked-ce", loop="hold-output",
               precision="amp-bf16", loss_chunks=4),
-        _case("olmo2", "del-logits-bf16", loop="del-logits", precision="bf16"),
-        _case("granite", "sum-hold-fp32", loss="sum", loop="hold-output"),
-        _case("mixtral", "hold-fp32", loop="hold-output"),
-        _case("qwen3_moe", "chunked-bf16", loss="chunked-ce", precision="bf16"),
-        _case("gemma2", "noopt-fp32", optimizer=None),
-        _case("phi3", "noopt-hold-bf16", optimizer=None, loop="hold-output", precision="bf16"),
-        _case("phi3", "opt-in-bwd-fp32", optimizer_in_backward=True),
-        _case("gemma2", "opt-in-bwd-sgdm-bf16", optimizer_in_backward=True,
+        derived_case("olmo2", "del-logits-bf16", loop="del-logits", precision="bf16"),
+        derived_case("granite", "sum-hold-fp32", loss="sum", loop="hold-output"),
+        derived_case("mixtral", "hold-fp32", loop="hold-output"),
+        derived_case("qwen3_moe", "chunked-bf16", loss="chunked-ce", precision="bf16"),
+        derived_case("gemma2", "noopt-fp32", optimizer=None),
+        derived_case("phi3", "noopt-hold-bf16", optimizer=None, loop="hold-output", precision="bf16"),
+        derived_case("phi3", "opt-in-bwd-fp32", optimizer_in_backward=True),
+        derived_case("gemma2", "opt-in-bwd-sgdm-bf16", optimizer_in_backward=True,
               optimizer="sgd-momentum", precision="bf16"),
-        _case("mixtral", "opt-in-bwd-bf16", optimizer_in_backward=True, precision="bf16"),
-        _case("olmo2", "hold-accum2-amp", loop="hold-output", grad_accum=2,
+        derived_case("mixtral", "opt-in-bwd-bf16", optimizer_in_backward=True, precision="bf16"),
+        derived_case("olmo2", "hold-accum2-amp", loop="hold-output", grad_accum=2,
               precision="amp-bf16"),
-        _case("granite", "noopt-chunked-accum2-fp32", optimizer=None, loss="chunked-ce",
+        derived_case("granite", "noopt-chunked-accum2-fp32", optimizer=None, loss="chunked-ce",
               grad_accum=2),
         _derived("loop-hold-qwen2-bf16", QWEN2, loop="hold-output", precision="bf16"),
         _derived("loop-hold-llama-amp", LLAMA, loop="hold-output", precision="amp-bf16"),
@@ -143,43 +151,43 @@ def derived_lora_cases() -> list[Case]:
         )
 
     return [
-        _case("phi3", "lora-r8-fp32", lora=LoRA(rank=8)),
-        _case("phi3", "lora-r8-qkv-o-bf16", precision="bf16",
+        derived_case("phi3", "lora-r8-fp32", lora=LoRA(rank=8)),
+        derived_case("phi3", "lora-r8-qkv-o-bf16", precision="bf16",
               lora=LoRA(rank=8, modules=("q", "k", "v", "o"))),
-        _case("phi3", "lora-r4-amp-recompute", precision="amp-bf16", recompute="full",
+        derived_case("phi3", "lora-r4-amp-recompute", precision="amp-bf16", recompute="full",
               lora=LoRA(rank=4, modules=("gate", "up", "down"))),
-        _case("gemma2", "lora-r8-fp32", lora=LoRA(rank=8)),
-        _case("gemma2", "lora-r8-qv-amp-hold", precision="amp-bf16", loop="hold-output",
+        derived_case("gemma2", "lora-r8-fp32", lora=LoRA(rank=8)),
+        derived_case("gemma2", "lora-r8-qv-amp-hold", precision="amp-bf16", loop="hold-output",
               lora=LoRA(rank=8, modules=("q", "v"))),
-        _case("olmo2", "lora-r16-bf16-fp32-adapters", precision="bf16",
+        derived_case("olmo2", "lora-r16-bf16-fp32-adapters", precision="bf16",
               lora=LoRA(rank=16, adapter_dtype="fp32")),
-        _case("phi3", "lora-dropout-bf16", precision="bf16", lora=LoRA(rank=8, dropout=0.1)),
+        derived_case("phi3", "lora-dropout-bf16", precision="bf16", lora=LoRA(rank=8, dropout=0.1)),
         # QLoRA: every decoder linear quantized (calc.derive.quantized, verify's module), the
         # adapters on top; MoE experts are no nn.Linear and stay dense
-        _case("phi3", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
+        derived_case("phi3", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
               quant=Quant(method="nf4")),
-        _case("gemma2", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
+        derived_case("gemma2", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
               quant=Quant(method="nf4")),
-        _case("olmo2", "qlora-int8-fp32", lora=LoRA(rank=16, modules=("q", "v")),
+        derived_case("olmo2", "qlora-int8-fp32", lora=LoRA(rank=16, modules=("q", "v")),
               quant=Quant(method="int8")),
-        _case("mixtral", "qlora-nf4-attn-bf16", precision="bf16",
+        derived_case("mixtral", "qlora-nf4-attn-bf16", precision="bf16",
               lora=LoRA(rank=8, modules=("q", "k", "v", "o")), quant=Quant(method="nf4")),
         hf_case("hf-qlora-nf4-bf16-llama3", LLAMA3, precision="bf16", lora=LoRA(rank=8),
                 quant=Quant(method="nf4")),
         # NF4 on every nn.Linear, the LM head too (Lightning's bitsandbytes plugin): the head's
         # weight dequantized in forward and again in backward; a tied head (gemma2) gets its
         # own quantized copy
-        _case("phi3", "qlora-nf4-head-bf16", precision="bf16", lora=LoRA(rank=8),
+        derived_case("phi3", "qlora-nf4-head-bf16", precision="bf16", lora=LoRA(rank=8),
               quant=Quant(method="nf4", keep_16bit=("embed", "norm"))),
-        _case("gemma2", "qlora-nf4-head-tied-bf16", precision="bf16", lora=LoRA(rank=8),
+        derived_case("gemma2", "qlora-nf4-head-tied-bf16", precision="bf16", lora=LoRA(rank=8),
               quant=Quant(method="nf4", keep_16bit=("embed", "norm"))),
         hf_case("hf-qlora-nf4-head-amp-llama3", LLAMA3, precision="amp-bf16", lora=LoRA(rank=8),
                 quant=Quant(method="nf4", keep_16bit=("embed", "norm"))),
         # bitsandbytes' Adam (calc.derive.bnb: its states, an in-place step); verify steps its
         # emulation, whose chunked update holds temporaries the CUDA kernel does not
-        _case("phi3", "qlora-paged-adam32bit-bf16", precision="bf16", lora=LoRA(rank=8),
+        derived_case("phi3", "qlora-paged-adam32bit-bf16", precision="bf16", lora=LoRA(rank=8),
               quant=Quant(method="nf4"), optimizer="adam32bit", paged_optimizer=True),
-        _case("gemma2", "adam8bit-bf16", precision="bf16", optimizer="adam8bit"),
+        derived_case("gemma2", "adam8bit-bf16", precision="bf16", optimizer="adam8bit"),
         hf_case("hf-lora-dropout-amp-bf16-llama3", LLAMA3, precision="amp-bf16",
                 lora=LoRA(rank=16, alpha=32, dropout=0.05)),
         hf_case("hf-lora-r8-fp32-llama", LLAMA, lora=LoRA(rank=8)),
