@@ -137,7 +137,7 @@ def _check_training(model: ModelSpec, job: Training) -> None:
 COMPILE_NOTE = (
     "torch.compile: recorded from Inductor's own generated code run on fake tensors, at this "
     "job's batch and sequence (Inductor compiles for the shapes it is given: other sizes are "
-    "recorded again, seconds each); the optimizer step runs eagerly"
+    "recorded again, about 2 s per decoder layer, then cached); the optimizer step runs eagerly"
 )
 COMPILE_CUDA_NOTE = (
     "torch.compile on CUDA: the program recorded is Inductor's CPU one (C++ kernels); on a GPU "
