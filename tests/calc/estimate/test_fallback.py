@@ -44,9 +44,20 @@ def test_a_rank_the_hand_graph_refuses_is_answered_by_the_derived_replay(
 
 
 def test_a_layout_the_recording_lacks_keeps_the_hand_graphs_refusal() -> None:
-    # ZeroRedundancyOptimizer (zero=1 by-parameter) is not recorded from transformers' code:
-    # the hand graph's own message stands.
+    # ZeRO-2 is not recorded from transformers' code: the hand graph's own message about
+    # eager attention under autocast stands.
+    spec = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
+    job = calc.Training(micro_batch=2, seq_len=32, precision="amp-bf16", attention="eager")
+    with pytest.raises(NotImplementedError, match="eager attention under autocast"):
+        calc.estimate(spec, job, calc.Parallelism(dp=2, zero=2), device="cpu")
+
+
+def test_zero1_by_parameter_is_answered_by_the_recording_of_its_ranks() -> None:
+    # ZeroRedundancyOptimizer (zero=1 by-parameter) with the held output and LoRA: the hand
+    # graph refuses the loop, each rank's recording (its local optimizer) answers
     spec = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
     par = calc.Parallelism(dp=2, zero=1, zero_partition="by-parameter")
-    with pytest.raises(NotImplementedError, match="loop='hold-output'"):
-        calc.estimate(spec, HELD_LORA, par, device="cpu")
+    est = calc.estimate(spec, HELD_LORA, par, device="cpu")
+    assert any("the hand-written graph does not model this" in n for n in est.notes)
+    derived = calc.estimate(spec, replace(HELD_LORA, implementation="derived"), par, "cpu")
+    assert (est.peak_bytes, est.rank_peaks) == (derived.peak_bytes, derived.rank_peaks)
