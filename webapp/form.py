@@ -209,6 +209,10 @@ INFERENCE: tuple[FormField, ...] = (
               default="dynamic", choices=jobs.CACHE_IMPLS, section="advanced",
               help="DynamicCache (generate's default, grown each step) or a static cache; "
                    "used when new tokens > 0"),
+    FormField(task="infer", name="padding", label="prompt padding", kind="choice",
+              default=_default(I, "padding"), choices=jobs.PADDINGS, section="advanced",
+              help="none = prompts of one length; left = prompts of different lengths padded "
+                   "on the left, their attention mask passed (a 4-D mask each forward)"),
     FormField(task="infer", name="do_sample", label="sampling (generate)", kind="choice",
               default=NONE, choices=(NONE, SAMPLE), section="advanced", of="sampling",
               help="none = greedy; sample = do_sample=True with the logits processors below "

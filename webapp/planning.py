@@ -81,6 +81,8 @@ class Request:
         base = job if same_kind else None
         if isinstance(base, calc.Training) and base.compile != "none":
             base = replace(base, compile="none")  # the planner sweeps eager jobs
+        if isinstance(base, calc.Inference) and base.padding != "none":
+            base = replace(base, padding="none")  # and unpadded prompts
         # ``Axis.current``: the job's value on each axis (None for the layout, which a job does
         # not carry: the planner then enumerates the layouts of ``gpu_count`` GPUs).
         pinned = [a for a in axes_for(kind(task)) if a.name in explorable(task)]

@@ -69,6 +69,7 @@ INFERENCE_FIELDS: tuple[str, ...] = (
     "implementation",
     "new_tokens",
     "cache",
+    "padding",
 )
 
 
@@ -184,6 +185,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     infer.add_argument(
         "--cache", help=f"generate's KV cache: {_choices(jobs.CACHE_IMPLS)} (default dynamic)"
+    )
+    infer.add_argument(
+        "--padding",
+        help=f"the prompts' attention mask: {_choices(jobs.PADDINGS)} (default none; left: "
+        "prompts of different lengths left-padded to --prompt, their mask passed)",
     )
     infer.add_argument(
         "--sample",

@@ -30,6 +30,7 @@ Loop = Literal["drop-output", "hold-output", "del-logits"]
 Loss = Literal["cross-entropy", "chunked-ce", "sum"]
 InferencePrecision = Literal["fp32", "bf16", "fp16"]
 CacheImpl = Literal["dynamic", "static"]
+Padding = Literal["none", "left"]
 Compile = Literal["none", "default", "regional"]
 Device = Literal["cuda", "cpu"]
 
@@ -48,6 +49,7 @@ MAX_LOSS_CHUNKS = 1024
 INFERENCE_PRECISIONS: tuple[str, ...] = get_args(InferencePrecision)
 DEVICES: tuple[str, ...] = get_args(Device)
 CACHE_IMPLS: tuple[str, ...] = get_args(CacheImpl)
+PADDINGS: tuple[str, ...] = get_args(Padding)
 COMPILES: tuple[str, ...] = get_args(Compile)
 
 
@@ -277,6 +279,12 @@ class Inference:
     """``generate``'s decoding: ``None`` greedy (``do_sample=False``, the default of a model
     without a ``generation_config.json``); a `Sampling` samples (``do_sample=True``). Needs
     ``new_tokens`` >= 1."""
+    padding: Padding = "none"
+    """The prompts' attention mask: ``none``, prompts of one length (no mask, or the
+    tokenizer's mask of ones, which ``generate`` drops); ``left``, prompts of different
+    lengths left-padded to ``prompt`` tokens, their mask passed (``attention_mask=``): the
+    model builds a 4-D mask each forward and ``generate`` grows the 2-D one each step. How
+    many tokens are padded does not change the memory."""
 
     def __post_init__(self) -> None:
         check_size("batch", self.batch, 1, 1 << 20)
@@ -303,6 +311,7 @@ class Inference:
         if self.quant is not None and not isinstance(self.quant, Quant):
             raise ValueError(f"quant={self.quant!r} must be a calc.Quant or None")
         check_kv_quant(self.kv_quant)
+        check_choice("padding", self.padding, PADDINGS)
         if self.sampling is not None:
             if not isinstance(self.sampling, Sampling):
                 raise ValueError(f"sampling={self.sampling!r} must be a calc.Sampling or None")

@@ -155,6 +155,9 @@ class Book:
         self.start_tags: list[object] = []
         self.param_of: dict[int, tuple[object, str]] = {}
         """storage key -> (tag, parameter name) for parameters and buffers."""
+        self.padded = False
+        """The prompts are left-padded (``Inference(padding="left")``): the boolean checks on
+        the attention mask answer "some token is masked" (`_scalar_read`)."""
 
     def drain(self, segment: object) -> None:
         """Apply the queued frees, in storage order: the order in which Python destroys the
@@ -323,18 +326,23 @@ def _op_tag(book: Book, args: Any, kwargs: Any, index: int, n_out: int) -> objec
     return None
 
 
-def _scalar_read(t: Any, phase: str) -> bool | float:
+def _scalar_read(t: Any, phase: str, padded: bool = False) -> bool | float:
     """A Python value read from a fake tensor (``bool(x)``, ``x.item()``), as the eager run
     reads it: the modeling code asks such questions of boolean checks on its own index tensors
     (``masking_utils``: "no packed sequences?", "no padding?"), which are true for the
-    unpadded, unpacked batches of the protocol. In the optimizer step a floating-point read is
+    unpadded, unpacked batches of the protocol. With ``padded`` (a left-padded batch) every
+    boolean read answers false, as in the eager run (transformers 5.24, measured on llama: the
+    mask checks of ``generate`` (``generation/utils.py``: "mask all ones?" at 2899, "right
+    padding?" at 2862, the eos/pad checks at 2413 and 2421) and of ``masking_utils.
+    _ignore_causal_mask_sdpa`` (lines 292 and 298) all read false; generate's stop check is
+    answered apart, `calc.derive.generate.stop_after`). In the optimizer step a floating-point read is
     a scalar factor that sizes nothing (``torch.optim.Adafactor`` reads its step count and the
     parameter and update norms as Python numbers: ``torch/optim/_adafactor.py``, ``step_t.item()``,
     ``param.norm(2).item()``): 1.0 stands for it. Any other read cannot be answered."""
     import torch
 
     if t.dtype == torch.bool:
-        return True
+        return not padded
     if phase.endswith("/optimizer") and t.dtype.is_floating_point:
         return 1.0
     raise DeriveError(
@@ -394,7 +402,7 @@ def mode_type() -> type:
                 try:  # a constant the fake mode knows (torch.tensor(0.0): Adam's step)
                     return func(*args, **(kwargs or {}))
                 except DataDependentOutputException:
-                    return _scalar_read(args[0], self.book.phase)
+                    return _scalar_read(args[0], self.book.phase, self.book.padded)
             if func is wait_tensor:
                 # the CPU and CUDA kernels hand back their input once the collective is done;
                 # the fake (Meta) rule makes a new tensor (torch/distributed/

@@ -74,7 +74,7 @@ def estimate(
     if device == "cuda" and model.derived:
         check_cuda(model, job)  # the recording's CPU kernel must be the one CUDA runs
     comp, key, job, notes = compiled_or_derived(model, job, device)
-    notes = (*notes, *compile_notes(job, device))
+    notes = (*notes, *job_notes(job, device))
     est = _with_paged(evaluate(comp, key, model, job, device, notes=notes), model, job)
     if gpu_obj is not None:
         est = for_gpu(est, job, gpu_obj)
@@ -154,9 +154,26 @@ COMPILE_REGIONAL_NOTE = (
 )
 
 
-def compile_notes(job: Training | Inference, device: str) -> tuple[str, ...]:
-    """The notes of a compiled training step (`calc.derive.inductor`), none otherwise."""
-    if not isinstance(job, Training) or job.compile == "none":
+PADDING_NOTE = (
+    "padding='left': the prompts' attention mask is passed, so each forward builds a 4-D mask "
+    "(SDPA: a float copy of the query dtype) and generate grows the 2-D mask each step; "
+    "grouped-query heads are repeated before SDPA (transformers passes enable_gqa only without "
+    "a mask); how many tokens are padded does not change the bytes"
+)
+PADDING_CUDA_NOTE = (
+    "padding='left' on CUDA: with a mask SDPA runs its memory-efficient kernel (flash takes "
+    "none), while the recording runs CPU flash with the mask; not measured on a GPU yet"
+)
+
+
+def job_notes(job: Training | Inference, device: str) -> tuple[str, ...]:
+    """The notes a job's recipe adds: a compiled training step's (`calc.derive.inductor`) or a
+    left-padded batch's; none otherwise."""
+    if isinstance(job, Inference):
+        if job.padding == "none":
+            return ()
+        return (PADDING_NOTE, PADDING_CUDA_NOTE) if device == "cuda" else (PADDING_NOTE,)
+    if job.compile == "none":
         return ()
     notes: tuple[str, ...] = (COMPILE_NOTE,)
     if job.compile == "regional":

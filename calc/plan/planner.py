@@ -121,6 +121,12 @@ def plan(
             f"base.compile={base.compile!r}: the planner sweeps eager jobs; a compiled step is "
             "recorded per batch and sequence (seconds each), so estimate it with calc.estimate"
         )
+    if isinstance(base, Inference) and base.padding != "none":
+        raise ValueError(
+            f"base.padding={base.padding!r}: the planner sweeps unpadded prompts; a padded "
+            "batch is recorded from transformers' code per size, so estimate it with "
+            "calc.estimate"
+        )
     gpu_obj = gpu_of(gpu)
     ctx = context(kind, seq_len, global_batch, gpu_count)
     base_fields = base_fields_of(kind, base, task)

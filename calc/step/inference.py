@@ -98,6 +98,11 @@ def replay_inference(
 ) -> list[Event]:
     """Replay the prefill of ``job`` (and with ``decode=True`` one decode step after it) with
     ``n_layers`` concrete layers; sizes in the symbols ``b, s, c`` and the model's."""
+    if job.padding != "none":  # calc.estimate.api falls back to the derived replay
+        raise NotImplementedError(
+            f"padding={job.padding!r} (the prompts' attention mask) is recorded from "
+            "transformers' code (the derived replay), not written by hand"
+        )
     if job.new_tokens > 0:  # HF generate: `calc.models.hf_generate`
         return replay_generate(model, job, device, n_layers)
     if job.implementation == "hf" and model.model_type == "gpt2":  # `calc.models.hf_gpt2_cache`

@@ -62,6 +62,7 @@ INFER_CHANGES: tuple[tuple[str, object], ...] = (
     ("infer.implementation", "hf"),
     ("infer.new_tokens", 16),  # generate: the context follows from the prompt (context=0)
     ("infer.cache", "static"),
+    ("infer.padding", "left"),  # last: a recording (seconds) of the padded generate
 )
 """Inference widget changes in order (a widget may change twice)."""
 

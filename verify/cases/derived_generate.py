@@ -1,7 +1,7 @@
 """HF ``generate`` on architectures with no hand-written graph: calc records transformers'
 real ``generate`` (`calc.derive.generate`) and checks it against the CPU tracker
-(`verify.run.step.generate`: greedy, no attention mask, the default ``DynamicCache`` or
-``cache_implementation="static"``).
+(`verify.run.step.generate`: greedy, no attention mask or a left-padded batch's, the default
+``DynamicCache`` or ``cache_implementation="static"``).
 
 The tiny configs are `verify.cases.derived.CONFIGS`'. Gemma-2's window is 16 tokens: a prompt
 of 12 with 8 new tokens crosses it (its sliding layers stop growing at the window), a prompt of
@@ -100,4 +100,18 @@ def derived_generate_cases() -> list[Case]:
         infer("dgen-qwen2-derived-static-bf16", QWEN2, impl="derived",
               tags=("derived", "generate"), batch=1, prompt=12, new_tokens=6, precision="bf16",
               cache="static"),
+        # left-padded prompts, their attention mask passed (the hand graphs leave it out):
+        # the mask grows each step and each forward builds a 4-D one
+        infer("dgen-llama-padded-fp32", LLAMA, impl="hf", tags=("derived", "generate"),
+              batch=3, prompt=12, new_tokens=5, precision="fp32", padding="left"),
+        infer("dgen-qwen2-padded-static-bf16", QWEN2, impl="hf", tags=("derived", "generate"),
+              batch=2, prompt=10, new_tokens=4, precision="bf16", cache="static",
+              padding="left"),
+        infer("dgen-llama-padded-prefill-bf16", LLAMA, impl="hf", tags=("derived", "generate"),
+              batch=2, prompt=12, context=20, precision="bf16", padding="left"),
+        _case("gemma2", "padded-cross-bf16", _gen("gemma2", 2, 12, 8, "bf16", padding="left")),
+        _case("phi3", "padded-long-fp32", _gen("phi3", 2, 10, 30, "fp32", padding="left")),
+        _case("mixtral", "padded-bf16", _gen("mixtral", 3, 8, 4, "bf16", padding="left")),
+        _case("deepseek_v2", "padded-fp32", _gen("deepseek_v2", 2, 8, 4, "fp32",
+                                                 padding="left")),
     ]  # fmt: skip

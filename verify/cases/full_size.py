@@ -55,4 +55,10 @@ def full_size_cases() -> list[Case]:
               precision="bf16", **kw),
         infer("full-gpt2-generate-fp32", GPT2, batch=2, prompt=64, new_tokens=16,
               precision="fp32", **kw),
+        # prompts of different lengths, left-padded, their attention mask passed (a batched
+        # generate as a tokenizer's output feeds it): recorded from transformers' generate
+        infer("full-qwen2.5-0.5b-generate-padded-bf16", QWEN2, batch=4, prompt=256,
+              new_tokens=8, precision="bf16", padding="left", **kw),
+        infer("full-gpt2-generate-padded-fp32", GPT2, batch=3, prompt=96, new_tokens=6,
+              precision="fp32", padding="left", **kw),
     ]  # fmt: skip

@@ -36,7 +36,7 @@ from verify.measure.tracker import StorageTracker
 from verify.models import hf as hf_model
 from verify.models.build import NotRunnable, build_model, build_optimizer
 from verify.run.compiled import CompiledCpuMeter
-from verify.run.step import make_batch, pins_for, prefill, train_two_steps
+from verify.run.step import make_batch, make_prompts, pins_for, prefill, train_two_steps
 
 STATUSES = ("ok", "fail", "not-modelled", "not-runnable", "error", "oom", "measured")
 FAILING = ("fail", "error")
@@ -115,7 +115,8 @@ def predict(case: Case, device: str) -> tuple[Any | None, str]:
 
 
 def _build_and_run(case: Case, device: str, meter: Any, ids: torch.Tensor, targets: Any):
-    """Inside the meter: build model (+ optimizer), mark ``setup``, reset the peak, run."""
+    """Inside the meter: build model (+ optimizer), mark ``setup``, reset the peak, run.
+    ``targets`` are the training targets, or an inference's prompt mask (`_batch`)."""
     job = case.job
     training = isinstance(job, Training)
     spec = with_dropout(case.spec(), job.dropout) if training else case.spec()
@@ -129,7 +130,7 @@ def _build_and_run(case: Case, device: str, meter: Any, ids: torch.Tensor, targe
     if training:
         train_two_steps(loss_fn, bundle, ids, targets, job, pins, meter, device_type=device)
     else:
-        prefill(model, ids, job, pins, meter)
+        prefill(model, ids, job, pins, meter, mask=targets)
     return model, bundle, pins
 
 
@@ -167,12 +168,13 @@ class CpuMeter:
 
 
 def _batch(case: Case, device: str) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Token ids and targets for training; the prompt ids alone for inference."""
+    """Token ids and targets for training; for inference the prompt ids and their attention
+    mask (``None`` unless the prompts are left-padded: `make_prompts`). Both are inputs: made
+    before the measured part, as a tokenizer's output is."""
     job = case.job
     if isinstance(job, Training):
         return make_batch(case.spec(), job.micro_batch, job.seq_len, seed=case.seed, device=device)
-    ids, _ = make_batch(case.spec(), job.batch, job.prompt_len, seed=case.seed, device=device)
-    return ids, None
+    return make_prompts(case.spec(), job, seed=case.seed, device=device)
 
 
 class CudaMeter:

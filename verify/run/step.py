@@ -155,6 +155,23 @@ def make_batch(
     return ids.to(device), targets.to(device)
 
 
+def make_prompts(
+    spec: ModelSpec, job: Inference, *, seed: int, device: str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The prompt ids ``[batch, prompt]`` (`make_batch`'s) and, for ``job.padding == "left"``,
+    their attention mask as a tokenizer returns it for prompts of different lengths padded on
+    the left: int64 ones, the first row's first quarter of the prompt (at least one token) 0
+    and its ids the pad token (the config's, else 0). ``None`` for unpadded prompts."""
+    ids, _ = make_batch(spec, job.batch, job.prompt_len, seed=seed, device=device)
+    if job.padding == "none":
+        return ids, None
+    pad = max(job.prompt_len // 4, 1)
+    mask = torch.ones_like(ids)
+    mask[0, :pad] = 0
+    ids[0, :pad] = 0
+    return ids, mask
+
+
 def micro_batches(
     step: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
@@ -214,24 +231,30 @@ def train_two_steps(
 
 
 def prefill(
-    model: torch.nn.Module, ids: torch.Tensor, job: Inference, pins: Pins, meter: Meter
-) -> None:
+    model: torch.nn.Module, ids: torch.Tensor, job: Inference, pins: Pins, meter: Meter,
+    mask: torch.Tensor | None = None,
+) -> None:  # fmt: skip
     """One prefill of ``ids`` into a KV cache of ``job.context`` tokens under ``no_grad``.
 
-    hf: a ``StaticCache`` of ``context`` tokens and ``logits_to_keep=1``. reference: the KV-cache
-    helper of `verify.models.reference_inference` (``prefill(model, ids, context)``).
+    hf: a ``StaticCache`` of ``context`` tokens and ``logits_to_keep=1``, the prompts'
+    attention ``mask`` passed when given (`make_prompts`). reference: the KV-cache helper of
+    `verify.models.reference_inference` (``prefill(model, ids, context)``).
     """
     model.eval()
     meter.mark("prefill")
     with torch.no_grad(), forced_sdpa(pins.sdpa_backend):
         if job.new_tokens > 0:
-            generate(model, ids, job)
+            generate(model, ids, job, mask)
         elif job.implementation in ("hf", "derived"):
             import transformers
 
             cache = transformers.StaticCache(config=model.config, max_cache_len=job.context)
             # transformers 5.x: ``cache=`` (``past_key_values=`` is deprecated)
-            kw = {"cache": cache} if _takes_cache(model) else {"past_key_values": cache}
+            kw: dict[str, Any] = (
+                {"cache": cache} if _takes_cache(model) else {"past_key_values": cache}
+            )
+            if mask is not None:
+                kw["attention_mask"] = mask
             out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
             del out, cache
         else:
@@ -241,10 +264,13 @@ def prefill(
             del logits
 
 
-def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
+def generate(
+    model: torch.nn.Module, ids: torch.Tensor, job: Inference, mask: torch.Tensor | None = None
+) -> None:
     """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy (or ``job.sampling``'s
-    ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`), the prompt without an
-    attention mask (one unpadded prompt per row), the cache ``job.cache_impl`` (``static``:
+    ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`), the prompts'
+    attention ``mask`` passed when given (left padding, `make_prompts`; none: one unpadded
+    prompt per row), the cache ``job.cache_impl`` (``static``:
     ``cache_implementation="static"``), an eos token set (token 0 where the config has none);
     the output ids are dropped at once. Eager: ``disable_compile=True``, since on CUDA a static
     cache makes transformers compile the decode step (``_valid_auto_compile_criteria`` in
@@ -259,6 +285,8 @@ def generate(model: torch.nn.Module, ids: torch.Tensor, job: Inference) -> None:
         kw.update(job.sampling.generate_kwargs())
     else:
         kw["do_sample"] = False
+    if mask is not None:
+        kw["attention_mask"] = mask
     out = model.generate(ids, max_new_tokens=job.new_tokens, **kw)
     del out
 

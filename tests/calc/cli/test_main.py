@@ -170,6 +170,13 @@ def test_generate_flags_make_a_generate_job(calls, capsys) -> None:
     assert job.context == 544
 
 
+def test_padding_flag_makes_a_left_padded_job(calls, capsys) -> None:
+    argv = ["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--padding", "left"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert calls[0][1] == calc.Inference(batch=1, prompt=16, new_tokens=4, padding="left")
+
+
 def test_sample_flags_make_a_sampling_generate_job(calls, capsys) -> None:
     argv = ["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--sample"]
     code, _, err = run_cli([*argv, "--top-p", "0.9", "--temperature", "0.7"], capsys)

@@ -50,3 +50,18 @@ def test_a_first_step_recorded_otherwise_is_refused() -> None:
 def test_a_second_step_unlike_the_first_is_refused() -> None:
     # Step 2's gradient of another size than step 1's: no counterpart to copy from.
     assert second_step_sizes(_full(64, grad=800), _one(128)) is None
+
+
+def test_boolean_reads_answer_as_the_eager_run_of_the_batch() -> None:
+    # unpadded prompts: "no padding?" and the other mask checks are true; a left-padded batch
+    # (transformers 5.24, measured on llama): every mask check of generate and masking_utils
+    # reads false
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from calc.derive.book import _scalar_read
+
+    with FakeTensorMode():
+        flag = torch.ones(2, 3, dtype=torch.long).sum() == 6
+    assert _scalar_read(flag, "prefill") is True
+    assert _scalar_read(flag, "prefill", padded=True) is False

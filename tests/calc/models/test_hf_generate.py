@@ -175,6 +175,7 @@ def test_the_replay_refuses_no_new_tokens():
         ({}, "context=0 needs prompt"),
         ({"context": 8, "sampling": calc.Sampling()}, "sampling needs new_tokens >= 1"),
         ({"prompt": 5, "new_tokens": 2, "sampling": {"top_k": 5}}, "calc.Sampling"),
+        ({"prompt": 5, "new_tokens": 2, "padding": "right"}, "padding='right' is not one of"),
     ],
 )
 def test_inference_fields_are_validated(kw, match):
@@ -214,6 +215,17 @@ def test_sampling_is_answered_by_the_derived_replay():
     assert any("hand-written graph does not model" in n and "sampling" in n for n in notes)
 
 
+@pytest.mark.parametrize("new_tokens", [0, 3])
+def test_left_padding_is_answered_by_the_derived_replay(new_tokens: int):
+    # the hand graphs write no attention mask; the replay recorded from transformers' code
+    # passes the prompts' mask (verify: dgen-*-padded-*), and the note names the hand graph's gap
+    job = calc.Inference(batch=2, prompt=6, new_tokens=new_tokens, context=0 if new_tokens
+                         else 12, precision="fp32", padding="left")  # fmt: skip
+    est = calc.estimate(scaled_spec("llama-2-7b"), job, device="cpu")
+    assert any("hand-written graph does not model" in n and "padding" in n for n in est.notes)
+    assert any(n.startswith("padding='left'") for n in est.notes)
+
+
 def test_context_defaults_to_prompt_plus_new_tokens():
     job = calc.Inference(batch=2, prompt=512, new_tokens=32)
     assert (job.context, job.prompt_len, job.cache_impl) == (544, 512, "dynamic")
@@ -232,3 +244,14 @@ def test_generate_refusals_name_what_is_modelled():
     job = calc.Inference(batch=1, prompt=4, new_tokens=2, implementation="reference")
     with pytest.raises(NotImplementedError, match="implementation='hf'"):
         calc.estimate(llama, job, device="cpu")
+
+
+def test_the_planner_refuses_a_padded_base_job_by_name():
+    # the planner sweeps the hand graphs' unpadded prompts; a padded batch is a recording per
+    # size: refused before anything compiles, naming the field
+    from calc.plan import planner
+
+    base = calc.Inference(batch=1, context=64, padding="left")
+    with pytest.raises(ValueError, match=r"base\.padding='left'"):
+        planner.plan(scaled_spec("llama-2-7b"), task="inference", seq_len=64, global_batch=1,
+                     gpu="h100-80gb", base=base)  # fmt: skip
