@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
+
+from _child import first_and_disk
 
 import calc
 
@@ -66,21 +64,9 @@ EAGER_TYPES = ("gemma2", "deepseek_v2", "deepseek_v3")
 eager only, and CPU SDPA has no kernel for DeepSeek's narrower value heads."""
 
 
-def _child(card: str, fields: dict, cache: str) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               VRAMPLAN_CACHE_DIR=cache)  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps([card, dict(fields)])],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def run_case(card: str, fields: dict) -> dict:
     """First estimate in a fresh process with an empty cache, then again with the disk cache."""
-    with tempfile.TemporaryDirectory() as cache:
-        first = _child(card, fields, cache)
-        disk = _child(card, fields, cache)
+    first, disk = first_and_disk(_CHILD, [card, dict(fields)])
     return {**first, "disk_s": disk["first_s"], "disk_cpu_s": disk["first_cpu_s"]}
 
 

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import tempfile
+
+from _child import first_and_disk
 
 CARDS = ("qwen2.5-0.5b", "qwen3-32b")
 """The cards timed by default: 24 and 64 decoder layers."""
@@ -35,21 +33,9 @@ print(json.dumps({"s": time.perf_counter() - t, "cpu_s": time.process_time() - c
 """
 
 
-def _child(card: str, mode: str, cache: str) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               VRAMPLAN_CACHE_DIR=cache)  # fmt: skip
-    out = subprocess.run(
-        [sys.executable, "-c", _CHILD, json.dumps([card, mode, _JOB])],
-        capture_output=True, text=True, env=env, check=True,
-    )  # fmt: skip
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def run_case(card: str, mode: str) -> dict:
     """The first estimate with an empty cache, then again in a new process from the disk."""
-    with tempfile.TemporaryDirectory() as cache:
-        first = _child(card, mode, cache)
-        disk = _child(card, mode, cache)
+    first, disk = first_and_disk(_CHILD, [card, mode, _JOB])
     return {"first_s": first["s"], "first_cpu_s": first["cpu_s"], "disk_s": disk["s"],
             "peak": first["peak"], "same_from_disk": disk["peak"] == first["peak"]}  # fmt: skip
 

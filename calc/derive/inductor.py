@@ -105,6 +105,11 @@ def compile_model(model: Any, layers: Any, job: Any) -> None:
         raise ValueError(f"compile={job.compile!r} is not recorded")
 
 
+def compiles(job: Any) -> bool:
+    """Whether ``job`` compiles the model (``compile`` of a training job not ``none``)."""
+    return getattr(job, "compile", "none") != "none"
+
+
 def whole_graph(job: Any) -> bool:
     """Whether ``job`` compiles the model as one graph (no layer can be told apart in it)."""
     return bool(getattr(job, "compile", "none") == "default")

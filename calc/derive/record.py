@@ -431,7 +431,7 @@ def session(
     # the build, recorded: what an eager build makes outside dispatch is not counted
     # (embed_scale = torch.tensor(..))
     setup = Book()
-    compiled = isinstance(job, Training) and job.compile != "none"
+    compiled = inductor.compiles(job)
     with contextlib.ExitStack() as stack:
         if compiled:
             stack.enter_context(inductor.fake_inductor())
@@ -520,7 +520,6 @@ def _train(
 
     ids = torch.randint(0, vocab, (batch, seq))
     targets = torch.randint(0, vocab, (batch, seq))
-    compiled = job.compile != "none"
     handles: list[Any] = []
     if inductor.whole_graph(job):  # one graph of every layer: hooks would break it, no tags
         prefix = _layer_list(model, _layers_of(model))[0]
@@ -528,7 +527,7 @@ def _train(
         prefix, handles = _hooks(model, book, _layers_of(model))
     params = [p for p in model.parameters() if p.requires_grad]
     loss_fn = _loss_fn(model, job)
-    if compiled:
+    if inductor.compiles(job):
         _warm_up(loss_fn, params, job, backend, ids, targets)
     opt = loops.stepper(params, job, lambda ps: _optimizer(ps, job), owned)
     scaler = _scaler() if job.precision == "amp-fp16" else None
@@ -544,18 +543,24 @@ def _train(
         opt.close()
 
 
+def _autocast(job: Training) -> Any:
+    """The protocol's forward context: ``torch.autocast("cpu")`` to the job's amp dtype, or
+    nothing (``verify/run/step.py``, ``micro_batches``)."""
+    import torch
+
+    amp = _AUTOCAST.get(job.precision)
+    return torch.autocast("cpu", dtype=getattr(torch, amp)) if amp else contextlib.nullcontext()
+
+
 def _warm_up(
     loss_fn: Any, params: list, job: Training, backend: str, ids: Any, targets: Any
 ) -> None:
     """verify's warm-up of a compiled model (``verify/run/compiled.py``, ``warm_up``): one
     forward and backward, which compile both graphs, then every gradient set to None and a
     garbage collection; before the measured part starts."""
-    import torch
 
-    amp = _AUTOCAST.get(job.precision)
-    ctx = torch.autocast("cpu", dtype=getattr(torch, amp)) if amp else contextlib.nullcontext()
     with _sdpa(backend):
-        with ctx:
+        with _autocast(job):
             loss = loss_fn(ids, targets)
         loss.backward()
     del loss
@@ -593,9 +598,6 @@ def _run_steps(
     ids: Any, targets: Any, steps: int = 2,
 ) -> None:  # fmt: skip
     """The loop of ``verify/run/step.py`` (``train_two_steps``, ``micro_batches``)."""
-    import torch
-
-    amp = _AUTOCAST.get(job.precision)
 
     def zero_grad() -> None:
         _classify_step(book, opt)
@@ -605,12 +607,7 @@ def _run_steps(
     for step in range(1, steps + 1):
         for mb in range(job.grad_accum):
             _mark(book, mode, f"step{step}/forward", opt)
-            ctx = (
-                torch.autocast("cpu", dtype=getattr(torch, amp))
-                if amp
-                else contextlib.nullcontext()
-            )
-            with ctx:
+            with _autocast(job):
                 loss = loss_fn(ids, targets)
             if scaler is not None:
                 loss = scaler.scale(loss)

@@ -68,7 +68,7 @@ def estimate(
     if gpu_obj is not None and not isinstance(gpu_obj, GPU):
         raise ValueError(f"gpu must be a catalog id or a calc GPU, got {type(gpu).__name__}")
     if parallel is not None and not parallel.is_single:
-        _check_paged(job, parallel)
+        _check_parallel_job(job, parallel)
         est = _with_paged(estimate_parallel(model, job, parallel, device), model, job)
         return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
     if device == "cuda" and model.derived:
@@ -86,9 +86,10 @@ def estimate(
     return replace(est, allocator_fn=partial(allocator_stats, model, job, device, size, handles))
 
 
-def _check_paged(job: Training | Inference, parallel: Parallelism) -> None:
-    """Paged optimizer states are modelled unsharded (one GPU, DDP); a compiled step on one
-    GPU only."""
+def _check_parallel_job(job: Training | Inference, parallel: Parallelism) -> None:
+    """What a parallel layout refuses of the job: a compiled step (recorded for one GPU only;
+    the rank replays do not refuse it themselves); paged optimizer states under sharding or
+    offload (modelled unsharded: one GPU, DDP)."""
     if isinstance(job, Training) and job.compile != "none":
         raise NotImplementedError(
             f"compile={job.compile!r} with DDP/FSDP/tensor parallelism is not modelled yet "
