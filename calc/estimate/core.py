@@ -202,10 +202,14 @@ def _torchtune_fields(
 
 def _derived_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[str, object], ...]:
     """What else decides a derived replay: the config and the job's size regime
-    (`calc.derive.lift.Regime`); nothing for the hand-written replays."""
+    (`calc.derive.lift.Regime`); nothing for the hand-written replays. A hand-modelled type
+    replayed as derived has no config of its own: the recording is of the config its spec
+    writes, lifted in the batch and sequence sizes only, so the spec itself is part of the
+    key; two sizes of one family must not share a structure."""
     if not is_derived(model, job):
         return ()
-    return (("hf_config", model.hf_config), ("regime", regime_of(model, job)))
+    config = model.hf_config if model.hf_config is not None else model
+    return (("hf_config", config), ("regime", regime_of(model, job)))
 
 
 def _branch(n_layers: int) -> int:

@@ -61,3 +61,27 @@ def test_zero1_by_parameter_is_answered_by_the_recording_of_its_ranks() -> None:
     assert any("the hand-written graph does not model this" in n for n in est.notes)
     derived = calc.estimate(spec, replace(HELD_LORA, implementation="derived"), par, "cpu")
     assert (est.peak_bytes, est.rank_peaks) == (derived.peak_bytes, derived.rank_peaks)
+
+
+def _llama(hidden: int, ffn: int) -> calc.ModelSpec:
+    return calc.ModelSpec.from_hf_config({
+        "model_type": "llama", "hidden_size": hidden, "intermediate_size": ffn,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "vocab_size": 512, "max_position_embeddings": 256, "tie_word_embeddings": False,
+    }, name=f"llama-{hidden}")  # fmt: skip
+
+
+def test_two_sizes_of_one_family_do_not_share_a_derived_replay() -> None:
+    # A hand-modelled type answered by the derived replay (sampling here) is recorded from the
+    # config its spec writes; a second size of the same family, estimated next in the same
+    # process, must get its own weights. Expected: the larger llama's parameters written out
+    # by hand, fp32: embedding and head V x h each, per layer q and o h x a d, k and v
+    # h x k d, gate/up/down 3 x h x f, two norms h; the final norm h.
+    job = calc.Inference(batch=2, prompt=8, new_tokens=2, precision="fp32",
+                         sampling=calc.Sampling(top_k=5))  # fmt: skip
+    calc.estimate(_llama(128, 256), job, device="cpu")
+    h, f, d, v = 256, 512, 64, 512
+    per_layer = 2 * h * 4 * d + 2 * h * 2 * d + 3 * h * f + 2 * h
+    params = 2 * v * h + 2 * per_layer + h
+    est = calc.estimate(_llama(h, f), job, device="cpu")
+    assert est.breakdown["weights"] == params * 4  # every tensor a multiple of 512 B
