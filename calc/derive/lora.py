@@ -66,11 +66,16 @@ def targets(layer: Any, lora: LoRA, model_type: str) -> list[tuple[Any, str]]:
         has += [n for parts, (sub, attr) in FUSED.items() if _linear(layer, sub, attr) is not None
                 for n in parts]  # fmt: skip
         offer: tuple[str, ...] = tuple(n for n in lora.modules if n in has) or tuple(has)
+        hint = (
+            f"the layer refused has {tuple(has)}: try LoRA(modules={offer})"
+            if has
+            else "the layer refused has none of the projections it adapts"
+            + (" (GPT-2's are transformers' Conv1D)" if model_type == "gpt2" else "")
+        )
         raise DeriveError(
             f"LoRA modules {sorted(chosen)} on model_type={model_type!r}: its decoder layers "
             "have no such nn.Linear (the derived replay adapts llama-family projections and "
-            "Phi-3's fused qkv_proj / gate_up_proj; MoE experts are not nn.Linear); "
-            f"the layer refused has {tuple(has)}: try LoRA(modules={offer})"
+            "Phi-3's fused qkv_proj / gate_up_proj; MoE experts are not nn.Linear); " + hint
         )
     return out
 

@@ -703,6 +703,9 @@ def _generate(
     handles.append(model.register_forward_pre_hook(count))
     handles.append(model.register_forward_hook(lambda _m, _a, out: _file_cache(book, out)))
     kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
+    # a cache, as a checkpoint's generation_config.json gives it (GenerationConfig's default):
+    # built from a config.json with "use_cache": false, generate would run without one
+    kw["use_cache"] = True
     if model.generation_config.eos_token_id is None:
         kw["eos_token_id"] = 0
     # a static cache is sized for the longest of the model's generate calls (generation/

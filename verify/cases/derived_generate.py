@@ -23,9 +23,10 @@ from verify.cases.derived import _case as derived_case
 __all__ = ["derived_generate_cases"]
 
 
-def _case(model_type: str, label: str, job: Inference) -> Case:
-    """`verify.cases.derived`'s case of ``job`` on the tiny ``model_type``, named ``dgen-``."""
-    made = derived_case(model_type, label, job)
+def _case(model_type: str, label: str, job: Inference, **config: Any) -> Case:
+    """`verify.cases.derived`'s case of ``job`` on the tiny ``model_type`` (``config``: keys
+    changed in its config), named ``dgen-``."""
+    made = derived_case(model_type, label, job, **config)
     return replace(made, name=f"dgen-{model_type}-{label}", tags=(*made.tags, "generate"))
 
 
@@ -114,4 +115,8 @@ def derived_generate_cases() -> list[Case]:
         _case("mixtral", "padded-bf16", _gen("mixtral", 3, 8, 4, "bf16", padding="left")),
         _case("deepseek_v2", "padded-fp32", _gen("deepseek_v2", 2, 8, 4, "fp32",
                                                  padding="left")),
+        # a config.json with "use_cache": false (OLMo-2-Instruct's): generate asked for a cache,
+        # as a checkpoint's generation_config.json does; padded, static, cut at 28 new tokens
+        _case("olmo2", "config-no-cache-padded-static-fp32",
+              _gen("olmo2", 2, 30, 28, "fp32", cache="static", padding="left"), use_cache=False),
     ]  # fmt: skip

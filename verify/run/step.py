@@ -277,6 +277,10 @@ def generate(
     ``generation/utils.py``: a compileable cache on a CUDA device), which calc does not model."""
     kw: dict[str, Any] = {"cache_implementation": "static"} if job.cache_impl == "static" else {}
     kw["disable_compile"] = True
+    # a cache, as generation_config.json gives every published checkpoint (GenerationConfig's
+    # default); a model built from a config.json with "use_cache": false (OLMo-2-Instruct's,
+    # many fine-tunes') would otherwise generate without one, re-reading the whole sequence
+    kw["use_cache"] = True
     if model.generation_config.eos_token_id is None:
         # every published card sets an eos token (and generate's eos bookkeeping runs); the
         # scaled configs of some families (qwen2) leave it unset: token 0 stands in

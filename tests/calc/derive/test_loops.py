@@ -209,3 +209,17 @@ def test_lora_on_linears_a_model_lacks_is_refused_by_name(
     with pytest.raises(NotImplementedError) as info:
         calc.estimate(spec, job, device="cpu")
     assert says in str(info.value) and "\n" not in str(info.value)
+
+
+def test_lora_on_gpt2_recorded_names_its_conv1d_projections() -> None:
+    # GPT-2's c_attn/c_proj/c_fc are transformers' Conv1D: no llama-family nn.Linear to
+    # adapt, and no LoRA(modules=...) to offer
+    spec = calc.ModelSpec.from_hf_config({
+        "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512,
+        "n_positions": 256,
+    })  # fmt: skip
+    job = calc.Training(micro_batch=1, seq_len=32, implementation="derived",
+                        lora=calc.LoRA(rank=4))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="Conv1D") as info:
+        calc.estimate(spec, job, device="cpu")
+    assert "try LoRA" not in str(info.value)
