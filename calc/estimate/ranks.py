@@ -157,6 +157,8 @@ def rank_replays(
         raise NotImplementedError("rank_replays: pipeline stages are calc.step.pipeline's")
     if parallel.tp > 1 and is_derived(model, job):
         return [_native_replay(model, job, parallel)]
+    if parallel.tp > 1 and job.implementation == "hf":
+        return [_hf_tensor_parallel(model, job, parallel, device)]
     if parallel.expert_parallel:
         raise NotImplementedError(
             f"expert_parallel=True: {model.name} is a hand-written graph without experts; "
@@ -206,6 +208,30 @@ def _native_replay(model: ModelSpec, job: Training, parallel: Parallelism) -> Ra
     rc = RankClass(every, "every rank", model, dpm.ReplayPlan(), False, (note,))
     opts = ReplayOptions(native=plan)
     return RankReplay(rc, model, job, opts, parallel, (), (note,))
+
+
+HF_TP_NOTE = (
+    "derived from transformers' code: the hand-written graph models tensor parallelism for "
+    "implementation='reference' (Megatron-style) only; implementation='hf' is transformers' "
+    "own tp_plan (from_pretrained(tp_plan=...), DistributedConfig), recorded"
+)
+
+
+def _hf_tensor_parallel(
+    model: ModelSpec, job: Training, parallel: Parallelism, device: str
+) -> RankReplay:
+    """A hand-modelled type's ``implementation="hf"`` tensor-parallel rank: transformers' own
+    plans, recorded as for a derived type (`_native_replay`), where `derived_fallback` allows
+    the recording; the hand graph's refusal otherwise."""
+    derived = derived_fallback(model, job, device)
+    if not isinstance(derived, Training):
+        raise NotImplementedError(
+            "tensor parallelism with implementation='hf' is transformers' own tp_plan, "
+            "recorded from its code (torch and transformers installed); the hand-written graph "
+            "models implementation='reference'"
+        )
+    rr = _native_replay(model, derived, parallel)
+    return replace(rr, notes=(*rr.notes, HF_TP_NOTE))
 
 
 def _rank_replay(

@@ -12,6 +12,7 @@ of the hand-written graph (tests/calc/derive/test_loops.py checks both predictio
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 from calc.config.compression import LoRA, Quant
@@ -393,6 +394,23 @@ def derived_dist_cases() -> list[DistCase]:
             512,
             precision="amp-bf16",
             optimizer_impl="for-loop",
+        ),
+        # a hand-modelled type with implementation="hf": the hand graph's tensor parallelism
+        # is Megatron-style (implementation="reference"), transformers' own plan is recorded
+        replace(
+            dist(
+                "tp-amp-2",
+                "olmo2",
+                Parallelism(tp=2),
+                512,
+                precision="amp-bf16",
+                optimizer_impl="for-loop",
+            ),
+            name="dist-derived-llama-hf-tp-amp-2",
+            card="llama",
+            config=json.dumps(
+                {**CONFIGS["olmo2"], "model_type": "llama", "pad_token_id": 0}, sort_keys=True
+            ),
         ),
         # FSDP1 (FullyShardedDataParallel, flat parameters): the same recording with torch's
         # FSDP1 wrapper (calc.derive.sharding.wrap_fsdp1)

@@ -85,3 +85,17 @@ def test_two_sizes_of_one_family_do_not_share_a_derived_replay() -> None:
     params = 2 * v * h + 2 * per_layer + h
     est = calc.estimate(_llama(h, f), job, device="cpu")
     assert est.breakdown["weights"] == params * 4  # every tensor a multiple of 512 B
+
+
+def test_hf_tensor_parallel_on_a_hand_type_is_transformers_tp_plan_recorded() -> None:
+    # The hand graph's tensor parallelism is Megatron-style (implementation="reference");
+    # implementation="hf" is transformers' own tp_plan, recorded as for implementation="derived"
+    # (verify: dist-derived-llama-hf-tp-amp-2, gloo, exact), and the note says why
+    spec = _llama(128, 256)
+    job = calc.Training(micro_batch=2, seq_len=32, precision="fp32", optimizer_impl="for-loop")
+    par = calc.Parallelism(tp=2)
+    hf = calc.estimate(spec, job, parallel=par, device="cpu")
+    derived = calc.estimate(spec, replace(job, implementation="derived"), parallel=par,
+                            device="cpu")  # fmt: skip
+    assert hf.peak_bytes == derived.peak_bytes
+    assert any("Megatron-style" in n for n in hf.notes)
