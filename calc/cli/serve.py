@@ -47,8 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-pp", "--pipeline-parallel-size", type=int, default=1)
     p.add_argument("--dtype", default="bfloat16", help=", ".join(DTYPES))
     p.add_argument("--kv-cache-dtype", default="auto", help="auto, fp8, fp8_e4m3, fp8_e5m2")
-    p.add_argument("--quantization", "-q", help=", ".join(QUANTIZATIONS))
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument(
+        "--quantization",
+        "-q",
+        help=f"{', '.join(QUANTIZATIONS)}; unset: the checkpoint's quantization_config, as vLLM",
+    )
+    p.add_argument(
+        "--block-size",
+        type=int,
+        help="tokens per KV block; unset: vLLM's default (16, or what vLLM forces for MLA)",
+    )
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument(
         "--enable-expert-parallel", action="store_true", help="MoE experts over the TP ranks"
@@ -102,7 +110,8 @@ def log_lines(est: ServeEstimate) -> list[str]:
         f"PyTorch activation peak memory {g(est.activation_peak_bytes)}",
         f"CUDA graphs {g(est.cuda_graph_bytes)} (estimated)",
         f"Available KV cache memory: {g(est.kv_cache_bytes)}",
-        f"GPU KV cache size: {est.kv_cache_tokens:,} tokens ({est.gpu_blocks:,} blocks)",
+        f"GPU KV cache size: {est.kv_cache_tokens:,} tokens ({est.gpu_blocks:,} blocks of "
+        f"{est.block_size})",
         f"Maximum concurrency for {est.max_model_len:,} tokens per request: "
         f"{est.max_concurrency:.2f}x",
     ]

@@ -29,6 +29,10 @@ ENTRYPOINTS: tuple[str, ...] = ("serve", "llm")
 SAMPLERS: tuple[str, ...] = ("auto", "pytorch", "flashinfer")
 BLOCK_SIZES: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256)
 """``--block-size`` choices of vLLM's ``CacheConfig`` (``vllm/config/cache.py``, ``BlockSize``)."""
+DEFAULT_BLOCK_SIZE = 16
+"""The block size vLLM's CUDA platform sets when ``--block-size`` is not given
+(``vllm/platforms/cuda.py`` ``check_and_update_config``: ``cache_config.block_size = 16``);
+`calc.serving.engine.block_size` applies what vLLM forces for MLA models on top of it."""
 OLDEST_VERSION = (0, 6, 4)
 """Oldest vLLM modelled: 0.6.4 is the first to log the memory profile this accounting follows
 (``vllm/worker/worker.py`` ``determine_num_available_blocks``, PR #10511)."""
@@ -99,10 +103,13 @@ class Serving:
     kv_cache_dtype: KVCacheDtype = "auto"
     """``--kv-cache-dtype``: ``auto`` stores the cache in ``dtype``; ``fp8*`` in one byte."""
     quant: ServingQuant | None = None
-    """Quantized checkpoint: ``fp8`` (W8A8 fp8), ``w8a8`` (int8 per-channel) or ``w4a16``
-    (int4 weights, group 128, GPTQ/AWQ/compressed-tensors); ``None``: ``dtype`` weights."""
-    block_size: int = 16
-    """``--block-size``: tokens per KV-cache block."""
+    """``--quantization``: the checkpoint's weight format, ``fp8`` (W8A8 fp8, per-tensor
+    scales), ``w8a8`` (int8 per-channel) or ``w4a16`` (int4 weights, group 128,
+    GPTQ/AWQ/compressed-tensors); ``None``: as vLLM, the format the model's ``config.json``
+    declares in ``quantization_config`` (`calc.serving.checkpoint`), else ``dtype`` weights."""
+    block_size: int | None = None
+    """``--block-size``: tokens per KV-cache block; ``None``: vLLM's default, 16, or what
+    vLLM forces for an MLA model on this GPU and version (`calc.serving.engine.block_size`)."""
     enforce_eager: bool = False
     """``--enforce-eager``: no CUDA graphs (none captured, none accounted)."""
     expert_parallel: bool = False
@@ -137,9 +144,12 @@ class Serving:
         check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         if self.quant is not None:
             check_choice("quant", self.quant, SERVING_QUANTS)
-        if self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool):
+        if self.block_size is not None and (
+            self.block_size not in BLOCK_SIZES or isinstance(self.block_size, bool)
+        ):
             raise ValueError(
-                f"block_size={self.block_size!r} is not one of {', '.join(map(str, BLOCK_SIZES))}"
+                f"block_size={self.block_size!r} is not one of "
+                f"{', '.join(map(str, BLOCK_SIZES))} (or None: vLLM's default)"
             )
         check_bool("enforce_eager", self.enforce_eager)
         check_bool("expert_parallel", self.expert_parallel)

@@ -4,13 +4,13 @@ concurrency a KV cache gives at each context length, in GiB (2**30 bytes), for t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from math import floor
 
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
-from calc.serving.api import ServeEstimate, serve
+from calc.serving.api import ServeEstimate, resolve_model, serve
 from calc.units import GIB
 
 TERMS: tuple[tuple[str, str], ...] = (
@@ -63,14 +63,16 @@ def term_rows(est: ServeEstimate) -> list[dict[str, object]]:
 
 
 def concurrency_rows(
-    model: ModelSpec, serving: Serving, lengths: Sequence[int],
+    model: ModelSpec | Mapping[str, object], serving: Serving, lengths: Sequence[int],
     total_bytes: int | None = None, gpu: str | None = None,
 ) -> list[dict[str, object]]:  # fmt: skip
     """``max_model_len`` -> vLLM's maximum concurrency (and KV tokens), one `calc.serve` per
-    length (lengths beyond the model's ``max_positions`` are skipped)."""
+    length (lengths beyond the model's ``max_positions`` are skipped); ``model`` as
+    `calc.serve` takes it."""
+    longest = resolve_model(model)[1].max_positions
     rows: list[dict[str, object]] = []
     for length in lengths:
-        if length > model.max_positions:
+        if length > longest:
             continue
         est = serve(model, replace(serving, max_model_len=length), total_bytes=total_bytes, gpu=gpu)
         rows.append(

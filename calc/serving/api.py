@@ -27,6 +27,7 @@ from calc.serving import engine as eng
 from calc.serving import kv_cache as kv
 from calc.serving import profile as prof
 from calc.serving.arch import ServingArch
+from calc.serving.checkpoint import weight_format
 from calc.serving.weights import stage_layer_indices, stage_layers, stage_weight_bytes
 from calc.units import GIB
 
@@ -67,6 +68,8 @@ class ServeEstimate:
     """One layer's KV block on one rank."""
     layers_per_rank: int
     """Decoder layers on the most constrained rank."""
+    block_size: int = 16
+    """Tokens per KV-cache block vLLM runs with (``--block-size`` or what vLLM picks)."""
     kv_cache_groups: int = 1
     """KV cache groups (1; hybrid full/sliding models: one per ``group_size`` layers of a spec)."""
     block_bytes: int = 0
@@ -130,9 +133,8 @@ def resolve_model(model: object) -> tuple[ModelSpec | None, ServingArch]:
             return None, ServingArch.from_hf_config(json.loads(model.hf_config))
         return model, ServingArch.from_model_spec(model)
     if isinstance(model, Mapping):
-        if model.get("model_type") in MODEL_TYPES:
-            spec = ModelSpec.from_hf_config(model)
-            return spec, ServingArch.from_model_spec(spec)
+        if model.get("model_type") in MODEL_TYPES:  # the checkpoint's quantization kept
+            return ModelSpec.from_hf_config(model), ServingArch.from_hf_config(model)
         return None, ServingArch.from_hf_config(model)
     raise ValueError(
         f"model must be a calc.ModelSpec or a config.json dict, got {type(model).__name__}"
@@ -161,7 +163,9 @@ def serve(
         total,
         card.name if card is not None else "",
         _compute_capability(card),
+        mla=arch.mla is not None,
     )
+    block = cfg.block_size
     if cfg.max_model_len > arch.max_positions:
         raise ValueError(
             f"max_model_len={cfg.max_model_len} exceeds the model's max_position_embeddings "
@@ -186,24 +190,21 @@ def serve(
         counted = graphs if cfg.cudagraphs_in_budget else 0
         avail = budget - weights - non_torch - act - counted
         indices = stage_layer_indices(arch.n_layers, serving.pipeline_parallel, stage)
-        layout = kv.kv_layout(arch, serving, cfg.engine, indices, cfg.max_model_len, tokens)
+        layout = kv.kv_layout(arch, serving, cfg.engine, indices, cfg.max_model_len, tokens, block)
         blocks = kv.num_blocks(avail, layout.page_bytes, layout.group_size)
         if best is None or (blocks, -avail) < (best[0], -best[4]):
             best = (blocks, stage, weights, act, avail, graphs, layout)
     assert best is not None
     blocks, stage, weights, act, avail, graphs, layout = best
     notes = _notes(cfg, serving, tokens, rows, spec is None, layout)
-    if arch.checkpoint_quant is not None and serving.quant is None:
-        notes += (
-            f"config.json declares quantization_config (quant_method={arch.checkpoint_quant}): "
-            "vLLM loads the checkpoint quantized; weights here are in dtype unless quant= "
-            "(--quantization) names the format",
-        )
+    notes += weight_format(arch.checkpoint, serving)[1]
+    if cfg.block_size_note is not None:
+        notes += (cfg.block_size_note,)
     if cfg.engine == "v0":
-        kv_tokens = blocks * serving.block_size
+        kv_tokens = blocks * block
         concurrency = kv_tokens / cfg.max_model_len
     else:
-        kv_tokens = blocks // layout.n_groups * serving.block_size
+        kv_tokens = blocks // layout.n_groups * block
         concurrency = blocks / layout.blocks_per_request
     return ServeEstimate(
         total_bytes=total,
@@ -222,6 +223,7 @@ def serve(
         max_num_batched_tokens=tokens,
         page_bytes=layout.page_bytes,
         layers_per_rank=layers[stage],
+        block_size=block,
         kv_cache_groups=layout.n_groups,
         block_bytes=layout.page_bytes * layout.group_size,
         notes=notes,

@@ -32,10 +32,11 @@ family (vllm-project/vllm ``vllm/model_executor/models/``; the HF defaults from 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from calc.config.model_spec import MODEL_TYPES, ModelSpec
+from calc.serving.checkpoint import Declared, declared
 
 KVKind = Literal["full", "sliding", "mla"]
 QKNorm = Literal["none", "head", "full"]
@@ -142,8 +143,14 @@ class ServingArch:
     """GPT-2's ``wpe`` instead of rotary embeddings."""
     rope_tables: int = 1
     """Distinct rotary ``cos_sin_cache`` buffers (Gemma-3: local and global)."""
-    checkpoint_quant: str | None = None
-    """``quantization_config.quant_method`` of the config (e.g. DeepSeek-V3's ``fp8``)."""
+    checkpoint: Declared | None = None
+    """The config's ``quantization_config`` (`calc.serving.checkpoint.declared`; e.g.
+    DeepSeek-V3's block-wise ``fp8``); ``None``: the checkpoint is in ``dtype``."""
+
+    @property
+    def checkpoint_quant(self) -> str | None:
+        """``quantization_config.quant_method`` of the config, if any."""
+        return None if self.checkpoint is None else self.checkpoint.method
 
     def __post_init__(self) -> None:
         for name in ("hidden", "n_heads", "n_kv_heads", "head_dim", "ffn", "vocab",
@@ -212,7 +219,8 @@ class ServingArch:
         model_type = config.get("model_type")
         label = name or str(model_type)
         if model_type in MODEL_TYPES:
-            return cls.from_model_spec(ModelSpec.from_hf_config(config, name=name))
+            spec_view = cls.from_model_spec(ModelSpec.from_hf_config(config, name=name))
+            return replace(spec_view, checkpoint=declared(config))
         if model_type not in CONFIG_FAMILIES:
             raise ValueError(
                 f"model_type={model_type!r} is not modelled for serving; known: "
@@ -391,13 +399,5 @@ def _from_config(c: Mapping[str, object], model_type: str, name: str) -> Serving
         ),
         tied_embeddings=_bool(c, "tie_word_embeddings", gemma or model_type == "granite"),
         rope_tables=2 if model_type == "gemma3_text" else 1,
-        checkpoint_quant=_quant_method(c),
+        checkpoint=declared(c),
     )
-
-
-def _quant_method(c: Mapping[str, object]) -> str | None:
-    quant = c.get("quantization_config")
-    if not isinstance(quant, Mapping):
-        return None
-    method = quant.get("quant_method")
-    return method if isinstance(method, str) else None

@@ -50,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from calc.config.model_spec import ModelSpec
-from calc.config.serving import Serving
+from calc.config.serving import DEFAULT_BLOCK_SIZE, Serving
 from calc.serving.arch import LayerKV, ServingArch
 from calc.serving.weights import DTYPE_BYTES, kv_heads_per_rank
 
@@ -65,6 +65,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def block_of(serving: Serving, block_size: int | None = None) -> int:
+    """The block size to use: ``block_size`` (the one `calc.serving.engine.block_size`
+    resolved), else ``serving.block_size``, else vLLM's default 16."""
+    if block_size is not None:
+        return block_size
+    return DEFAULT_BLOCK_SIZE if serving.block_size is None else serving.block_size
+
+
 def kv_dtype_bytes(serving: Serving) -> int:
     """Bytes per cached element: one for ``fp8*``, else ``dtype``'s."""
     if serving.kv_cache_dtype.startswith("fp8"):
@@ -72,10 +80,10 @@ def kv_dtype_bytes(serving: Serving) -> int:
     return DTYPE_BYTES[serving.dtype]
 
 
-def page_bytes(model: ModelSpec, serving: Serving) -> int:
+def page_bytes(model: ModelSpec, serving: Serving, block_size: int | None = None) -> int:
     """One layer's KV block on one rank: ``2 * block_size * kv_heads * head_size * bytes``."""
     heads = kv_heads_per_rank(model, serving.tensor_parallel)
-    return 2 * serving.block_size * heads * model.head_dim * kv_dtype_bytes(serving)
+    return 2 * block_of(serving, block_size) * heads * model.head_dim * kv_dtype_bytes(serving)
 
 
 def num_blocks(available_bytes: int, page: int, n_layers: int) -> int:
@@ -87,24 +95,28 @@ def num_blocks(available_bytes: int, page: int, n_layers: int) -> int:
 
 
 def blocks_per_request(
-    model: ModelSpec, serving: Serving, max_model_len: int, max_num_batched_tokens: int
-) -> int:
+    model: ModelSpec, serving: Serving, max_model_len: int, max_num_batched_tokens: int,
+    block_size: int | None = None,
+) -> int:  # fmt: skip
     """Blocks one layer needs for a request of ``max_model_len`` tokens (V1)."""
-    tokens = max_model_len
+    block = block_of(serving, block_size)
     if model.sliding_window is not None:
         window = min(model.sliding_window - 1 + max_num_batched_tokens, max_model_len)
-        return cdiv(window, serving.block_size) + 1
-    return cdiv(tokens, serving.block_size)
+        return cdiv(window, block) + 1
+    return cdiv(max_model_len, block)
 
 
 def max_concurrency(
     blocks: int, model: ModelSpec, serving: Serving, engine: str, max_model_len: int,
-    max_num_batched_tokens: int,
+    max_num_batched_tokens: int, block_size: int | None = None,
 ) -> float:  # fmt: skip
     """The ``"Maximum concurrency for L tokens per request"`` vLLM logs."""
     if engine == "v0":
-        return blocks * serving.block_size / max_model_len
-    return blocks / blocks_per_request(model, serving, max_model_len, max_num_batched_tokens)
+        return blocks * block_of(serving, block_size) / max_model_len
+    per_request = blocks_per_request(
+        model, serving, max_model_len, max_num_batched_tokens, block_size
+    )
+    return blocks / per_request
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -121,15 +133,18 @@ class KVLayout:
     """Blocks one ``max_model_len`` request needs (V1), summed over the groups."""
 
 
-def layer_page_bytes(arch: ServingArch, kind: LayerKV, serving: Serving) -> int:
+def layer_page_bytes(
+    arch: ServingArch, kind: LayerKV, serving: Serving, block_size: int | None = None
+) -> int:
     """One layer's KV block on one rank: ``2 * block_size * kv_heads * head_dim * bytes``, or
     MLA's ``block_size * (kv_lora_rank + qk_rope_head_dim) * bytes``."""
+    block = block_of(serving, block_size)
     if kind.kind == "mla":
         assert arch.mla is not None
         width = arch.mla.kv_lora_rank + arch.mla.qk_rope_head_dim
-        return serving.block_size * width * kv_dtype_bytes(serving)
+        return block * width * kv_dtype_bytes(serving)
     heads = kv_heads_per_rank(arch, serving.tensor_parallel)
-    return 2 * serving.block_size * heads * arch.head_dim * kv_dtype_bytes(serving)
+    return 2 * block * heads * arch.head_dim * kv_dtype_bytes(serving)
 
 
 def _request_blocks(kind: LayerKV, block_size: int, max_model_len: int, batched: int) -> int:
@@ -166,19 +181,20 @@ def kv_groups(arch: ServingArch, hybrid: bool) -> list[tuple[LayerKV, list[int]]
 
 def kv_layout(
     arch: ServingArch, serving: Serving, engine: str, stage_layers: range,
-    max_model_len: int, max_num_batched_tokens: int,
+    max_model_len: int, max_num_batched_tokens: int, block_size: int | None = None,
 ) -> KVLayout:  # fmt: skip
-    """The layout on the rank holding ``stage_layers`` (see the module docstring)."""
+    """The layout on the rank holding ``stage_layers`` (see the module docstring), with blocks
+    of ``block_size`` tokens (default: `block_of`)."""
     hybrid = engine == "v1" and serving.version >= HYBRID_FROM
     groups = kv_groups(arch, hybrid)
-    pages = {layer_page_bytes(arch, spec, serving) for spec, _ in groups}
+    block = block_of(serving, block_size)
+    pages = {layer_page_bytes(arch, spec, serving, block) for spec, _ in groups}
     if len(pages) > 1:
         raise ValueError(f"{arch.name}: layers with different KV page sizes are not modelled")
     on_stage = set(stage_layers)
     size = max(sum(1 for i in layers if i in on_stage) for _, layers in groups)
     per_request = sum(
-        _request_blocks(spec, serving.block_size, max_model_len, max_num_batched_tokens)
-        for spec, _ in groups
+        _request_blocks(spec, block, max_model_len, max_num_batched_tokens) for spec, _ in groups
     )
     return KVLayout(
         page_bytes=pages.pop(),

@@ -17,12 +17,15 @@ linear.py``) and embeddings (``vocab_parallel_embedding.py``):
   the remainder one more on the stages just before the last; the embedding on the first stage,
   the final norm and head on the last.
 
-Quantized checkpoints store the decoder linears only (embedding and head stay in ``dtype``):
-``fp8`` one byte per weight plus an fp32 scale per merged shard (``Fp8LinearMethod``,
-per-tensor); ``w8a8`` one byte plus an fp32 scale per output channel (compressed-tensors
-channelwise int8); ``w4a16`` half a byte plus an fp16 scale per group of 128 inputs
-(GPTQ/compressed-tensors symmetric; Marlin's repacked copy replaces the checkpoint's, same size;
-AWQ's zero points, ``in/128 x out/2`` bytes, are not counted).
+Quantized checkpoints store the decoder linears only (embedding and head stay in ``dtype``),
+in the format `calc.serving.checkpoint.weight_format` resolves (the config's
+``quantization_config``, or ``quant=``): ``fp8`` one byte per weight plus fp32 scales, one per
+merged shard (``Fp8LinearMethod``, per-tensor), per output channel, or per ``[bn, bk]`` block
+(``weight_block_size``: ``cdiv(out, bn) x cdiv(in, bk)``); ``w8a8`` one byte plus an fp32 scale
+per output channel (compressed-tensors channelwise int8) or shard; ``w4a16`` half a byte plus an
+fp16 scale per group of inputs (GPTQ/compressed-tensors symmetric; Marlin's repacked copy
+replaces the checkpoint's, same size; AWQ's zero points, ``in/group x out/2`` bytes, are not
+counted).
 
 The other families (`calc.serving.arch`), as their vLLM model classes build them:
 
@@ -51,11 +54,10 @@ from dataclasses import dataclass
 from calc.config.model_spec import ModelSpec
 from calc.config.serving import Serving
 from calc.serving.arch import ServingArch
+from calc.serving.checkpoint import USER_FORMATS, WeightFormat, weight_format
 
 VOCAB_PADDING = 64
 """``DEFAULT_VOCAB_PADDING_SIZE`` of ``vocab_parallel_embedding.py``."""
-W4_GROUP = 128
-"""Group size of the int4 checkpoints modelled (``w4a16``)."""
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 """Bytes per element of ``--dtype``."""
 
@@ -147,19 +149,38 @@ def layer_linears(model: ModelSpec | ServingArch, tp: int, layer: int = 0) -> tu
     return attn
 
 
-def linear_bytes(lin: Linear, serving: Serving) -> int:
-    """Bytes of one linear's weight, scales and bias in the checkpoint format of ``serving``."""
+_UNSET: WeightFormat = WeightFormat(kind="fp8", scales="tensor")
+"""Marker: `linear_bytes` without ``fmt`` takes ``serving.quant``'s format."""
+
+
+def rank_format(model: ModelSpec | ServingArch, serving: Serving) -> WeightFormat | None:
+    """The format of the decoder linears (``None``: ``dtype``): ``quant=``, else the
+    checkpoint's ``quantization_config`` (`calc.serving.checkpoint.weight_format`)."""
+    return weight_format(_arch(model).checkpoint, serving)[0]
+
+
+def linear_bytes(lin: Linear, serving: Serving, fmt: WeightFormat | None = _UNSET) -> int:
+    """Bytes of one linear's weight, scales and bias stored in ``fmt`` (``None``: ``dtype``;
+    omitted: the format ``serving.quant`` names)."""
+    if fmt is _UNSET:
+        fmt = None if serving.quant is None else USER_FORMATS[serving.quant]
     itemsize = DTYPE_BYTES[serving.dtype]
-    numel = lin.out_features * lin.in_features
+    out, inp = lin.out_features, lin.in_features
+    numel = out * inp
     bias = lin.bias * itemsize
-    if serving.quant is None:
+    if fmt is None:
         return numel * itemsize + bias
-    if serving.quant == "fp8":
-        return numel + 4 * lin.shards + bias
-    if serving.quant == "w8a8":
-        return numel + 4 * lin.out_features + bias
-    groups = -(-lin.in_features // W4_GROUP)  # w4a16
-    return numel // 2 + 2 * groups * lin.out_features + bias
+    weight = numel // 2 if fmt.kind == "w4a16" else numel
+    scale = 2 if fmt.kind == "w4a16" else 4  # fp16 group scales; fp32 otherwise
+    if fmt.scales == "tensor":
+        count = lin.shards
+    elif fmt.scales == "channel":
+        count = out
+    elif fmt.scales == "block":
+        count = -(-out // fmt.block[0]) * -(-inp // fmt.block[1])
+    else:  # group
+        count = -(-inp // fmt.group) * out
+    return weight + scale * count + bias
 
 
 def moe_bytes(arch: ServingArch, serving: Serving) -> int:
@@ -170,8 +191,9 @@ def moe_bytes(arch: ServingArch, serving: Serving) -> int:
     moe, h = arch.moe, arch.hidden
     itemsize = DTYPE_BYTES[serving.dtype]
     inter = expert_ffn_per_rank(arch, serving)
-    expert = linear_bytes(Linear(2 * inter, h, 2, 0), serving) + linear_bytes(
-        Linear(h, inter, 1, 0), serving
+    fmt = rank_format(arch, serving)
+    expert = linear_bytes(Linear(2 * inter, h, 2, 0), serving, fmt) + linear_bytes(
+        Linear(h, inter, 1, 0), serving, fmt
     )
     router = moe.n_experts * h * itemsize + (4 * moe.n_experts if moe.router_bias else 0)
     gate = h * itemsize if moe.shared_gate else 0
@@ -212,7 +234,8 @@ def layer_bytes(model: ModelSpec | ServingArch, serving: Serving, layer: int = 0
     """Decoder layer ``layer`` on one rank: the linears, the experts if sparse, the norms."""
     arch = _arch(model)
     tp = serving.tensor_parallel
-    linears = sum(linear_bytes(lin, serving) for lin in layer_linears(arch, tp, layer))
+    fmt = rank_format(arch, serving)
+    linears = sum(linear_bytes(lin, serving, fmt) for lin in layer_linears(arch, tp, layer))
     experts = moe_bytes(arch, serving) if arch.moe_layers[layer] else 0
     return linears + experts + norm_params(arch) * DTYPE_BYTES[serving.dtype]
 

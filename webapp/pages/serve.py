@@ -30,8 +30,8 @@ pp = c[3].number_input("--pipeline-parallel-size", 1, 64, 1, key="serve.pp")
 c = st.columns(5)
 dtype = c[0].selectbox("--dtype", cfg.SERVING_DTYPES, key="serve.dtype")
 kv_dtype = c[1].selectbox("--kv-cache-dtype", cfg.KV_CACHE_DTYPES, key="serve.kv_dtype")
-quant = c[2].selectbox("checkpoint", ("none", *cfg.SERVING_QUANTS), key="serve.quant")
-block = c[3].selectbox("--block-size", cfg.BLOCK_SIZES, index=cfg.BLOCK_SIZES.index(16), key="serve.block")  # fmt: skip
+quant = c[2].selectbox("--quantization", ("from config.json", *cfg.SERVING_QUANTS), key="serve.quant")  # fmt: skip
+block = c[3].selectbox("--block-size", ("default", *cfg.BLOCK_SIZES), key="serve.block")
 eager = c[4].checkbox("--enforce-eager", key="serve.eager")
 total_gib = None
 if gpu.cuda_total_bytes is None:
@@ -45,13 +45,15 @@ try:
         vllm_version=version, gpu_memory_utilization=util, max_model_len=int(max_len),
         max_num_seqs=int(seqs) or None, max_num_batched_tokens=int(batched) or None,
         tensor_parallel=int(tp), pipeline_parallel=int(pp), dtype=dtype,
-        kv_cache_dtype=kv_dtype, quant=None if quant == "none" else quant, block_size=block,
+        kv_cache_dtype=kv_dtype, quant=None if quant == "from config.json" else quant,
+        block_size=None if block == "default" else int(block),
         enforce_eager=eager, entrypoint=entry,
     )  # fmt: skip
     target = {"total_bytes": round(total_gib * calc.GIB)} if total_gib else {"gpu": gpu.id}
-    est = calc.serve(model, serving, **target)
+    served = inputs.model.config or model  # a config keeps its quantization_config
+    est = calc.serve(served, serving, **target)
     curve = rows.concurrency_rows(
-        model, serving, rows.context_lengths(model.max_positions), **target
+        served, serving, rows.context_lengths(model.max_positions), **target
     )
 except (ValueError, NotImplementedError) as exc:
     st.error(str(exc), icon=":material/error:")

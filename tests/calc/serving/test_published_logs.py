@@ -43,9 +43,11 @@ def test_concurrency_rule_reproduces_the_logged_concurrency(rec: dict) -> None:
     c = compare(rec)
     logged = rec["logged"]
     serving = calc.Serving(vllm_version=rec["vllm_version"], **rec["serving"])
-    blocks = logged["kv_cache_tokens"] // serving.block_size
+    block = c.estimate.block_size  # vLLM's default 16: none of these models uses MLA
+    assert block == 16
+    blocks = logged["kv_cache_tokens"] // block
     got = kv.max_concurrency(
         blocks, model_of(rec), serving, c.estimate.engine, c.estimate.max_model_len,
-        c.estimate.max_num_batched_tokens,
+        c.estimate.max_num_batched_tokens, block,
     )  # fmt: skip
     assert got == pytest.approx(logged["max_concurrency"], abs=0.006)

@@ -3,6 +3,8 @@ catalog's totals, on tiny models whose terms are checked against each other by h
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 import calc
@@ -102,3 +104,19 @@ def test_gpu_from_the_catalog_and_its_refusals() -> None:
 def test_a_budget_too_small_gives_no_blocks() -> None:
     est = calc.serve(tiny_llama(), calc.Serving(max_model_len=64), total_bytes=1 << 20)
     assert est.kv_cache_bytes < 0 and est.gpu_blocks == 0 and not est.fits
+
+
+def test_mla_block_size_forced_to_64_on_hopper() -> None:
+    # vLLM 0.10.1 forces FlashMLA's block of 64 for DeepSeek-V3 on an H200 (capability 9.0):
+    # one MLA page is 64 tokens x (kv_lora_rank 512 + rope 64) x 2 bytes = 73 728 bytes
+    model = calc.load_card("deepseek-v3")
+    serving = calc.Serving(vllm_version="0.10.1", max_model_len=8192, tensor_parallel=8)
+    est = calc.serve(model, serving, gpu="h200-141gb")
+    assert est.block_size == 64 and est.page_bytes == 64 * (512 + 64) * 2
+    assert est.kv_cache_tokens == est.gpu_blocks * 64
+    assert est.max_concurrency == est.gpu_blocks / (8192 // 64)
+    assert any("FlashMLA" in n for n in est.notes)
+    # a user's --block-size 16 is replaced too (0.8-0.10: block_size != 64), and said so
+    user = calc.serve(model, replace(serving, block_size=16), gpu="h200-141gb")
+    assert user.block_size == 64 and user.kv_cache_tokens == est.kv_cache_tokens
+    assert any("instead of block_size=16" in n for n in user.notes)
