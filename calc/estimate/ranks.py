@@ -157,14 +157,14 @@ def rank_replays(
         raise NotImplementedError("rank_replays: pipeline stages are calc.step.pipeline's")
     if parallel.tp > 1 and is_derived(model, job):
         return [_native_replay(model, job, parallel)]
-    if parallel.tp > 1 and job.implementation == "hf":
-        return [_hf_tensor_parallel(model, job, parallel, device)]
     if parallel.expert_parallel:
         raise NotImplementedError(
             f"expert_parallel=True: {model.name} is a hand-written graph without experts; "
             "expert parallelism is recorded on derived mixture-of-experts models"
         )
     check_divisibility(model, parallel)
+    if parallel.tp > 1 and job.implementation == "hf":
+        return [_hf_tensor_parallel(model, job, parallel, device)]
     job = _rank_job(job, parallel)
     return [
         _rank_replay(model, job, parallel, rc, device)
