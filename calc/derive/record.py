@@ -644,37 +644,38 @@ def _prefill(
     import torch
     import transformers
 
-    ids, mask = _prompts(book, job, batch, prompt, vocab)
+    ids, masked = _prompts(book, job, batch, prompt, vocab)
     prefix, handles = _hooks(model, book, _layers_of(model))
-    _start(book, model, prefix, (ids,) if mask is None else (ids, mask))
+    _start(book, model, prefix, (ids, *masked.values()))
     book.phase = "prefill"
     book.tag_now = "embed"
     with torch.no_grad(), _sdpa(backend):
         cache = transformers.StaticCache(config=model.config, max_cache_len=context)
         takes = "cache" in inspect.signature(model.forward).parameters
         kw: dict[str, Any] = {"cache": cache} if takes else {"past_key_values": cache}
-        if mask is not None:
-            kw["attention_mask"] = mask
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw)
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **kw, **masked)
         del out, cache
     for h in handles:
         h.remove()
 
 
-def _prompts(book: Book, job: Inference, batch: int, prompt: int, vocab: int) -> tuple[Any, Any]:
-    """``(ids, mask)``: the prompt ids ``[batch, prompt]`` and, for ``padding="left"``, their
-    attention mask (int64 ones, the first row's first quarter 0: verify's ``make_prompts``);
-    ``mask`` is ``None`` otherwise. Both exist before the measured part, as the tokenizer's
-    output does. A padded batch sets ``book.padded`` (the mask checks read false)."""
+def _prompts(
+    book: Book, job: Inference, batch: int, prompt: int, vocab: int
+) -> tuple[Any, dict[str, Any]]:
+    """``(ids, masked)``: the prompt ids ``[batch, prompt]`` and the keyword arguments that
+    pass their attention mask: for ``padding="left"`` ``{"attention_mask": mask}`` (int64
+    ones, the first row's first quarter 0: verify's ``make_prompts``), else none. Both exist
+    before the measured part, as the tokenizer's output does. A padded batch sets
+    ``book.padded`` (the mask checks read false)."""
     import torch
 
     ids = torch.randint(0, vocab, (batch, prompt))
     if job.padding == "none":
-        return ids, None
+        return ids, {}
     book.padded = True
     mask = torch.ones(batch, prompt, dtype=torch.long)
     mask[0, : max(prompt // 4, 1)] = 0
-    return ids, mask
+    return ids, {"attention_mask": mask}
 
 
 def _generate(
@@ -690,7 +691,7 @@ def _generate(
     import torch
 
     new_tokens = context - prompt if context else job.new_tokens
-    ids, mask = _prompts(book, job, batch, prompt, vocab)
+    ids, masked = _prompts(book, job, batch, prompt, vocab)
     prefix, handles = _hooks(model, book, _layers_of(model))
     starts: list[int] = []
 
@@ -711,9 +712,8 @@ def _generate(
     # a static cache is sized for the longest of the model's generate calls (generation/
     # utils.py:2184-2215): each recording starts as a fresh model's first call
     vars(model).pop("_previous_max_cache_length", None)
-    if mask is not None:
-        kw["attention_mask"] = mask
-    _start(book, model, prefix, (ids,) if mask is None else (ids, mask))
+    kw.update(masked)
+    _start(book, model, prefix, (ids, *masked.values()))
     book.phase = "prefill"
     book.tag_now = "embed"
     with torch.no_grad(), _sdpa(backend), stop_after(prompt + new_tokens):

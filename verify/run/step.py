@@ -161,7 +161,8 @@ def make_prompts(
     """The prompt ids ``[batch, prompt]`` (`make_batch`'s) and, for ``job.padding == "left"``,
     their attention mask as a tokenizer returns it for prompts of different lengths padded on
     the left: int64 ones, the first row's first quarter of the prompt (at least one token) 0
-    and its ids the pad token (the config's, else 0). ``None`` for unpadded prompts."""
+    and its ids token 0 (a stand-in pad token: with the mask passed, no value is read).
+    ``None`` for unpadded prompts."""
     ids, _ = make_batch(spec, job.batch, job.prompt_len, seed=seed, device=device)
     if job.padding == "none":
         return ids, None
