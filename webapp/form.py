@@ -169,6 +169,10 @@ TRAINING: tuple[FormField, ...] = (
               kind="bool", default=False, section="advanced",
               help="torchtune's optimizer_in_bwd: each parameter stepped once its gradient "
               "is ready"),
+    FormField(task="train", name="offload_activations", label="offload activations",
+              kind="bool", default=False, section="advanced",
+              help="torchtune's enable_activation_offloading (with recompute full): saved "
+              "tensors of 1 KiB+ copied to pinned host memory, brought back in backward"),
     FormField(task="train", name="paged_optimizer", label="paged optimizer", kind="bool",
               default=False, section="advanced",
               help="bitsandbytes' paged adam8bit/adam32bit (paged_adamw_8bit/32bit): states of "

@@ -58,6 +58,7 @@ TRAINING_FIELDS: tuple[str, ...] = (
     "loss_chunks",
     "optimizer_in_backward",
     "paged_optimizer",
+    "offload_activations",
     "compile",
 )
 INFERENCE_FIELDS: tuple[str, ...] = (
@@ -150,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="step each parameter as soon as its gradient is ready (torchtune optimizer_in_bwd)",
+    )
+    train.add_argument(
+        "--offload-activations",
+        action="store_true",
+        default=None,
+        help="torchtune's enable_activation_offloading (needs --recompute full and "
+        "--implementation torchtune): saved tensors copied to the host, brought back in backward",
     )
     train.add_argument(
         "--paged-optimizer",

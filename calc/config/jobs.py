@@ -130,6 +130,13 @@ class Training:
     least 100,000 elements live in CUDA managed memory (``cudaMallocManaged``), outside
     PyTorch's allocator, so they are not in the peak; the estimate names their bytes. Needs
     ``optimizer`` ``adam8bit`` or ``adam32bit``."""
+    offload_activations: bool = False
+    """torchtune's ``enable_activation_offloading`` (``OffloadActivations``, streams on): what
+    autograd saves in the model's forward (with ``recompute="full"``: each checkpointed layer's
+    input), 1 KiB or more and not a parameter, is copied to pinned host memory and brought back
+    when its backward node runs; the output projection's saves stay (`calc.replay.offload`).
+    Needs ``recompute="full"``, as the recipes do; modelled for ``implementation="torchtune"``
+    on one GPU."""
     compile: Compile = "none"
     """``none`` (eager); ``default``: the whole model wrapped by ``torch.compile(model)`` in its
     default mode (Inductor; AOTAutograd's partitioner chooses what the forward saves, the
@@ -187,6 +194,12 @@ class Training:
             raise ValueError(
                 f"optimizer_impl='fused' is not available for optimizer={self.optimizer!r}: "
                 "PyTorch fuses adam, adamw, sgd and sgd-momentum"
+            )
+        check_bool("offload_activations", self.offload_activations)
+        if self.offload_activations and self.recompute != "full":
+            raise ValueError(
+                f"offload_activations=True needs recompute='full' (torchtune's recipes refuse "
+                f"offloading without activation checkpointing), got recompute={self.recompute!r}"
             )
         check_bool("paged_optimizer", self.paged_optimizer)
         if self.paged_optimizer and self.optimizer not in ("adam8bit", "adam32bit"):

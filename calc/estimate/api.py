@@ -24,6 +24,7 @@ from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
 from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
 from calc.parallel.layout import param_numels
+from calc.replay.offload import MIN_TOKENS
 from calc.step.optimizer import paged_state_bytes
 
 
@@ -122,13 +123,20 @@ def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> E
 
 def _check_training(model: ModelSpec, job: Training) -> None:
     """``ValueError`` for a training job that does not fit ``model``: a pruned module it lacks,
-    a distillation student that does not match, loss chunks that do not divide the tokens."""
+    a distillation student that does not match, loss chunks that do not divide the tokens;
+    ``NotImplementedError`` for offloading a micro-batch below `calc.replay.offload.MIN_TOKENS`."""
     if job.pruning is not None:
         job.pruning.modules_for(model)  # ValueError for a module the model lacks
     if job.distill is not None:
         job.distill.check_student(model)
+    tokens = job.micro_batch * job.seq_len
+    if job.offload_activations and tokens < MIN_TOKENS:
+        raise NotImplementedError(
+            f"offload_activations with micro_batch * seq_len = {tokens} tokens: modelled from "
+            f"{MIN_TOKENS} tokens (below, some per-token tensors fall under torchtune's 1 KiB "
+            "offloading threshold)"
+        )
     if job.loss == "chunked-ce":
-        tokens = job.micro_batch * job.seq_len
         if tokens % job.loss_chunks:  # calc.models.head: equal chunks of the flattened tokens
             raise ValueError(
                 f"loss_chunks={job.loss_chunks} must divide micro_batch * seq_len = {tokens}"

@@ -76,6 +76,10 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         fsdp=True, shard_world=dp.shard_world, reshard_after_forward=dp.reshard_after_forward,
         cast_forward_inputs=dp.cast_forward_inputs,
     )  # fmt: skip
+    if dp is not None and job.offload_activations:
+        raise NotImplementedError(
+            "offload_activations under data parallelism is not modelled yet (one GPU is)"
+        )
     if dp is not None and not fsdp2:
         raise NotImplementedError(
             "implementation='torchtune' under data parallelism is modelled as its distributed "
@@ -245,25 +249,29 @@ def _expand_heads(tape: Tape, sh: Shape, x: Tensor, name: str) -> Tensor:
 
 
 def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cache: Tensor) -> Tensor:
-    """``TransformerSelfAttentionLayer.forward``."""
+    """``TransformerSelfAttentionLayer.forward`` (modules/transformer.py:121-132): its local
+    ``attn_out`` lives until it returns."""
     n = sh.b * sh.s
     h = rms_norm(tape, sh, x, lw["norm1"], n)
     att = attention(tape, sh, h, lw, cache)
     tape.drop(h)
     h2 = ops.add(tape, att, x, "resid1")
-    tape.drop(att)
     m = rms_norm(tape, sh, h2, lw["norm2"], n)
     ff = ref.mlp(tape, sh, m, lw)
     tape.drop(m)
     out = ops.add(tape, h2, ff, "resid2")
-    tape.drop(h2, ff)
+    tape.drop(h2, ff, att)  # ``attn_out`` is a local of the whole forward
     return out
 
 
-def hidden(tape: Tape, sh: Shape, w: Weights, cache: Tensor) -> Tensor:
-    """``TransformerDecoder.forward`` up to the final norm's output."""
+def hidden(tape: Tape, sh: Shape, w: Weights, cache: Tensor, ids: Tensor) -> Tensor:
+    """``TransformerDecoder.forward`` up to the final norm's output, under the recipe's
+    activation offloading when the tape has it (`calc.replay.offload`: from the embedding to
+    the final norm; the output projection runs under its ``NoOpManager``)."""
     tape.segment = "embed"
-    x = ops.embedding(tape, w.embed, sh.b * sh.s, sh.h, "embed_out")
+    if tape.offload is not None:
+        tape.offload.active = True
+    x = ops.embedding(tape, w.embed, sh.b * sh.s, sh.h, "embed_out", indices=ids)
     for j, lw in enumerate(w.layers):
         tape.segment = j
         if sh.recompute == "full":
@@ -279,6 +287,8 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cache: Tensor) -> Tensor:
     tape.segment = "head"
     hid = rms_norm(tape, sh, x, w.norm, sh.b * sh.s)
     tape.drop(x)
+    if tape.offload is not None:
+        tape.offload.active = False
     return hid
 
 
@@ -290,15 +300,17 @@ def forward(
     loss: str,
     chunks: int,
     one_sequence: bool,
+    ids: Tensor,
     root: RootHooks | None = None,
 ) -> Tensor:
     """The recipe's ``_loss_step``: the model's logits, the labels shifted with
     ``torch.hstack`` (int64 [b, s]), the loss, ``del logits``; returns the loss.
     ``one_sequence``: a micro-batch of one sequence (the chunks of ``chunked-ce`` are then
     contiguous: no copies). ``root``: FSDP2's root, whose post-forward runs as the model
-    returns its logits and whose pre-backward hook sits on each of them."""
+    returns its logits and whose pre-backward hook sits on each of them. ``ids``: the input
+    token ids (the embedding saves them)."""
     n = sh.b * sh.s
-    hid = hidden(tape, sh, w, cache)
+    hid = hidden(tape, sh, w, cache, ids)
     if loss == "chunked-ce":
         logits = _chunked_logits(tape, sh, w, hid, chunks, one_sequence)
     else:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Generic, TypeVar, overload
+from typing import Generic, Protocol, TypeVar, overload
 
 import sympy as sp
 
@@ -276,6 +276,19 @@ def _accumulate_grad_rule(tape: Tape, node: Node, grads: list) -> list:
     return []
 
 
+class SavedTensorHooks(Protocol):
+    """Saved-tensor hooks around the forward that move saved tensors off the device
+    (`calc.replay.offload.Offload`), as the tape's ``node``, ``checkpoint`` and engine call them."""
+
+    active: bool
+    pending: list
+
+    def pack(self, tape: Tape, t: Tensor) -> object | None: ...
+    def unpack(self, tape: Tape, node: Node, packed: list) -> list[Tensor]: ...
+    def after_node(self, tape: Tape) -> None: ...
+    def end_backward(self, tape: Tape) -> None: ...
+
+
 class StopRecomputation(Exception):
     """Raised inside a recomputation once every saved tensor is back (early stop)."""
 
@@ -292,6 +305,8 @@ class Region:
     n_saved: int = 0
     pending: set = field(default_factory=set)
     done: bool = False
+    offloaded: list = field(default_factory=list)
+    """Inputs the frame saved through activation offloading (`calc.replay.offload.Packed`)."""
 
 
 def _dependencies(fn: Node) -> Counter:
@@ -350,6 +365,8 @@ class Tape:
         self.grad_hook: Callable[[Tape, Tensor], None] | None = None
         """Called with the leaf once its ``.grad`` is set (a post-accumulate-grad hook: DDP's
         reducer, FSDP's reduce-scatter); see `calc.parallel.data`."""
+        self.offload: SavedTensorHooks | None = None
+        """Activation offloading's saved-tensor hooks (`calc.replay.offload`), when on."""
 
     @property
     def segment(self) -> object:
@@ -425,6 +442,15 @@ class Tape:
             self.leaves[id(st)] = t
         return t
 
+    def revive(self, st: Storage, numel: Size, itemsize: int) -> Tensor:
+        """A freed storage allocated again with the same bytes, name and category (a tensor
+        brought back from the host into the object the replay's code still refers to)."""
+        assert not st.alive and st.refs == 0 and st.saved == 0, st.name
+        st.alive = True
+        self.live[id(st)] = st
+        self._record(f"+{st.name}")
+        return Tensor(st, numel, itemsize)
+
     def forget_existing(self, t: Tensor) -> None:
         """A storage declared with `existing` that the model does not hold after all (a dense
         weight replaced by its quantized form before the run): gone, without an event."""
@@ -499,7 +525,12 @@ class Tape:
                 # stopping here leaves exactly what PyTorch has made.
                 raise StopRecomputation
             return n
+        off = self.offload
         for t in saves:
+            packed = off.pack(self, t) if off is not None and off.active else None
+            if packed is not None:  # on the host: the graph keeps no device reference
+                n.info.setdefault("offloaded", []).append(packed)
+                continue
             t.storage.saved += 1
             n.saved.append(t.storage)
         return n
@@ -521,6 +552,17 @@ class Tape:
         (``torch/utils/checkpoint.py``, ``_checkpoint_hook``, ``unpack_hook``).
         """
         reg = Region(fn, [self.alias(t) for t in inputs], self.autocast_itemsize)
+        off = self.offload
+        if off is not None and off.active and self.region is None:
+            kept = []
+            for t in reg.inputs:  # ``_CheckpointFrame.save_inputs``: a saved tensor each
+                packed = off.pack(self, t)
+                if packed is None:
+                    kept.append(t)
+                else:
+                    reg.offloaded.append(packed)
+                    self.drop(t)
+            reg.inputs = kept
         outer, self.region = self.region, reg
         try:
             out = fn()
@@ -537,8 +579,12 @@ class Tape:
         pre-hook set): not one of the recomputation's locals."""
         self._made = [m for m in self._made if m is not t]
 
-    def _recompute(self, reg: Region) -> None:
+    def _recompute(self, reg: Region, n: Node) -> None:
         reg.done = True
+        held = []  # ``frame.get_inputs()``: the unpack hook's local ``args``
+        if reg.offloaded:
+            assert self.offload is not None
+            held = [self.alias(t) for t in self.offload.unpack(self, n, reg.offloaded)]
         self.recomputing = reg
         made_before = self._made
         self._made = []
@@ -556,6 +602,7 @@ class Tape:
         self.autocast_itemsize, self.autocast_cache = ac_before, cache_before
         leftovers, self._made = self._made, made_before
         self.drop(*[t for t in leftovers if not t.dropped])  # the recomputation's locals
+        self.drop(*held)
         it = iter(reg.recomputed)
         for n, count in reg.placeholders:
             n.saved.extend(next(it) for _ in range(count))
@@ -613,6 +660,8 @@ class Tape:
                     if deps[id(e[0])] == 0:
                         ready.append(e[0])
         self.grad_enabled = True
+        if self.offload is not None:
+            self.offload.end_backward(self)
         if own_seed:
             self.drop(seed)
 
@@ -623,7 +672,11 @@ class Tape:
         self.segment = n.info.get("segment", self.segment)
         reg = n.info.get("region")
         if reg is not None and not reg.done:
-            self._recompute(reg)
+            self._recompute(reg, n)
+        packed = n.info.get("offloaded")
+        if packed:  # the unpack hooks, as the formula reads its saved variables
+            assert self.offload is not None
+            self.offload.unpack(self, n, packed)
         grads_out = grads_out or [None] * n.n_outputs
         grads_in = n.rule(self, n, grads_out)
         assert len(grads_in) == len(n.edges), n.name
@@ -632,6 +685,8 @@ class Tape:
             # formula's locals: freed when it ends, before validate_outputs.
             self.formula_done(n)
         grads_in = self._validate_outputs(n, grads_in)
+        if self.offload is not None and self.offload.pending:
+            self.offload.after_node(self)  # the node's post-hooks
         self.drop(*grads_out)
         self._release(n)
         if reg is not None:

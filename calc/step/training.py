@@ -22,6 +22,7 @@ from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
 from calc.replay import ops
+from calc.replay.offload import Offload
 from calc.replay.tape import Event, Tape, Tensor, divide
 from calc.step.optimizer import OptimizerTail, SizeValues
 from calc.step.sizes import values_for
@@ -144,6 +145,12 @@ def check_supported(
         hf_gpt2.check(sh)
     if path is ForwardPath.TORCHTUNE:
         torchtune.check(sh, job, dp)
+    elif job.offload_activations:
+        raise NotImplementedError(
+            f"offload_activations with implementation={job.implementation!r}: modelled as "
+            "torchtune's recipes run it (implementation='torchtune'); TRL's copy differs (it "
+            "keeps views of parameters and de-duplicates storages)"
+        )
     if path is ForwardPath.HF:
         if job.recompute == "selective":
             raise NotImplementedError(
@@ -233,6 +240,8 @@ class StepSetup:
     opt_params: list[Tensor]
     shapes: list
     fsdp: Fsdp | None
+    ids: Tensor
+    """The input token ids."""
     held: list[Tensor] = field(default_factory=list)
     """What the loop holds of the last forward's output (``loop="hold-output"``)."""
 
@@ -253,8 +262,10 @@ def build_step(
     if job.distill is not None:  # a frozen teacher beside the student: calc.compress.distill
         teacher = distill.setup(tape, sh, job, device)
     trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
-    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
-    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
+    ids = tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")
+    if job.offload_activations:  # the recipe's context, made once (calc.replay.offload)
+        tape.offload = Offload()  # HF: labels
     if path is ForwardPath.HF:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
         tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
@@ -284,7 +295,7 @@ def build_step(
     sliding = sh.n_layers if model.sliding_window is not None else 0
     if tt:
         cos = cache  # torchtune's one RoPE table
-    return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp)
+    return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp, ids)
 
 
 def _head(setup: StepSetup, job: Training) -> Head:
@@ -314,7 +325,7 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
         one = job.micro_batch == 1
         return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one,
-                                 root=setup.fsdp)  # fmt: skip
+                                 setup.ids, root=setup.fsdp)  # fmt: skip
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:

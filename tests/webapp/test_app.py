@@ -48,6 +48,7 @@ TRAIN_CHANGES: dict[str, object] = {
     "train.loss": "chunked-ce",
     "train.loss_chunks": 4,
     "train.optimizer_in_backward": True,
+    "train.offload_activations": True,
     "train.compile": "default",  # last: a recording (seconds), after implementation=reference:
     # refused by name there (compile records transformers' code)
 }

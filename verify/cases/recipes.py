@@ -26,6 +26,8 @@ SCRATCH = (
 TT_LORA = LoRA(rank=8, modules=("q", "v", "o", "gate", "down", "up"))
 """torchtune's Llama-3.1-8B LoRA configs: ``lora_attn_modules: [q_proj, v_proj, output_proj]``,
 ``apply_lora_to_mlp: True``, ``lora_rank: 8``."""
+OFFLOAD = {"offload_activations": True, "recompute": "full", "seq_len": 128}
+"""torchtune's activation offloading with the layer checkpointing it requires."""
 WIDE = {"hidden": 256, "ffn": 768, "vocab": 1024}
 """Weights of 100,000 elements or more: a paged optimizer pages their states."""
 
@@ -59,6 +61,19 @@ TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("tt-fp32-lora-gqa2-llama3", LLAMA3, {**GQA2, "lora": LoRA(rank=4)}),
     ("tt-bf16-lora-chunked-b1-qwen2", QWEN2, {**BF16, **CHUNKED, "micro_batch": 1,
                                               "lora": TT_LORA}),
+    # activation offloading (enable_activation_offloading, with the checkpointing the recipes
+    # require): 256 tokens per micro-batch, so that every per-token tensor offloaded is 1 KiB
+    # or more; fp32 brings back layer inputs the recomputation saves again (RMSNorm's
+    # x.float() is x), bf16 ones it does not
+    ("tt-bf16-offload-llama3", LLAMA3, {**BF16, **OFFLOAD}),
+    ("tt-fp32-offload-chunked-llama3", LLAMA3, {**OFFLOAD, **CHUNKED, "tags": Q}),
+    ("tt-bf16-offload-chunked-accum2-gqa2-qwen2", QWEN2, {**BF16, **OFFLOAD, **CHUNKED, **GQA2,
+                                                         "grad_accum": 2}),
+    ("tt-bf16-offload-lora-chunked-b1-llama3", LLAMA3, {**BF16, **OFFLOAD, **CHUNKED,
+                                                        "micro_batch": 1, "seq_len": 256,
+                                                        "lora": TT_LORA}),
+    ("tt-bf16-offload-opt-in-bwd-chunked-wide-mistral", MISTRAL,
+     {**BF16, **OFFLOAD, **CHUNKED, "optimizer_in_backward": True, "scale": WIDE}),
 )  # fmt: skip
 """torchtune: name, card, the job's fields (``tags``: extra tags)."""
 

@@ -30,17 +30,22 @@ Every op that decides memory follows torchtune 0.6.1 (``torchtune/...`` paths be
 Parameters are registered in torchtune's order (``tok_embeddings``; per layer ``attn.{q,k,v,
 output}_proj``, ``mlp.w1, w2, w3``, ``sa_norm``, ``mlp_norm``; ``norm``, ``output``).
 Activation checkpointing (``recompute="full"``) wraps each layer as
-``training.set_activation_checkpointing`` does (non-reentrant ``torch.utils.checkpoint``).
+``training.set_activation_checkpointing`` does (non-reentrant ``torch.utils.checkpoint``);
+activation offloading (``offload_activations``) wraps the model's forward in
+`verify.models.offload`'s copy of ``OffloadActivations``, its head in ``NoOpManager``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from verify.models import offload
 
 if TYPE_CHECKING:
     from calc.config.jobs import Training
@@ -187,6 +192,8 @@ class TransformerDecoder(nn.Module):
         )
         self.norm = RMSNorm(spec.hidden, spec.norm_eps)
         self.output = None if spec.tied_embeddings else nn.Linear(spec.hidden, spec.vocab, False)
+        self.head_hooks: contextlib.AbstractContextManager = contextlib.nullcontext()
+        """``NoOpManager`` with activation offloading (the recipe's hooks on ``output``)."""
 
     def rope(self) -> RotaryPositionalEmbeddings:
         return self.layers[0].attn.pos_embeddings
@@ -196,9 +203,10 @@ class TransformerDecoder(nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """``self.output`` (``TiedLinear``: the embedding's weight when tied)."""
-        if self.output is None:
-            return F.linear(h, self.tok_embeddings.weight)
-        return self.output(h)
+        with self.head_hooks:
+            if self.output is None:
+                return F.linear(h, self.tok_embeddings.weight)
+            return self.output(h)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
         h = self.tok_embeddings(tokens)
@@ -251,9 +259,15 @@ class RecipeLoss:
         self.model, self.job = model, job
         self.ignore = torch.full((job.micro_batch, 1), IGNORE_INDEX, dtype=torch.long)
         """``ignore_labels_cache``, made at set-up (before the measured step)."""
+        self.handling: contextlib.AbstractContextManager = contextlib.nullcontext()
+        """``activations_handling_ctx`` (``get_act_offloading_ctx_manager``)."""
+        if job.offload_activations:
+            self.handling = offload.OffloadActivations()
+            model.head_hooks = offload.NoOp()
 
     def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.model(ids)
+        with self.handling:
+            logits = self.model(ids)
         labels = torch.hstack((targets[..., 1:], self.ignore[: targets.shape[0]]))
         if isinstance(logits, list):
             loss = chunked_loss(logits, labels)

@@ -112,3 +112,40 @@ def test_data_parallelism_is_the_distributed_recipes_fsdp2(
 ) -> None:
     with pytest.raises(NotImplementedError, match=words):
         calc.estimate(tiny_llama(), calc.Training(**JOB), parallel, device="cpu")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ activation offloading
+
+
+def _offload_job(**changes: object) -> calc.Training:
+    fields: dict = {"micro_batch": 2, "seq_len": 128, "precision": "bf16",
+                    "implementation": "torchtune", "loop": "del-logits", "recompute": "full",
+                    "offload_activations": True}  # fmt: skip
+    return calc.Training(**{**fields, **changes})  # type: ignore[arg-type]
+
+
+def test_offloading_frees_every_layer_input_the_forward_held() -> None:
+    # The forward's peak falls at the head (a vocabulary of 8,192). Without offloading every
+    # checkpoint frame still holds its layer's input there: L x b x s x h x 2 B. With it, the
+    # inputs went to the host: the forward stash then holds only the final norm's own saves
+    # (the last five pack ids), which autograd would keep anyway.
+    model = tiny_llama(vocab=8192, n_layers=4)
+    off = calc.estimate(model, _offload_job(), device="cpu")
+    plain = calc.estimate(model, _offload_job(offload_activations=False), device="cpu")
+    layer_input = 2 * 128 * model.hidden * 2
+    assert plain.phases["step2/forward"] - off.phases["step2/forward"] == 4 * layer_input
+
+
+def test_offloading_needs_the_recipes_checkpointing() -> None:
+    with pytest.raises(ValueError, match="offload_activations=True needs recompute='full'"):
+        _offload_job(recompute="none")
+
+
+def test_offloading_is_modelled_for_torchtune_on_one_gpu_from_256_tokens() -> None:
+    model = tiny_llama(vocab=8192)
+    with pytest.raises(NotImplementedError, match="offload_activations with implementation='hf'"):
+        calc.estimate(model, _offload_job(implementation="hf", loop="drop-output"))
+    with pytest.raises(NotImplementedError, match="= 128 tokens: modelled from 256"):
+        calc.estimate(model, _offload_job(seq_len=64))
+    with pytest.raises(NotImplementedError, match="under data parallelism"):
+        calc.estimate(model, _offload_job(), calc.Parallelism(dp=2, fsdp=True))
