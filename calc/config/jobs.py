@@ -136,7 +136,7 @@ class Training:
     input), 1 KiB or more and not a parameter, is copied to pinned host memory and brought back
     when its backward node runs; the output projection's saves stay (`calc.replay.offload`).
     Needs ``recompute="full"``, as the recipes do; modelled for ``implementation="torchtune"``
-    on one GPU."""
+    (one GPU and its FSDP2 recipes)."""
     compile: Compile = "none"
     """``none`` (eager); ``default``: the whole model wrapped by ``torch.compile(model)`` in its
     default mode (Inductor; AOTAutograd's partitioner chooses what the forward saves, the

@@ -76,10 +76,6 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         fsdp=True, shard_world=dp.shard_world, reshard_after_forward=dp.reshard_after_forward,
         cast_forward_inputs=dp.cast_forward_inputs,
     )  # fmt: skip
-    if dp is not None and job.offload_activations:
-        raise NotImplementedError(
-            "offload_activations under data parallelism is not modelled yet (one GPU is)"
-        )
     if dp is not None and not fsdp2:
         raise NotImplementedError(
             "implementation='torchtune' under data parallelism is modelled as its distributed "

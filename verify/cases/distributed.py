@@ -319,6 +319,11 @@ CASES: tuple[DistCase, ...] = (
           tolerance_pct=GLOO_LORA_PCT,
           note="torchtune LoRA (llama3_1/8B_lora: q, v, output_proj and the MLP), "
           "distributed. " + GLOO_LORA_NOTE),
+    _case("dist-torchtune-fsdp2-offload-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TT_RECIPE,
+          offload_activations=True, seq_len=128, scale={"layers": 4},
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtune full fine-tune, distributed, with activation offloading. "
+          + GLOO_ASYNC_NOTE),
     _case("dist-torchtune-fsdp2-ce-keep-2", "fsdp2",
           Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
           **{**TT_RECIPE, "loss": "cross-entropy", "precision": "fp32", "recompute": "none"},
