@@ -171,8 +171,9 @@ TRAINING: tuple[FormField, ...] = (
               "is ready"),
     FormField(task="train", name="offload_activations", label="offload activations",
               kind="bool", default=False, section="advanced",
-              help="torchtune's enable_activation_offloading (with recompute full): saved "
-              "tensors of 1 KiB+ copied to pinned host memory, brought back in backward"),
+              help="with recompute full: torchtune's enable_activation_offloading, or "
+              "transformers' activation_checkpointing_enable(offload=True) (hf): saved "
+              "activations in pinned host memory, brought back in backward"),
     FormField(task="train", name="paged_optimizer", label="paged optimizer", kind="bool",
               default=False, section="advanced",
               help="bitsandbytes' paged adam8bit/adam32bit (paged_adamw_8bit/32bit): states of "

@@ -156,8 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--offload-activations",
         action="store_true",
         default=None,
-        help="torchtune's enable_activation_offloading (needs --recompute full and "
-        "--implementation torchtune): saved tensors copied to the host, brought back in backward",
+        help="saved activations in pinned host memory (needs --recompute full): torchtune's "
+        "enable_activation_offloading, or transformers' checkpoint offload (hf)",
     )
     train.add_argument(
         "--paged-optimizer",

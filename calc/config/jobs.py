@@ -131,12 +131,13 @@ class Training:
     PyTorch's allocator, so they are not in the peak; the estimate names their bytes. Needs
     ``optimizer`` ``adam8bit`` or ``adam32bit``."""
     offload_activations: bool = False
-    """torchtune's ``enable_activation_offloading`` (``OffloadActivations``, streams on): what
-    autograd saves in the model's forward (with ``recompute="full"``: each checkpointed layer's
-    input), 1 KiB or more and not a parameter, is copied to pinned host memory and brought back
-    when its backward node runs; the output projection's saves stay (`calc.replay.offload`).
-    Needs ``recompute="full"``, as the recipes do; modelled for ``implementation="torchtune"``
-    (one GPU and its FSDP2 recipes)."""
+    """Saved activations held in pinned host memory; needs ``recompute="full"``, as torchtune's
+    recipes do. ``implementation="torchtune"``: its ``enable_activation_offloading``
+    (``OffloadActivations``, streams on): what the forward saves (each checkpointed layer's
+    input, ...), 1 KiB or more and not a parameter, goes to the host and comes back when its
+    backward node runs (`calc.replay.offload`); one GPU and its FSDP2 recipes. ``hf`` and
+    ``derived``: transformers' ``activation_checkpointing_enable(offload=True)`` (the layers'
+    inputs, ``save_on_cpu``), recorded from its code (`calc.derive.offload`)."""
     compile: Compile = "none"
     """``none`` (eager); ``default``: the whole model wrapped by ``torch.compile(model)`` in its
     default mode (Inductor; AOTAutograd's partitioner chooses what the forward saves, the

@@ -155,6 +155,9 @@ class Book:
         self.start_tags: list[object] = []
         self.param_of: dict[int, tuple[object, str]] = {}
         """storage key -> (tag, parameter name) for parameters and buffers."""
+        self.on_host = False
+        """Ops run now make host copies (activation offloading's pack hook, `host`): their
+        outputs are not the device's."""
         self.padded = False
         """The prompts are left-padded (``Inference(padding="left")``): the boolean checks on
         the attention mask answer "some token is masked" (`_scalar_read`)."""
@@ -190,6 +193,16 @@ class Book:
         if entry is not None and entry[1]() is st:
             return entry[0]
         return None
+
+    @contextlib.contextmanager
+    def host(self) -> Iterator[None]:
+        """What runs inside makes pinned host memory (a pack hook's copy): not counted, as the
+        tracker does not count verify's copies (``verify/models/offload.py``)."""
+        self.on_host = True
+        try:
+            yield
+        finally:
+            self.on_host = False
 
     def ignore(self, st: Any) -> None:
         key = st._cdata
@@ -422,6 +435,14 @@ def mode_type() -> type:
                 )
                 self.names[func] = info
             name, mutable = info
+            if self.book.on_host:
+                hosted: list = []
+                tensors_in(out, hosted)
+                for t in hosted:
+                    st = storage_of(t)
+                    if st is not None:
+                        self.book.ignore(st)
+                return out
             seg = self.segment()
             self.book.drain(seg)
             self.book.see_inputs(args, kwargs, name, mutable, seg)

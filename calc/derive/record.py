@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import bnb, inductor, loops, lora, quantized, sharding
+from calc.derive import bnb, inductor, loops, lora, offload, quantized, sharding
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -362,13 +362,16 @@ def _sdpa(backend: str) -> Iterator[None]:
         yield
 
 
-def checkpoint_layers(model: Any, every: int) -> None:
+def checkpoint_layers(model: Any, every: int, offload: bool = False) -> None:
     """transformers' activation checkpointing on decoder layers ``0, every, 2 every, ...``
-    (``activation_checkpointing_enable(every_n_layers=every)``, non-reentrant by default in
-    5.24; verify's ``build_model`` makes the same call)."""
+    (``activation_checkpointing_enable(every_n_layers=every, offload=offload)``, non-reentrant
+    by default in 5.24; verify's ``build_model`` makes the same call). ``offload``: the
+    checkpoints' inputs held on the host (`calc.derive.offload`)."""
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
-        enable(every_n_layers=every)
+        enable(every_n_layers=every, **({"offload": True} if offload else {}))
+    elif offload:
+        raise DeriveError("offload_activations: this transformers has no offload (5.24 has)")
     elif every == 1:
         model.gradient_checkpointing_enable()
     else:
@@ -400,7 +403,7 @@ def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> t
 
     model = _build(config, "eager" if backend == "eager" else "sdpa")
     if isinstance(job, Training) and job.recompute == "full":
-        checkpoint_layers(model, job.recompute_every)
+        checkpoint_layers(model, job.recompute_every, job.offload_activations)
     dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
     if dtype != torch.float32:
         _to_dtype(model, dtype)
@@ -462,7 +465,11 @@ def session(
                 import torch._dynamo
 
                 torch._dynamo.reset()
-            with recorder(book, compiled) as mode:
+            offloading = isinstance(job, Training) and job.offload_activations
+            with (
+                recorder(book, compiled) as mode,
+                offload.save_on_host(book) if offloading else contextlib.nullcontext(),
+            ):
                 if wrapped:
                     assert shard is not None and not isinstance(shard, LocalOptimizer)
                     model, layers = _built(config, job, backend)

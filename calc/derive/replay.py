@@ -247,11 +247,6 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
             )
         if job.recompute == "selective":
             raise NotImplementedError("transformers has no selective recomputation")
-        if job.offload_activations:
-            raise NotImplementedError(
-                "offload_activations on transformers' models is not modelled yet (torchtune's "
-                "recipe is: implementation='torchtune')"
-            )
 
 
 def check_loss_chunks(job: Training) -> None:

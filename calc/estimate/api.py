@@ -130,7 +130,7 @@ def _check_training(model: ModelSpec, job: Training) -> None:
     if job.distill is not None:
         job.distill.check_student(model)
     tokens = job.micro_batch * job.seq_len
-    if job.offload_activations and tokens < MIN_TOKENS:
+    if job.offload_activations and job.implementation == "torchtune" and tokens < MIN_TOKENS:
         raise NotImplementedError(
             f"offload_activations with micro_batch * seq_len = {tokens} tokens: modelled from "
             f"{MIN_TOKENS} tokens (below, some per-token tensors fall under torchtune's 1 KiB "

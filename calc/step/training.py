@@ -147,9 +147,10 @@ def check_supported(
         torchtune.check(sh, job, dp)
     elif job.offload_activations:
         raise NotImplementedError(
-            f"offload_activations with implementation={job.implementation!r}: modelled as "
-            "torchtune's recipes run it (implementation='torchtune'); TRL's copy differs (it "
-            "keeps views of parameters and de-duplicates storages)"
+            f"offload_activations with implementation={job.implementation!r}: transformers' "
+            "activation_checkpointing_enable(offload=True) is recorded from its code "
+            "(implementation 'hf' or 'derived'), torchtune's hooks replayed by hand "
+            "(implementation='torchtune')"
         )
     if path is ForwardPath.HF:
         if job.recompute == "selective":
@@ -263,9 +264,9 @@ def build_step(
         teacher = distill.setup(tape, sh, job, device)
     trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
     ids = tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
-    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")
+    tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if job.offload_activations:  # the recipe's context, made once (calc.replay.offload)
-        tape.offload = Offload()  # HF: labels
+        tape.offload = Offload()
     if path is ForwardPath.HF:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
         tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")

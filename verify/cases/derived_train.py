@@ -89,6 +89,11 @@ def derived_training_cases() -> list[Case]:
               precision="bf16"),
         derived_case("mixtral", "recompute-every2-hold-amp", layers=6, recompute="full",
               recompute_every=2, loop="hold-output", precision="amp-bf16"),
+        # activation_checkpointing_enable(offload=True): the checkpoints' inputs on the host
+        derived_case("gemma2", "offload-bf16", recompute="full", offload_activations=True,
+              precision="bf16"),
+        derived_case("mixtral", "offload-lora-fp32", recompute="full", offload_activations=True,
+              lora=LoRA(rank=4, modules=("q", "k", "v", "o"))),
         # Adafactor (torch.optim.Adafactor): factored second moments, 3-D expert tensors too
         derived_case("phi3", "adafactor-fp32", optimizer="adafactor"),
         derived_case("mixtral", "adafactor-for-loop-bf16", optimizer="adafactor",

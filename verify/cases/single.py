@@ -235,6 +235,14 @@ def _hf_cases() -> list[Case]:
         _train("hf-qwen2-recompute-every3-amp", QWEN2, recompute="full", recompute_every=3,
                precision="amp-bf16", micro_batch=2, seq_len=128, scale={"layers": 7},
                tags=("hf", "fallback"), **hf),
+        # transformers' activation_checkpointing_enable(offload=True): each checkpoint's inputs
+        # on the host (save_on_cpu), recorded from its code
+        _train("hf-llama3-offload-bf16", LLAMA3, recompute="full", offload_activations=True,
+               precision="bf16", micro_batch=2, seq_len=128, scale={"layers": 4},
+               tags=("hf", "fallback"), **hf),
+        _train("hf-qwen2-offload-every2-amp-no-optimizer", QWEN2, recompute="full",
+               recompute_every=2, offload_activations=True, precision="amp-bf16", micro_batch=2,
+               seq_len=64, optimizer=None, scale={"layers": 6}, tags=("hf", "fallback"), **hf),
         _train("derived-llama-bf16-master", LLAMA, precision="bf16-master", impl="derived",
                tags=("derived",), note="fp32 masters and states recorded over bf16 weights"),
         _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,

@@ -17,6 +17,7 @@ import torch
 
 from verify.models import compress, distill, loops, pruning, torchtune_llama
 from verify.models import hf as hf_model
+from verify.models import offload as offloading
 from verify.models.reference import ReferenceLM
 
 if TYPE_CHECKING:
@@ -78,19 +79,7 @@ def build_model(
         if not hf_model.available():
             raise NotRunnable("transformers is not installed (the hf extra)")
         model = hf_model.build_hf(spec, attention, device=device)
-        if getattr(job, "recompute", "none") == "full":
-            # non-reentrant in transformers 5.24 (gradient_checkpointing_enable is deprecated);
-            # every_n_layers: layers 0, n, 2n, ... checkpointed
-            every = getattr(job, "recompute_every", 1)
-            enable = getattr(model, "activation_checkpointing_enable", None)
-            if enable is not None:
-                enable(every_n_layers=every)
-            elif every == 1:
-                model.gradient_checkpointing_enable()
-            else:
-                raise NotRunnable("this transformers has no every_n_layers")
-        elif getattr(job, "recompute", "none") == "selective":
-            raise NotRunnable("transformers has no selective recomputation")
+        _checkpointing(model, job)
 
         def loss_fn(ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return hf_model.hf_loss(model, ids, targets)
@@ -104,6 +93,30 @@ def build_model(
     if dtype != torch.float32:
         model.to(dtype)
     return model, _adapted(model, loss_fn, spec, job, seed=seed, device=device)
+
+
+def _checkpointing(model: torch.nn.Module, job: Training | Inference) -> None:
+    """transformers' activation checkpointing as the job asks: non-reentrant in 5.24
+    (``gradient_checkpointing_enable`` is deprecated); ``every_n_layers``: layers 0, n, 2n, ...
+    checkpointed; ``offload``: their inputs on the host (`verify.models.offload.SaveOnHost`)."""
+    recompute = getattr(job, "recompute", "none")
+    if recompute == "selective":
+        raise NotRunnable("transformers has no selective recomputation")
+    if recompute != "full":
+        return
+    every = getattr(job, "recompute_every", 1)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if getattr(job, "offload_activations", False):
+        if enable is None:
+            raise NotRunnable("this transformers has no offload (5.24 has)")
+        offloading.save_on_host_around(model)  # whoever calls the model (any loop)
+        enable(every_n_layers=every, offload=True)
+    elif enable is not None:
+        enable(every_n_layers=every)
+    elif every == 1:
+        model.gradient_checkpointing_enable()
+    else:
+        raise NotRunnable("this transformers has no every_n_layers")
 
 
 def _adapted(

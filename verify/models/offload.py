@@ -1,5 +1,5 @@
-"""torchtune's activation offloading on the CPU tracker: its saved-tensor hooks with the host
-side made invisible.
+"""Activation offloading on the CPU tracker: torchtune's saved-tensor hooks and transformers'
+``save_on_cpu``, with the host side made invisible.
 
 torchtune 0.6.1's ``OffloadActivations`` (``torchtune/training/_activation_offloading.py``)
 needs CUDA: it makes a side stream at construction and copies with ``.to("cuda")``. This is its
@@ -22,6 +22,12 @@ What differs: the host copy is made with the tracker's dispatch mode switched of
 (``_disable_current_modes``), so it is not counted, as pinned host memory is not on a GPU; the
 copy back is a ``clone`` of the host tensor, counted as the device copy ``.to("cuda")`` makes.
 CUDA streams and events have nothing to order on the CPU and are left out.
+
+transformers 5.24's ``activation_checkpointing_enable(offload=True)`` wraps each checkpointed
+layer in ``torch.autograd.graph.save_on_cpu(pin_memory=True)`` (``modeling_utils.py``,
+``_activation_checkpointing_enable``); `save_on_host_around` swaps that name for `SaveOnHost`:
+``save_on_cpu``'s pack (an empty host tensor of the input's size, copied into) made outside the
+tracker, its unpack (``packed.to(device)``) a counted ``clone``.
 """
 
 from __future__ import annotations
@@ -104,6 +110,42 @@ class OffloadActivations(saved_tensors_hooks):
 
         node.register_hook(hook)
         return t
+
+
+class SaveOnHost(saved_tensors_hooks):
+    """``save_on_cpu(pin_memory, device_type)`` with the host copy not counted."""
+
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+        super().__init__(_to_host, _to_device)
+
+
+def _to_host(t: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    with _disable_current_modes():  # pinned host memory: not the device's
+        packed = torch.empty(t.size(), dtype=t.dtype, layout=t.layout)
+        packed.copy_(t)
+    return (t.device, packed)
+
+
+def _to_device(packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+    return packed[1].clone()  # ``packed.to(device)``: a device copy
+
+
+def save_on_host_around(model: nn.Module) -> None:
+    """While ``model``'s forward runs, transformers' checkpoint offloading makes `SaveOnHost`
+    hooks (those made in the forward also unpack in the backward)."""
+    import transformers.modeling_utils as modeling
+
+    originals: list[Any] = []
+
+    def enter(*_: Any) -> None:
+        originals.append(modeling.save_on_cpu)
+        modeling.save_on_cpu = SaveOnHost
+
+    def leave(*_: Any) -> None:
+        modeling.save_on_cpu = originals.pop()
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
 
 
 class NoOp(saved_tensors_hooks):

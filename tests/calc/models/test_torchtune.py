@@ -141,9 +141,9 @@ def test_offloading_needs_the_recipes_checkpointing() -> None:
         _offload_job(recompute="none")
 
 
-def test_offloading_is_modelled_for_torchtune_from_256_tokens() -> None:
+def test_offloading_is_refused_by_name_where_not_modelled() -> None:
     model = tiny_llama(vocab=8192)
-    with pytest.raises(NotImplementedError, match="offload_activations with implementation='hf'"):
-        calc.estimate(model, _offload_job(implementation="hf", loop="drop-output"))
+    with pytest.raises(NotImplementedError, match="with implementation='reference'"):
+        calc.estimate(model, _offload_job(implementation="reference", loop="drop-output"))
     with pytest.raises(NotImplementedError, match="= 128 tokens: modelled from 256"):
         calc.estimate(model, _offload_job(seq_len=64))
