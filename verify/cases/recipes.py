@@ -66,7 +66,7 @@ TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # or more; fp32 brings back layer inputs the recomputation saves again (RMSNorm's
     # x.float() is x), bf16 ones it does not
     ("tt-bf16-offload-llama3", LLAMA3, {**BF16, **OFFLOAD}),
-    ("tt-fp32-offload-chunked-llama3", LLAMA3, {**OFFLOAD, **CHUNKED, "tags": Q}),
+    ("tt-fp32-offload-chunked-llama3", LLAMA3, {**OFFLOAD, **CHUNKED}),
     ("tt-bf16-offload-chunked-accum2-gqa2-qwen2", QWEN2, {**BF16, **OFFLOAD, **CHUNKED, **GQA2,
                                                          "grad_accum": 2}),
     ("tt-bf16-offload-lora-chunked-b1-llama3", LLAMA3, {**BF16, **OFFLOAD, **CHUNKED,
