@@ -131,7 +131,8 @@ TRAINING: tuple[FormField, ...] = (
               help="none: forward and backward alone (no optimizer states, no step)"),
     FormField(task="train", name="recompute", label="recompute", kind="choice",
               default=_default(T, "recompute"), choices=jobs.RECOMPUTES,
-              help="activation recomputation: selective = attention core, full = every layer"),
+              help="activation recomputation: selective = attention core, full = every layer, "
+                   "op = torchtitan's per-op policy (SDPA and every other matmul kept)"),
     FormField(task="train", name="recompute_every", label="checkpoint every n-th layer",
               kind="int", default=_default(T, "recompute_every"), high=1 << 16,
               section="advanced", help="with recompute full: layers 0, n, 2n, ... checkpointed "

@@ -34,7 +34,7 @@ NEIGHBOUR_CHOICES: dict[type, dict[str, tuple[str, ...]]] = {
     calc.Training: {
         "precision": jobs.PRECISIONS,
         "optimizer": jobs.OPTIMIZERS,
-        "recompute": jobs.RECOMPUTES,
+        "recompute": jobs.HAND_RECOMPUTES,
         "attention": jobs.ATTENTIONS,
         "implementation": jobs.IMPLEMENTATIONS,
     },

@@ -21,7 +21,7 @@ Optimizer = Literal[
     "sgd", "sgd-momentum", "adam", "adamw", "adam8bit", "adam32bit", "adafactor", "lion"
 ]
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
 Implementation = Literal["hf", "reference", "derived", "torchtune"]
 InferenceImplementation = Literal["hf", "reference", "derived"]
@@ -38,6 +38,9 @@ PRECISIONS: tuple[str, ...] = get_args(Precision)
 OPTIMIZERS: tuple[str, ...] = get_args(Optimizer)
 OPTIMIZER_IMPLS: tuple[str, ...] = get_args(OptimizerImpl)
 RECOMPUTES: tuple[str, ...] = get_args(Recompute)
+HAND_RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+"""The recomputations the hand graphs replay (``op`` is recorded from transformers' code only:
+the planner's grid and the app's prefetch leave it out, as they leave out ``compile``)."""
 ATTENTIONS: tuple[str, ...] = get_args(Attention)
 IMPLEMENTATIONS: tuple[str, ...] = get_args(Implementation)
 INFERENCE_IMPLEMENTATIONS: tuple[str, ...] = get_args(InferenceImplementation)
@@ -74,7 +77,10 @@ class Training:
     optimizer_impl: OptimizerImpl = "foreach"
     """PyTorch's multi-tensor (``foreach``, the CUDA default), ``fused`` or per-tensor loop."""
     recompute: Recompute = "none"
-    """Activation recomputation: none, ``selective`` (attention core) or ``full`` (every layer)."""
+    """Activation recomputation: none, ``selective`` (attention core), ``full`` (every layer) or
+    ``op``: torchtitan's op-level selective checkpointing (``selective_ac_option="op"``) on
+    every decoder layer: the outputs of SDPA and of every other ``mm`` kept, the rest
+    recomputed (recorded from transformers' code: implementation 'hf' or 'derived')."""
     recompute_every: int = 1
     """With ``recompute="full"``: checkpoint every n-th decoder layer only (layers 0, n, 2n,
     ...), the others keep their activations (transformers'

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import bnb, inductor, loops, lora, offload, quantized, sharding
+from calc.derive import bnb, inductor, loops, lora, offload, quantized, sac, sharding
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -381,6 +381,18 @@ def checkpoint_layers(model: Any, every: int, offload: bool = False) -> None:
         )
 
 
+def checkpoint_layers_by_op(model: Any) -> None:
+    """torchtitan's op-level selective checkpointing on every decoder layer
+    (`calc.derive.sac`), through transformers' ``activation_checkpointing_enable``, which hands
+    its keyword arguments to ``torch.utils.checkpoint.checkpoint``."""
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is None:
+        raise DeriveError(
+            "recompute='op': this transformers has no activation_checkpointing_kwargs"
+        )
+    enable(activation_checkpointing_kwargs=sac.checkpoint_kwargs())
+
+
 def _model_tensors(model: Any) -> list:
     """(name, tensor) of what the built model holds: parameters, buffers and plain tensor
     attributes of its modules (RoPE's ``original_inv_freq``): the storages an eager run made
@@ -404,6 +416,8 @@ def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> t
     model = _build(config, "eager" if backend == "eager" else "sdpa")
     if isinstance(job, Training) and job.recompute == "full":
         checkpoint_layers(model, job.recompute_every, job.offload_activations)
+    elif isinstance(job, Training) and job.recompute == "op":
+        checkpoint_layers_by_op(model)
     dtype = getattr(torch, _WEIGHT_DTYPE[job.precision])
     if dtype != torch.float32:
         _to_dtype(model, dtype)

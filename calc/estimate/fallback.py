@@ -41,13 +41,14 @@ def derived_fallback(
 
 
 def recorded_only(job: Training | Inference) -> bool:
-    """Whether only the recording models ``job`` (``torch.compile``, checkpointing some layers,
-    transformers' activation offloading): when it fails, its reason is the one to give, not the
+    """Whether only the recording models ``job`` (``torch.compile``, checkpointing some layers
+    or by op, transformers' activation offloading): when it fails, its reason is the one to give, not the
     hand graph's."""
     if not isinstance(job, Training):
         return False
     offloads = job.offload_activations and job.implementation != "torchtune"
-    return job.compile != "none" or job.recompute_every != 1 or offloads
+    by_op = job.recompute == "op"
+    return job.compile != "none" or job.recompute_every != 1 or offloads or by_op
 
 
 def compiled_or_derived(

@@ -22,7 +22,7 @@ from calc.config.jobs import (
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
-    RECOMPUTES,
+    HAND_RECOMPUTES,
     Inference,
     Training,
 )
@@ -136,7 +136,7 @@ AXES: tuple[Axis, ...] = (
         values=_training_or_inference(PRECISIONS, INFERENCE_PRECISIONS),
     ),
     Axis(name="optimizer", kinds=(TRAINING,), values=lambda ctx: OPTIMIZERS),
-    Axis(name="recompute", kinds=(TRAINING,), values=lambda ctx: RECOMPUTES),
+    Axis(name="recompute", kinds=(TRAINING,), values=lambda ctx: HAND_RECOMPUTES),
     Axis(
         name="optimizer_impl",
         kinds=(TRAINING,),

@@ -216,5 +216,8 @@ def describe(job: Training | Inference) -> str:
         parts.append("fp32 master weights")
     opt = job.optimizer or "no optimizer"
     parts.append({"adamw": "AdamW", "adam8bit": "8-bit Adam"}.get(opt, opt))
-    parts.append("full recompute" if job.recompute == "full" else "no recompute")
+    recompute = {"full": "full", "selective": "selective", "op": "op-level selective"}
+    parts.append(
+        f"{recompute[job.recompute]} recompute" if job.recompute in recompute else "no recompute"
+    )
     return ", ".join(parts)

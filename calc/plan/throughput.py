@@ -81,13 +81,14 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, 
 def recompute_factor(model: ModelSpec, job: Training | Inference) -> float:
     """Training FLOPs with ``job.recompute`` over those without (1 for inference and for
     ``recompute="none"``): ``(3F + R) / 3F`` with ``F`` the forward FLOPs per token (layers
-    and head) and ``R`` the recomputed ones; ``(2F + R) / 2F`` with LoRA (frozen base: no
+    and head) and ``R`` the recomputed ones (``op``: about half the matmuls, every other
+    ``mm`` of torchtitan's policy, and no attention core); ``(2F + R) / 2F`` with LoRA (frozen base: no
     weight gradients)."""
     if isinstance(job, Inference) or job.recompute == "none":
         return 1.0
     matmul, core = layer_forward_flops_per_token(model, job.seq_len)
     forward = model.n_layers * (matmul + core) + 2 * model.hidden * model.vocab
-    rerun = model.n_layers * ((matmul + core) if job.recompute == "full" else core)
+    rerun = model.n_layers * {"full": matmul + core, "op": matmul / 2}.get(job.recompute, core)
     passes = 2 if job.lora is not None else 3
     return (passes * forward + rerun) / (passes * forward)
 

@@ -129,6 +129,11 @@ def check_pipeline(model: ModelSpec, job: Training, parallel: Parallelism) -> No
         raise NotImplementedError("pipeline stages are modelled for untied llama-family models")
     if job.implementation != "reference":
         raise NotImplementedError("pipeline parallelism is modelled for implementation='reference'")
+    if job.recompute == "op":
+        raise NotImplementedError(
+            "pipeline parallelism with recompute='op' (recorded from transformers' code, which "
+            "has no pipeline stages here)"
+        )
     if job.precision == "amp-fp16":
         raise NotImplementedError(
             "pipeline parallelism with amp-fp16 (a GradScaler over the schedule's losses) is not "

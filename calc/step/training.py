@@ -124,6 +124,11 @@ def _check_recorded_only(job: Training) -> None:
             f"compile={job.compile!r} on the hand-written graph: torch.compile's step is "
             "recorded from Inductor's own generated code (implementation 'hf' or 'derived')"
         )
+    if job.recompute == "op":
+        raise NotImplementedError(
+            "recompute='op' on the hand-written graph: torchtitan's op-level selective "
+            "checkpointing is recorded from transformers' code (implementation 'hf' or 'derived')"
+        )
     if job.recompute_every != 1:
         raise NotImplementedError(
             f"recompute_every={job.recompute_every} on the hand-written graph: checkpointing "

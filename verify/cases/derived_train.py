@@ -94,6 +94,11 @@ def derived_training_cases() -> list[Case]:
               precision="bf16"),
         derived_case("mixtral", "offload-lora-fp32", recompute="full", offload_activations=True,
               lora=LoRA(rank=4, modules=("q", "k", "v", "o"))),
+        # torchtitan's op-level selective checkpointing: eager attention (bmm, recomputed),
+        # experts' mm counted per layer
+        derived_case("gemma2", "op-sac-fp32", recompute="op"),
+        derived_case("mixtral", "op-sac-lora-bf16", recompute="op", precision="bf16",
+              lora=LoRA(rank=4, modules=("q", "k", "v", "o"))),
         # Adafactor (torch.optim.Adafactor): factored second moments, 3-D expert tensors too
         derived_case("phi3", "adafactor-fp32", optimizer="adafactor"),
         derived_case("mixtral", "adafactor-for-loop-bf16", optimizer="adafactor",
@@ -366,6 +371,16 @@ def derived_dist_cases() -> list[DistCase]:
             Parallelism(dp=2, fsdp=True),
             512,
             lora=LoRA(rank=8, modules=("q", "k", "v", "o")),
+        ),
+        # torchtitan's recipe: FSDP2 with its mixed-precision policy and op-level selective
+        # checkpointing inside each unit (fused qkv and gate_up: the 1st and 3rd of 4 mm kept)
+        dist(
+            "fsdp2-mp-op-sac-2",
+            "phi3",
+            Parallelism(dp=2, fsdp=True, **MP),
+            VOCAB,
+            recompute="op",
+            seq_len=64,
         ),
         dist(
             "fsdp2-mp-output-fp32-2",

@@ -243,6 +243,14 @@ def _hf_cases() -> list[Case]:
         _train("hf-qwen2-offload-every2-amp-no-optimizer", QWEN2, recompute="full",
                recompute_every=2, offload_activations=True, precision="amp-bf16", micro_batch=2,
                seq_len=64, optimizer=None, scale={"layers": 6}, tags=("hf", "fallback"), **hf),
+        # torchtitan's op-level selective checkpointing (selective_ac_option="op") on
+        # transformers' layers: SDPA's and every other mm's outputs kept, the rest recomputed
+        _train("hf-llama3-op-sac-bf16", LLAMA3, recompute="op", precision="bf16", micro_batch=2,
+               seq_len=128, scale={"layers": 4}, tags=("hf", "fallback"), **hf),
+        _train("hf-qwen2-op-sac-amp-hold-no-optimizer", QWEN2, recompute="op",
+               precision="amp-bf16", loop="hold-output", optimizer=None, micro_batch=2,
+               seq_len=256, scale={"layers": 3},
+               tags=("hf", "fallback"), **hf),
         _train("derived-llama-bf16-master", LLAMA, precision="bf16-master", impl="derived",
                tags=("derived",), note="fp32 masters and states recorded over bf16 weights"),
         _train("derived-llama3-recompute-long", LLAMA3, recompute="full", micro_batch=4,

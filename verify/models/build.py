@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verify.models import compress, distill, loops, pruning, torchtune_llama
+from verify.models import compress, distill, loops, pruning, sac, torchtune_llama
 from verify.models import hf as hf_model
 from verify.models import offload as offloading
 from verify.models.reference import ReferenceLM
@@ -102,6 +102,9 @@ def _checkpointing(model: torch.nn.Module, job: Training | Inference) -> None:
     recompute = getattr(job, "recompute", "none")
     if recompute == "selective":
         raise NotRunnable("transformers has no selective recomputation")
+    if recompute == "op":
+        sac.enable_on(model)
+        return
     if recompute != "full":
         return
     every = getattr(job, "recompute_every", 1)

@@ -174,6 +174,9 @@ def test_throughput_proxy_by_hand() -> None:
     assert recompute_factor(TINY, full) == pytest.approx((33984 + 2 * 4864) / 33984)
     selective = calc.Training(micro_batch=1, seq_len=8, recompute="selective")
     assert recompute_factor(TINY, selective) == pytest.approx((33984 + 2 * 512) / 33984)
+    # torchtitan's op policy reruns every other mm (half the 4352) and no attention core
+    by_op = calc.Training(micro_batch=1, seq_len=8, recompute="op")
+    assert recompute_factor(TINY, by_op) == pytest.approx((33984 + 2 * 2176) / 33984)
     none = calc.Training(micro_batch=3, seq_len=8)
     # 24 tokens per micro-batch: 24 / (24 + 1024)
     assert throughput_proxy(TINY, none) == pytest.approx(24 / 1048)
