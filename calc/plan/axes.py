@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from calc.config.compression import KV_QUANTS, QUANT_METHODS, Quant
 from calc.config.jobs import (
     ATTENTIONS,
+    HAND_RECOMPUTES,
     IMPLEMENTATIONS,
     INFERENCE_PRECISIONS,
     OPTIMIZER_IMPLS,
     OPTIMIZERS,
     PRECISIONS,
-    HAND_RECOMPUTES,
     Inference,
     Training,
 )
