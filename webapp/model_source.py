@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 
 import calc
+from calc.config.multimodal import multimodal_note
 
 MAX_CONFIG_BYTES = 256 * 1024
 """Largest accepted config.json (a Hugging Face config is a few KiB)."""
@@ -29,6 +30,9 @@ class Model:
     """A user's parsed config (None for a card: the card id is enough for a link)."""
     notice: str | None = None
     """A line for the page: the config came from the Hugging Face cache offline."""
+    left_out: str | None = None
+    """A line for the page: a multimodal config's towers the estimate leaves out
+    (`calc.config.multimodal.multimodal_note`)."""
 
 
 def from_card(card_id: str) -> Model:
@@ -43,7 +47,11 @@ def from_hub(repo_id: str) -> Model:
     hub_config = calc.load_hub_config(repo_id)
     spec = calc.ModelSpec.from_hf_config(hub_config.config, name=hub_config.repo_id)
     return Model(
-        spec=spec, label=hub_config.repo_id, config=hub_config.config, notice=hub_config.notice
+        spec=spec,
+        label=hub_config.repo_id,
+        config=hub_config.config,
+        notice=hub_config.notice,
+        left_out=multimodal_note(hub_config.config),
     )
 
 
@@ -74,4 +82,4 @@ def from_config_bytes(data: bytes | str, name: str = "config.json") -> Model:
     if not isinstance(config, dict):
         raise ValueError(f"{name} must hold a JSON object, got {type(config).__name__}")
     spec = calc.ModelSpec.from_hf_config(config, name="custom")
-    return Model(spec=spec, label=f"custom {name}", config=config)
+    return Model(spec=spec, label=f"custom {name}", config=config, left_out=multimodal_note(config))

@@ -227,6 +227,8 @@ def sidebar() -> Inputs:
         for warning in st.session_state.pop("url_warnings", []):  # shown once
             st.warning(f"link: {warning}", icon=":material/warning:")
         model, errors = _model_inputs(state)
+        if model is not None and model.left_out:
+            st.info(model.left_out, icon=":material/image:")
         for key in ("task", "gpu"):
             bind(key, state)
         _radio("task", form.TASKS, "task", form.TASK_LABELS, state)

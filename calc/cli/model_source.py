@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from calc.config.model_spec import ModelSpec
+from calc.config.multimodal import multimodal_note
 from calc.data.cards import load_card, load_card_config
 from calc.data.hub import load_hub_config
 
@@ -52,12 +53,22 @@ def load_model(args: argparse.Namespace) -> tuple[ModelSpec, str]:
         hub_config = load_hub_config(args.model)
         if hub_config.notice is not None:
             print(f"note: {hub_config.notice}", file=sys.stderr)
+        _say_left_out(hub_config.config)
         spec = ModelSpec.from_hf_config(hub_config.config, name=hub_config.repo_id)
         return spec, hub_config.repo_id
     if args.config is not None:
-        return ModelSpec.from_hf_config(read_config(args.config)), str(args.config)
+        config = read_config(args.config)
+        _say_left_out(config)
+        return ModelSpec.from_hf_config(config), str(args.config)
     card = args.card if args.card is not None else DEFAULT_CARD
     return load_card(card), card
+
+
+def _say_left_out(config: dict) -> None:
+    """A multimodal config's towers the estimate leaves out, on stderr."""
+    note = multimodal_note(config)
+    if note is not None:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def read_config(path: Path) -> dict:

@@ -23,6 +23,7 @@ import sympy as sp
 
 from calc import symbols as S
 from calc.config.checks import is_int, is_real
+from calc.config.multimodal import is_multimodal, language_model_config
 
 ModelType = Literal["llama", "mistral", "qwen2", "qwen3", "gpt2"]
 Group = Literal["embedding", "position", "layer", "final_norm", "head"]
@@ -225,12 +226,17 @@ class ModelSpec:
     @classmethod
     def from_hf_config(cls, config: Mapping[str, object], name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` mapping (model_type llama, mistral, qwen2, qwen3,
-        gpt2). Keys absent from the mapping take the default of the matching ``transformers``
+        gpt2; another type is kept for the derived replay; a multimodal config's ``text_config``,
+        `calc.config.multimodal`). Keys absent from the mapping take the default of the matching ``transformers``
         config class (``models/*/configuration_*.py``); the size keys that define the model are
         required. Raises ``ValueError`` naming the offending key."""
         if not isinstance(config, Mapping):
             got = type(config).__name__
             raise ValueError(f"config must be a JSON object (a dict), got {got}")
+        if is_multimodal(config):  # the decoder under text_config (calc.config.multimodal)
+            inner = language_model_config(config)
+            outer = config.get("_name_or_path") or inner["model_type"]
+            return cls.from_hf_config(inner, name=name if name is not None else str(outer))
         model_type = config.get("model_type")
         label = name if name is not None else str(config.get("_name_or_path") or model_type)
         if not _is_model_type(model_type):

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from calc.config.model_spec import MODEL_TYPES, ModelSpec
+from calc.config.multimodal import language_model_config, multimodal_note
 from calc.config.serving import Serving
 from calc.data.gpus import GPU, get_gpu
 from calc.serving import engine as eng
@@ -133,6 +134,7 @@ def resolve_model(model: object) -> tuple[ModelSpec | None, ServingArch]:
             return None, ServingArch.from_hf_config(json.loads(model.hf_config))
         return model, ServingArch.from_model_spec(model)
     if isinstance(model, Mapping):
+        model = language_model_config(model)  # a multimodal config's decoder
         if model.get("model_type") in MODEL_TYPES:  # the checkpoint's quantization kept
             return ModelSpec.from_hf_config(model), ServingArch.from_hf_config(model)
         return None, ServingArch.from_hf_config(model)
@@ -200,6 +202,9 @@ def serve(
     notes += weight_format(arch.checkpoint, serving)[1]
     if cfg.block_size_note is not None:
         notes += (cfg.block_size_note,)
+    left_out = multimodal_note(model) if isinstance(model, Mapping) else None
+    if left_out is not None:  # vLLM loads the vision tower too: fewer KV blocks than this
+        notes += (f"{left_out}: vLLM loads and profiles them too, so the KV cache is smaller",)
     if cfg.engine == "v0":
         kv_tokens = blocks * block
         concurrency = kv_tokens / cfg.max_model_len

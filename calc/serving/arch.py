@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from calc.config.model_spec import MODEL_TYPES, ModelSpec
+from calc.config.multimodal import language_model_config
 from calc.serving.checkpoint import Declared, declared
 
 KVKind = Literal["full", "sliding", "mla"]
@@ -216,6 +217,7 @@ class ServingArch:
         The five `calc.ModelSpec` types go through `calc.ModelSpec.from_hf_config`."""
         if not isinstance(config, Mapping):
             raise ValueError(f"config must be a mapping (a config.json dict), got {config!r}")
+        config = language_model_config(config)  # a multimodal config's decoder
         model_type = config.get("model_type")
         label = name or str(model_type)
         if model_type in MODEL_TYPES:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from calc.config import jobs
 from calc.config.jobs import Inference, Training
-from calc.data.cards import load_card
+from calc.data.cards import load_card, load_card_config
 from tests.specs import modelled_cards
 
 torch = pytest.importorskip("torch")
@@ -179,6 +179,22 @@ def test_full_size_cases_run_the_real_cards_never_in_the_quick_subset() -> None:
     with pytest.raises(ValueError, match="full-size case takes no scale"):
         Case(name="x", card="gpt2", job=job, impl="hf", tolerance_pct=3.0, full_size=True,
              scale=(("layers", 1),))  # fmt: skip
+
+
+def test_wide_cases_keep_the_cards_config_but_its_layer_count() -> None:
+    wide = [c for c in CASES if "wide" in c.tags and c.config]
+    assert {c.card for c in wide} >= {"gemma-2-9b", "phi-4", "qwen3-30b-a3b", "olmo-2-7b-instruct"}
+    for case in wide:
+        assert "quick" not in case.tags and "full" in case.tags
+        config = json.loads(case.config)
+        upstream = load_card_config(case.card)
+        assert config["num_hidden_layers"] in (1, 2)
+        assert upstream["num_hidden_layers"] > 2
+        changed = {k for k in upstream if config.get(k) != upstream[k]}
+        assert changed <= {"num_hidden_layers", "layer_types"}
+    # Gemma-2-9B's published vocabulary and widths, unscaled
+    gemma = next(c for c in wide if c.card == "gemma-2-9b").spec()
+    assert (gemma.vocab, gemma.hidden, gemma.ffn, gemma.n_layers) == (256000, 3584, 14336, 2)
 
 
 def test_case_rejects_mismatched_impl() -> None:

@@ -234,6 +234,15 @@ def test_card_and_its_config_json_give_the_same_model() -> None:
     text = json.dumps(calc.load_card_config("qwen2.5-0.5b"))
     custom = from_config_bytes(text.encode())
     assert custom.spec.n_params == card.spec.n_params == calc.published_params("qwen2.5-0.5b")
+    assert custom.left_out is None
+
+
+def test_a_multimodal_config_is_its_language_model_with_what_is_left_out() -> None:
+    text = calc.load_card_config("qwen2.5-0.5b")
+    composite = {"model_type": "qwen2_5_vl", "text_config": text, "vision_config": {"depth": 32}}
+    custom = from_config_bytes(json.dumps(composite))
+    assert custom.spec.n_params == calc.published_params("qwen2.5-0.5b")
+    assert custom.left_out is not None and "vision_config" in custom.left_out
 
 
 @pytest.mark.parametrize(

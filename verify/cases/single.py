@@ -24,6 +24,7 @@ from verify.cases.full_size import full_size_cases
 from verify.cases.generate import generate_cases
 from verify.cases.recipes import recipe_cases
 from verify.cases.scale import scaled_spec
+from verify.cases.wide import wide_cases
 
 
 def _precision_cases() -> list[Case]:
@@ -482,6 +483,7 @@ def _all() -> tuple[Case, ...]:
         *_distill_cases(),
         *derived_cases(),  # architectures without a hand-written graph
         *full_size_cases(),  # real cards, unscaled
+        *wide_cases(),  # derived cards at full width, two layers
         *compiled_cases(),  # torch.compile of the model
         *derived_training_cases(),  # their loops, losses and optimizer variants
         *derived_lora_cases(),

@@ -210,6 +210,19 @@ def test_config_file_is_read_as_the_model(calls, capsys, tmp_path: Path) -> None
     assert calls[0][0].n_params == calc.ModelSpec.from_hf_config(config).n_params
 
 
+def test_a_multimodal_config_file_is_its_language_model_with_a_note(
+    calls, capsys, tmp_path: Path
+) -> None:
+    text = calc.load_card_config("qwen2.5-0.5b")
+    composite = {"model_type": "qwen2_5_vl", "text_config": text, "vision_config": {"depth": 32}}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(composite))
+    code, _, err = run_cli(["--config", str(path)], capsys)
+    assert code == 0, err
+    assert calls[0][0].n_params == calc.ModelSpec.from_hf_config(text).n_params
+    assert "note: multimodal config (qwen2_5_vl)" in err and "vision_config" in err
+
+
 def test_model_id_is_read_from_the_hub_cache(calls, capsys, tmp_path, monkeypatch) -> None:
     hub = pytest.importorskip("huggingface_hub.constants")
     write_snapshot(tmp_path, "Org/Tiny", TINY)
