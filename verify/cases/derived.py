@@ -81,19 +81,29 @@ MOE_TYPES = ("mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v3", "deepseek_v2")
 ``tokens x top_k`` rows, whatever the routing)."""
 
 
-def _case(model_type: str, label: str, job: Training | Inference, **config: Any) -> Case:
+def config_case(
+    name: str, card: str, job: Training | Inference, config: str, note: str, *tags: str
+) -> Case:
+    """A case of transformers' model built from ``config`` (``config.json`` text), predicted
+    by the derived replay; tagged with its kind, ``hf``, ``derived`` and ``tags``."""
     kind = "training" if isinstance(job, Training) else "inference"
     return Case(
-        name=f"derived-{model_type}-{label}",
-        card=model_type,
+        name=name,
+        card=card,
         job=job,
         impl="hf",
         tolerance_pct=TOLERANCE_PCT["hf"],
-        tags=(kind, "hf", "derived"),
-        note="no hand-written graph: calc derives the replay from transformers' code",
-        config=json.dumps({**CONFIGS[model_type], **config}, sort_keys=True),
+        tags=(kind, "hf", "derived", *tags),
+        note=note,
+        config=config,
         scale=pairs(None),
     )
+
+
+def _case(model_type: str, label: str, job: Training | Inference, **config: Any) -> Case:
+    text = json.dumps({**CONFIGS[model_type], **config}, sort_keys=True)
+    note = "no hand-written graph: calc derives the replay from transformers' code"
+    return config_case(f"derived-{model_type}-{label}", model_type, job, text, note)
 
 
 def derived_cases() -> list[Case]:

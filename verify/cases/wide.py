@@ -18,7 +18,8 @@ from typing import Any
 
 from calc.config.jobs import Inference, Training
 from calc.data.cards import load_card_config
-from verify.cases.case import TOLERANCE_PCT, Case
+from verify.cases.case import Case
+from verify.cases.derived import config_case
 
 __all__ = ["wide_cases"]
 
@@ -40,22 +41,8 @@ def _config(card: str, layers: int) -> str:
 
 
 def _case(card: str, label: str, note: str, layers: int, job: Training | Inference) -> Case:
-    return Case(
-        name=f"wide-{card}-{label}",
-        card=card,
-        job=job,
-        impl="hf",
-        tolerance_pct=TOLERANCE_PCT["hf"],
-        tags=(
-            "training" if isinstance(job, Training) else "inference",
-            "hf",
-            "derived",
-            "full",
-            "wide",
-        ),
-        note=note,
-        config=_config(card, layers),
-    )
+    name = f"wide-{card}-{label}"
+    return config_case(name, card, job, _config(card, layers), note, "full", "wide")
 
 
 def _attention(card: str) -> str:
