@@ -227,9 +227,9 @@ class ModelSpec:
     def from_hf_config(cls, config: Mapping[str, object], name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` mapping (model_type llama, mistral, qwen2, qwen3,
         gpt2; another type is kept for the derived replay; a multimodal config's ``text_config``,
-        `calc.config.multimodal`). Keys absent from the mapping take the default of the matching ``transformers``
-        config class (``models/*/configuration_*.py``); the size keys that define the model are
-        required. Raises ``ValueError`` naming the offending key."""
+        `calc.config.multimodal`). Keys absent from the mapping take the default of the matching
+        ``transformers`` config class (``models/*/configuration_*.py``); the size keys that
+        define the model are required. Raises ``ValueError`` naming the offending key."""
         if not isinstance(config, Mapping):
             got = type(config).__name__
             raise ValueError(f"config must be a JSON object (a dict), got {got}")

@@ -6,8 +6,9 @@ decoder's keys under ``text_config`` (``transformers``' composite configs,
 ``PretrainedConfig.sub_configs``) beside a ``vision_config``; the top level has no
 ``hidden_size``. calc models the decoder: `language_model_config` returns its keys with the
 top level's dtype, tying and quantization where the sub-config leaves them out (and the size
-keys it leaves to its class, from transformers' defaults when installed), and `multimodal_note` says
-what is left out (the vision tower and projector's weights, the image tokens).
+keys it leaves to its class, from transformers' defaults when installed), and
+`multimodal_note` says what is left out (the vision tower and projector's weights, the image
+tokens).
 """
 
 from __future__ import annotations
@@ -78,10 +79,11 @@ def multimodal_note(config: Mapping[str, object]) -> str | None:
         return None
     arch = config.get("architectures")
     name = arch[0] if isinstance(arch, list) and arch else config.get("model_type")
-    inner = language_model_config(config)
+    inner = config["text_config"]  # its model_type only: no merge, no transformers defaults
+    assert isinstance(inner, Mapping)
     towers = [key for key in config if key.endswith("_config") and key != "text_config"]
     left = ", ".join(towers) if towers else "the other towers"
     return (
         f"multimodal config ({name}): its language model (text_config, model_type "
-        f"{inner['model_type']!r}) is estimated; {left} (weights, image tokens) not counted"
+        f"{inner.get('model_type')!r}) is estimated; {left} (weights, image tokens) not counted"
     )

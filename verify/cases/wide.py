@@ -1,11 +1,12 @@
-"""Full-width cases of derived architectures: a real card's own ``config.json`` with two decoder
-layers (``wide-*``).
+"""Full-width cases of derived architectures: a real card's own ``config.json`` with one or two
+decoder layers (``wide-*``).
 
 The derived replay is recorded on tiny configs' structure and generalised over batch and
 sequence; the sizes a real model lives at (a 256,000- or 100,352-token vocabulary, 14,336-wide
 MLPs, 256-dimensional heads) come from the card's config itself, unscaled. Only the layer
-count is cut, to two or one, so that a CPU step fits in about 10 GB and a few minutes: everything else
-(vocabulary, widths, heads, norms, soft-capping, tied or untied head) is the published model's.
+count is cut, to two or one, so that a CPU step fits in about 10 GB and a few minutes:
+everything else (vocabulary, widths, heads, norms, soft-capping, tied or untied head) is the
+published model's.
 The layer count is the one dimension the replay generalises by repetition, checked elsewhere
 (`verify.cases.derived`, five-layer generalisation). Each runs in a child process of its own,
 like the ``full-*`` cases; tagged ``full``, never ``quick``.
@@ -34,9 +35,8 @@ def _config(card: str, layers: int) -> str:
     as ``layer_types``, cut to its first ``layers`` entries)."""
     config: dict[str, Any] = dict(load_card_config(card))
     config["num_hidden_layers"] = layers
-    for key in ("layer_types",):
-        if isinstance(config.get(key), list):
-            config[key] = config[key][:layers]
+    if isinstance(config.get("layer_types"), list):
+        config["layer_types"] = config["layer_types"][:layers]
     return json.dumps(config, sort_keys=True)
 
 
