@@ -69,6 +69,7 @@ INFERENCE_FIELDS: tuple[str, ...] = (
     "attention",
     "implementation",
     "new_tokens",
+    "num_beams",
     "cache",
     "padding",
 )
@@ -190,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="tokens HF generate makes after --prompt (greedy); the context is then prompt + "
         "new tokens (default 0: the prefill alone)",
+    )
+    infer.add_argument(
+        "--num-beams",
+        type=int,
+        help="generate with beam search of this many beams per sequence (default 1: none); "
+        "with --sample, beam sampling",
     )
     infer.add_argument(
         "--cache", help=f"generate's KV cache: {_choices(jobs.CACHE_IMPLS)} (default dynamic)"

@@ -222,6 +222,8 @@ class Training:
 
 
 MAX_TOP_K = 1 << 20
+MAX_BEAMS = 1024
+"""Most beams ``Inference.num_beams`` takes."""
 """Largest ``top_k`` `Sampling` takes."""
 
 
@@ -299,6 +301,13 @@ class Inference:
     """``generate``'s decoding: ``None`` greedy (``do_sample=False``, the default of a model
     without a ``generation_config.json``); a `Sampling` samples (``do_sample=True``). Needs
     ``new_tokens`` >= 1."""
+    num_beams: int = 1
+    """``generate(num_beams=k)``: beam search (transformers ``generation/utils.py``,
+    ``_beam_search``) over ``batch x k`` rows: the prompt's rows, the KV cache and the step's
+    logits are ``k`` times greedy's, the cache is reordered each step (``reorder_cache``: a new
+    copy of each layer's keys and values, ``index_select``) and the search keeps static-shaped
+    sequence, score and index tensors of ``2k`` candidates; with ``sampling``, beam sampling.
+    1: no beam search. Needs ``new_tokens`` >= 1."""
     padding: Padding = "none"
     """The prompts' attention mask: ``none``, prompts of one length (no mask, or the
     tokenizer's mask of ones, which ``generate`` drops); ``left``, prompts of different
@@ -337,6 +346,12 @@ class Inference:
                 raise ValueError(f"sampling={self.sampling!r} must be a calc.Sampling or None")
             if self.new_tokens == 0:
                 raise ValueError("sampling needs new_tokens >= 1 (it decodes generated tokens)")
+        check_size("num_beams", self.num_beams, 1, MAX_BEAMS)
+        if self.num_beams > 1 and self.new_tokens == 0:
+            raise ValueError(
+                f"num_beams={self.num_beams} needs new_tokens >= 1 (beam search decodes "
+                "generated tokens)"
+            )
 
     def _generate_context(self) -> None:
         """``context`` of a ``generate`` job: ``prompt + new_tokens`` (``prompt`` required)."""

@@ -158,6 +158,9 @@ class Book:
         self.on_host = False
         """Ops run now make host copies (activation offloading's pack hook, `host`): their
         outputs are not the device's."""
+        self.answers: list[int] = []
+        """Integer reads to answer, in order (generate's crop after a beam search,
+        `calc.derive.generate.stop_after`)."""
         self.padded = False
         """The prompts are left-padded (``Inference(padding="left")``): the boolean checks on
         the attention mask answer "some token is masked" (`_scalar_read`)."""
@@ -339,7 +342,9 @@ def _op_tag(book: Book, args: Any, kwargs: Any, index: int, n_out: int) -> objec
     return None
 
 
-def _scalar_read(t: Any, phase: str, padded: bool = False) -> bool | float:
+def _scalar_read(
+    t: Any, phase: str, padded: bool = False, answers: list[int] | None = None
+) -> bool | float | int:
     """A Python value read from a fake tensor (``bool(x)``, ``x.item()``), as the eager run
     reads it: the modeling code asks such questions of boolean checks on its own index tensors
     (``masking_utils``: "no packed sequences?", "no padding?"), which are true for the
@@ -351,11 +356,15 @@ def _scalar_read(t: Any, phase: str, padded: bool = False) -> bool | float:
     answered apart, `calc.derive.generate.stop_after`). In the optimizer step a floating-point read is
     a scalar factor that sizes nothing (``torch.optim.Adafactor`` reads its step count and the
     parameter and update norms as Python numbers: ``torch/optim/_adafactor.py``, ``step_t.item()``,
-    ``param.norm(2).item()``): 1.0 stands for it. Any other read cannot be answered."""
+    ``param.norm(2).item()``): 1.0 stands for it. An integer read takes the next of
+    ``answers`` (`Book.answers`) when there is one (the crop after a beam search). Any other read cannot be
+    answered."""
     import torch
 
     if t.dtype == torch.bool:
         return not padded
+    if answers and not t.dtype.is_floating_point:
+        return answers.pop(0)
     if phase.endswith("/optimizer") and t.dtype.is_floating_point:
         return 1.0
     raise DeriveError(
@@ -415,7 +424,8 @@ def mode_type() -> type:
                 try:  # a constant the fake mode knows (torch.tensor(0.0): Adam's step)
                     return func(*args, **(kwargs or {}))
                 except DataDependentOutputException:
-                    return _scalar_read(args[0], self.book.phase, self.book.padded)
+                    book = self.book
+                    return _scalar_read(args[0], book.phase, book.padded, book.answers)
             if func is wait_tensor:
                 # the CPU and CUDA kernels hand back their input once the collective is done;
                 # the fake (Meta) rule makes a new tensor (torch/distributed/

@@ -185,21 +185,43 @@ def cut(trace: Trace, starts: Sequence[int]) -> Trace:
 
 
 @contextlib.contextmanager
-def stop_after(max_length: int) -> Iterator[None]:
-    """``StopCheck.__call__`` (transformers ``generation/utils.py``:393-396) as the eager run
-    executes it, with its answer taken from the length: the ops ``unfinished.max() == 0`` run
-    (and allocate) as in the real call; "finished" when the ids hold ``max_length`` tokens."""
+def stop_after(prompt: int, new_tokens: int, answers: list[int]) -> Iterator[None]:
+    """generate's stop decisions as the eager run takes them when no row meets its eos token,
+    each taken from the length, their ops run (and allocating) as in the real call:
+
+    * greedy and sampling: ``StopCheck.__call__`` (transformers ``generation/utils.py``:393-396)
+      runs ``unfinished.max() == 0`` and answers "finished" when the ids hold ``prompt +
+      new_tokens`` tokens;
+    * beam search: ``_beam_search_has_unfinished_sequences`` (utils.py:3422) runs its
+      reductions and answers "finished" at its ``new_tokens``-th call (one per new token). The
+      search then crops its outputs to the generated length (utils.py:3880-3883: two int reads,
+      views of no size of their own): ``answers`` gets them, ``prompt + new_tokens`` and
+      ``new_tokens``, which `calc.derive.book` hands out in that order."""
     from transformers.generation import utils
 
+    mixin = utils.GenerationMixin
     original = utils.StopCheck.__call__
+    beam_check = mixin.__dict__["_beam_search_has_unfinished_sequences"]
+    calls = [0]
 
     def call(self: object, unfinished: object, tokens: object, length: int) -> bool:
         done = unfinished.max() == 0  # type: ignore[attr-defined]
         del done
-        return length >= max_length
+        return length >= prompt + new_tokens
+
+    def beams_left(*args: object) -> bool:
+        left = beam_check.__func__(*args)
+        del left
+        calls[0] += 1
+        if calls[0] < new_tokens:
+            return True
+        answers[:] = [prompt + new_tokens, new_tokens]
+        return False
 
     utils.StopCheck.__call__ = call  # type: ignore[method-assign,assignment]
+    mixin._beam_search_has_unfinished_sequences = staticmethod(beams_left)  # type: ignore[assignment]
     try:
         yield
     finally:
         utils.StopCheck.__call__ = original  # type: ignore[method-assign]
+        mixin._beam_search_has_unfinished_sequences = beam_check  # type: ignore[method-assign]

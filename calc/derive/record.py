@@ -737,11 +737,13 @@ def _generate(
     _start(book, model, prefix, (ids, *masked.values()))
     book.phase = "prefill"
     book.tag_now = "embed"
-    with torch.no_grad(), _sdpa(backend), stop_after(prompt + new_tokens):
+    with torch.no_grad(), _sdpa(backend), stop_after(prompt, new_tokens, book.answers):
         if job.sampling is not None:  # do_sample=True and its logits processors
             kw.update(job.sampling.generate_kwargs())
         else:
             kw["do_sample"] = False
+        if job.num_beams > 1:
+            kw["num_beams"] = job.num_beams
         out = model.generate(ids, max_new_tokens=new_tokens, **kw)
         del out
     for h in handles:

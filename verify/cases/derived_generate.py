@@ -83,6 +83,12 @@ def derived_generate_cases() -> list[Case]:
               sampling=Sampling(temperature=0.8, repetition_penalty=1.1))),
         _case("qwen3_moe", "sample-bf16", _gen("qwen3_moe", 2, 8, 6, "bf16",
                                                sampling=Sampling(top_k=10))),
+        # beam search over a sliding-window cache, experts, latent attention
+        _case("gemma2", "beam-cross-fp32", _gen("gemma2", 2, 12, 8, "fp32", num_beams=3)),
+        _case("mixtral", "beam-bf16", _gen("mixtral", 1, 10, 6, "bf16", num_beams=4)),
+        _case("deepseek_v2", "beam-long-bf16", _gen("deepseek_v2", 2, 6, 28, "bf16",
+                                                    num_beams=2)),
+        _case("phi3", "beam-decode-fp32", _gen("phi3", 4, 2, 36, "fp32", num_beams=4)),
         # weight-only quantized linears (calc.derive.quantized): dequantized per matmul
         _case("phi3", "quant-nf4-bf16", _gen("phi3", 2, 12, 5, "bf16",
                                              quant=Quant(method="nf4"))),

@@ -69,4 +69,14 @@ def generate_cases() -> list[Case]:
               precision="fp32", sampling=Sampling(top_k=0, top_p=0.95), **hf),
         infer("gen-sample-mistral-bf16-static", MISTRAL, batch=2, prompt=4, new_tokens=10,
               precision="bf16", cache="static", sampling=Sampling(temperature=0.6), **hf),
+        # beam search: batch x beams rows, the cache reordered (a new copy per layer) each
+        # step; the hand graphs refuse it, the derived replay answers
+        infer("gen-beam-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=6, precision="fp32",
+              num_beams=4, **hf),
+        infer("gen-beam-qwen2-bf16-static", QWEN2, batch=1, prompt=12, new_tokens=5,
+              precision="bf16", cache="static", num_beams=3, **hf),
+        infer("gen-beam-gpt2-fp32-decode", GPT2, batch=3, prompt=2, new_tokens=40,
+              precision="fp32", num_beams=4, **hf),
+        infer("gen-beam-sample-mistral-bf16", MISTRAL, batch=2, prompt=6, new_tokens=8,
+              precision="bf16", num_beams=3, sampling=Sampling(top_k=20), **hf),
     ]  # fmt: skip

@@ -269,7 +269,8 @@ def generate(
     model: torch.nn.Module, ids: torch.Tensor, job: Inference, mask: torch.Tensor | None = None
 ) -> None:
     """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy (or ``job.sampling``'s
-    ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`), the prompts'
+    ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`; ``job.num_beams``
+    beams when more than 1), the prompts'
     attention ``mask`` passed when given (left padding, `make_prompts`; none: one unpadded
     prompt per row), the cache ``job.cache_impl`` (``static``:
     ``cache_implementation="static"``), an eos token set (token 0 where the config has none);
@@ -290,6 +291,8 @@ def generate(
         kw.update(job.sampling.generate_kwargs())
     else:
         kw["do_sample"] = False
+    if job.num_beams > 1:  # beam search (beam sampling with do_sample)
+        kw["num_beams"] = job.num_beams
     if mask is not None:
         kw["attention_mask"] = mask
     out = model.generate(ids, max_new_tokens=job.new_tokens, **kw)

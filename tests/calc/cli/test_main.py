@@ -186,12 +186,21 @@ def test_sample_flags_make_a_sampling_generate_job(calls, capsys) -> None:
     assert sampling.top_k == 50  # transformers' default
 
 
+def test_num_beams_flag_makes_a_beam_search_job(calls, capsys) -> None:
+    argv = ["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--num-beams", "3"]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert (calls[0][1].num_beams, calls[0][1].sampling) == (3, None)
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
         (["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--top-k", "5"],
          "--top-k need --sample"),
         (["--task", "train", "--sample"], "does not take --sample"),
+        (["--task", "train", "--num-beams", "2"], "does not take --num-beams"),
+        (["--task", "infer", "--context", "16", "--num-beams", "2"], "needs new_tokens >= 1"),
         (["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--sample", "--top-p", "2"],
          "top_p=2.0"),
     ],

@@ -3,6 +3,8 @@ hand-made recordings (no torch)."""
 
 from __future__ import annotations
 
+import pytest
+
 from calc.derive.book import Trace, second_step_sizes
 
 _INFO = (
@@ -65,3 +67,19 @@ def test_boolean_reads_answer_as_the_eager_run_of_the_batch() -> None:
         flag = torch.ones(2, 3, dtype=torch.long).sum() == 6
     assert _scalar_read(flag, "prefill") is True
     assert _scalar_read(flag, "prefill", padded=True) is False
+
+
+def test_integer_reads_take_the_answers_given_in_order_then_are_refused() -> None:
+    # generate's crop after a beam search reads the output length, then the generated length
+    # (calc.derive.generate.stop_after hands them in); no answer left: refused by name
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from calc.derive.book import DeriveError, _scalar_read
+
+    with FakeTensorMode():
+        n = torch.ones(2, 3, dtype=torch.long).sum()
+    answers = [14, 6]
+    assert [_scalar_read(n, "decode", answers=answers) for _ in range(2)] == [14, 6]
+    with pytest.raises(DeriveError, match=r"reads a value of a torch\.int64 tensor"):
+        _scalar_read(n, "decode", answers=answers)

@@ -132,12 +132,33 @@ def test_derived_generate_equals_the_cpu_tracker(name: str) -> None:
     assert rec.measured_peak is not None and rec.predicted_peak == rec.measured_peak
 
 
-def test_the_stop_check_is_restored() -> None:
+def test_the_stop_checks_are_restored() -> None:
     from transformers.generation import utils
 
     from calc.derive.generate import stop_after
 
+    mixin = utils.GenerationMixin
     original = utils.StopCheck.__call__
-    with stop_after(10):
+    beams = mixin.__dict__["_beam_search_has_unfinished_sequences"]
+    with stop_after(6, 4, []):
         assert utils.StopCheck.__call__ is not original
+        assert mixin.__dict__["_beam_search_has_unfinished_sequences"] is not beams
     assert utils.StopCheck.__call__ is original
+    assert mixin.__dict__["_beam_search_has_unfinished_sequences"] is beams
+
+
+def test_beam_search_stops_at_its_last_new_token_and_hands_in_the_crop() -> None:
+    # one check per new token (transformers _beam_search's loop): "unfinished" until the
+    # new_tokens-th, then the output's crop reads prompt + new_tokens and new_tokens
+    import torch
+    from transformers.generation import utils
+
+    from calc.derive.generate import stop_after
+
+    flags = (torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, 2, dtype=torch.bool))
+    answers: list[int] = []
+    with stop_after(6, 3, answers):
+        check = utils.GenerationMixin._beam_search_has_unfinished_sequences
+        said = [check(*flags, torch.zeros(1, 2, dtype=torch.bool), False) for _ in range(3)]
+    assert said == [True, True, False]
+    assert answers == [9, 3]

@@ -174,6 +174,9 @@ def test_the_replay_refuses_no_new_tokens():
         ({"context": 5, "cache": "dynamic"}, "needs new_tokens >= 1"),
         ({}, "context=0 needs prompt"),
         ({"context": 8, "sampling": calc.Sampling()}, "sampling needs new_tokens >= 1"),
+        ({"context": 8, "num_beams": 2}, "num_beams=2 needs new_tokens >= 1"),
+        ({"prompt": 5, "new_tokens": 2, "num_beams": 0}, "num_beams=0 is out of range"),
+        ({"prompt": 5, "new_tokens": 2, "num_beams": True}, "num_beams=True must be an integer"),
         ({"prompt": 5, "new_tokens": 2, "sampling": {"top_k": 5}}, "calc.Sampling"),
         ({"prompt": 5, "new_tokens": 2, "padding": "right"}, "padding='right' is not one of"),
     ],
@@ -224,6 +227,29 @@ def test_left_padding_is_answered_by_the_derived_replay(new_tokens: int):
     est = calc.estimate(scaled_spec("llama-2-7b"), job, device="cpu")
     assert any("hand-written graph does not model" in n and "padding" in n for n in est.notes)
     assert any(n.startswith("padding='left'") for n in est.notes)
+
+
+def test_beam_search_is_answered_by_the_derived_replay():
+    # the hand graph refuses beams; the replay recorded from transformers' _beam_search answers
+    # (verify: gen-beam-*, dgen-*-beam-*), naming what the hand graph lacks
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2, num_beams=3)
+    notes = calc.estimate(scaled_spec("llama-2-7b"), job, device="cpu").notes
+    assert any("hand-written graph does not model" in n and "beam search" in n for n in notes)
+
+
+def test_beams_hold_a_cache_of_batch_times_beams_rows():
+    # hand count: transformers' _beam_search expands the prompt to batch x beams rows before
+    # the prefill, so at the prefill's peak (the logits of every prompt token: the peak of a
+    # short generation) each of the L layers holds K and V of the prompt for every row
+    spec = scaled_spec("llama-2-7b")
+    batch, beams, prompt = 2, 3, 6
+    job = calc.Inference(batch=batch, prompt=prompt, new_tokens=3, num_beams=beams,
+                         precision="fp32")  # fmt: skip
+    est = calc.estimate(spec, job, device="cpu")
+    assert est.peak_phase == "prefill"
+    k_bytes = batch * beams * spec.n_kv_heads * spec.head_dim * prompt * 4  # fp32
+    k_bytes = -(-k_bytes // 512) * 512  # the CPU tracker's 512-B rounding
+    assert est.breakdown["kv_cache"] == spec.n_layers * 2 * k_bytes  # 36,864 B
 
 
 def test_context_defaults_to_prompt_plus_new_tokens():
