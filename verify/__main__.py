@@ -151,7 +151,7 @@ def _run_single(
     for case in cases:
         if bar is not None:
             bar.set_description(case.name[:28])
-        if getattr(case, "full_size", False) or "wide" in case.tags:
+        if case.isolated:
             rec = _run_isolated(case, device, predict)
         else:
             rec = run_case(case, device=device, predict_peak=predict)

@@ -181,6 +181,14 @@ def test_full_size_cases_run_the_real_cards_never_in_the_quick_subset() -> None:
              scale=(("layers", 1),))  # fmt: skip
 
 
+def test_cases_of_real_size_or_width_run_in_a_process_of_their_own() -> None:
+    # they hold GBs the next case's measurement must not start from; the tiny ones share one
+    isolated = {c.name for c in CASES if c.isolated}
+    assert {c.name for c in CASES if c.full_size or "wide" in c.tags} == isolated
+    assert any(n.startswith("wide-gemma-2-9b") for n in isolated)
+    assert not any(c.isolated for c in select(quick=True))
+
+
 def test_wide_cases_keep_the_cards_config_but_its_layer_count() -> None:
     wide = [c for c in CASES if "wide" in c.tags and c.config]
     assert {c.card for c in wide} >= {"gemma-2-9b", "phi-4", "qwen3-30b-a3b", "olmo-2-7b-instruct"}

@@ -113,6 +113,12 @@ class Case:
         return "training" if isinstance(self.job, Training) else "inference"
 
     @property
+    def isolated(self) -> bool:
+        """Run in a child process of its own (`verify.__main__`): a full-size or full-width
+        (``wide``) case holds GBs, which the next case's run must not inherit."""
+        return self.full_size or "wide" in self.tags
+
+    @property
     def seq(self) -> int:
         """Longest sequence the case runs (training seq_len or inference context)."""
         return self.job.seq_len if isinstance(self.job, Training) else self.job.context
