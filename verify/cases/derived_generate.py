@@ -89,6 +89,8 @@ def derived_generate_cases() -> list[Case]:
         _case("deepseek_v2", "beam-long-bf16", _gen("deepseek_v2", 2, 6, 28, "bf16",
                                                     num_beams=2)),
         _case("phi3", "beam-decode-fp32", _gen("phi3", 4, 2, 36, "fp32", num_beams=4)),
+        _case("gemma2", "beam-static-left-bf16", _gen("gemma2", 2, 10, 6, "bf16", num_beams=2,
+                                                      cache="static", padding="left")),
         # weight-only quantized linears (calc.derive.quantized): dequantized per matmul
         _case("phi3", "quant-nf4-bf16", _gen("phi3", 2, 12, 5, "bf16",
                                              quant=Quant(method="nf4"))),

@@ -61,4 +61,9 @@ def full_size_cases() -> list[Case]:
               new_tokens=8, precision="bf16", padding="left", **kw),
         infer("full-gpt2-generate-padded-fp32", GPT2, batch=3, prompt=96, new_tokens=6,
               precision="fp32", padding="left", **kw),
+        # beam search at a real vocabulary: each step's fp32 scores are batch x beams x vocab
+        infer("full-qwen2.5-0.5b-generate-beams-bf16", QWEN2, batch=1, prompt=128,
+              new_tokens=6, precision="bf16", num_beams=4, **kw),
+        infer("full-gpt2-generate-beams-fp32", GPT2, batch=2, prompt=64, new_tokens=12,
+              precision="fp32", num_beams=3, **kw),
     ]  # fmt: skip

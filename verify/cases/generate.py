@@ -77,6 +77,8 @@ def generate_cases() -> list[Case]:
               precision="bf16", cache="static", num_beams=3, **hf),
         infer("gen-beam-gpt2-fp32-decode", GPT2, batch=3, prompt=2, new_tokens=40,
               precision="fp32", num_beams=4, **hf),
+        infer("gen-beam-left-qwen3-fp32", QWEN3, batch=3, prompt=10, new_tokens=5,
+              precision="fp32", num_beams=2, padding="left", **hf),
         infer("gen-beam-sample-mistral-bf16", MISTRAL, batch=2, prompt=6, new_tokens=8,
               precision="bf16", num_beams=3, sampling=Sampling(top_k=20), **hf),
     ]  # fmt: skip
