@@ -222,9 +222,9 @@ class Training:
 
 
 MAX_TOP_K = 1 << 20
+"""Largest ``top_k`` `Sampling` takes."""
 MAX_BEAMS = 1024
 """Most beams ``Inference.num_beams`` takes."""
-"""Largest ``top_k`` `Sampling` takes."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -367,6 +367,14 @@ class Inference:
                 "when new_tokens > 0"
             )
         object.__setattr__(self, "context", total)
+
+    def decoding_kwargs(self) -> dict[str, float | int | bool]:
+        """The keyword arguments of ``model.generate`` that select the decoding: greedy
+        (``do_sample=False``) or `Sampling.generate_kwargs`, and ``num_beams`` when above 1."""
+        kw = self.sampling.generate_kwargs() if self.sampling is not None else {"do_sample": False}
+        if self.num_beams > 1:
+            kw["num_beams"] = self.num_beams
+        return kw
 
     @property
     def prompt_len(self) -> int:

@@ -357,8 +357,8 @@ def _scalar_read(
     a scalar factor that sizes nothing (``torch.optim.Adafactor`` reads its step count and the
     parameter and update norms as Python numbers: ``torch/optim/_adafactor.py``, ``step_t.item()``,
     ``param.norm(2).item()``): 1.0 stands for it. An integer read takes the next of
-    ``answers`` (`Book.answers`) when there is one (the crop after a beam search). Any other read cannot be
-    answered."""
+    ``answers`` (`Book.answers`) when there is one (the crop after a beam search). Any other
+    read cannot be answered."""
     import torch
 
     if t.dtype == torch.bool:

@@ -704,8 +704,8 @@ def _generate(
     context: int, vocab: int,
 ) -> list[int]:  # fmt: skip
     """``model.generate`` of ``job.new_tokens`` tokens after ``prompt`` (``context - prompt``
-    when ``context`` is given) (``verify/run/step.py``, ``generate``): greedy or
-    ``job.sampling``'s, the prompts' mask of ``job.padding`` (`_prompts`), the cache
+    when ``context`` is given) (``verify/run/step.py``, ``generate``): the decoding
+    of `calc.Inference.decoding_kwargs` (greedy, sampling, beams), the prompts' mask of ``job.padding`` (`_prompts`), the cache
     ``job.cache_impl``, token 0 as the eos where the config has none. Phase
     ``prefill`` up to the first forward's end, then ``decode``. Returns the stream index where
     each forward starts (`calc.derive.generate.cut`)."""
@@ -738,12 +738,7 @@ def _generate(
     book.phase = "prefill"
     book.tag_now = "embed"
     with torch.no_grad(), _sdpa(backend), stop_after(prompt, new_tokens, book.answers):
-        if job.sampling is not None:  # do_sample=True and its logits processors
-            kw.update(job.sampling.generate_kwargs())
-        else:
-            kw["do_sample"] = False
-        if job.num_beams > 1:
-            kw["num_beams"] = job.num_beams
+        kw.update(job.decoding_kwargs())  # greedy, sampling, beams
         out = model.generate(ids, max_new_tokens=new_tokens, **kw)
         del out
     for h in handles:

@@ -269,10 +269,9 @@ def generate(
     model: torch.nn.Module, ids: torch.Tensor, job: Inference, mask: torch.Tensor | None = None
 ) -> None:
     """``model.generate(ids, max_new_tokens=job.new_tokens)``, greedy (or ``job.sampling``'s
-    ``do_sample=True`` and processors, `calc.Sampling.generate_kwargs`; ``job.num_beams``
-    beams when more than 1), the prompts'
-    attention ``mask`` passed when given (left padding, `make_prompts`; none: one unpadded
-    prompt per row), the cache ``job.cache_impl`` (``static``:
+    ``do_sample=True`` and processors; ``job.num_beams`` beams when more than 1:
+    `calc.Inference.decoding_kwargs`), the prompts' attention ``mask`` passed when given
+    (left padding, `make_prompts`; none: one unpadded prompt per row), the cache ``job.cache_impl`` (``static``:
     ``cache_implementation="static"``), an eos token set (token 0 where the config has none);
     the output ids are dropped at once. Eager: ``disable_compile=True``, since on CUDA a static
     cache makes transformers compile the decode step (``_valid_auto_compile_criteria`` in
@@ -287,12 +286,7 @@ def generate(
         # every published card sets an eos token (and generate's eos bookkeeping runs); the
         # scaled configs of some families (qwen2) leave it unset: token 0 stands in
         kw["eos_token_id"] = 0
-    if job.sampling is not None:  # do_sample=True with the job's logits processors
-        kw.update(job.sampling.generate_kwargs())
-    else:
-        kw["do_sample"] = False
-    if job.num_beams > 1:  # beam search (beam sampling with do_sample)
-        kw["num_beams"] = job.num_beams
+    kw.update(job.decoding_kwargs())  # greedy, sampling's processors, beams
     if mask is not None:
         kw["attention_mask"] = mask
     out = model.generate(ids, max_new_tokens=job.new_tokens, **kw)

@@ -229,6 +229,18 @@ def test_left_padding_is_answered_by_the_derived_replay(new_tokens: int):
     assert any(n.startswith("padding='left'") for n in est.notes)
 
 
+def test_decoding_kwargs_select_greedy_sampling_or_beams():
+    # what verify's run and calc's recording both pass to model.generate
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2)
+    assert job.decoding_kwargs() == {"do_sample": False}
+    assert replace(job, num_beams=3).decoding_kwargs() == {"do_sample": False, "num_beams": 3}
+    beam_sampling = replace(job, num_beams=2, sampling=calc.Sampling(top_k=5))
+    assert beam_sampling.decoding_kwargs() == {
+        "do_sample": True, "temperature": 1.0, "top_k": 5, "top_p": 1.0,
+        "repetition_penalty": 1.0, "num_beams": 2,
+    }  # fmt: skip
+
+
 def test_beam_search_is_answered_by_the_derived_replay():
     # the hand graph refuses beams; the replay recorded from transformers' _beam_search answers
     # (verify: gen-beam-*, dgen-*-beam-*), naming what the hand graph lacks
