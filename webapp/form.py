@@ -219,6 +219,10 @@ INFERENCE: tuple[FormField, ...] = (
               default=1, low=1, high=jobs.MAX_BEAMS, section="advanced",
               help="beam search of this many beams per sequence (1 = none): the cache and "
                    "logits of batch x beams rows; used when new tokens > 0"),
+    FormField(task="infer", name="num_return_sequences", label="sequences per prompt (generate)",
+              kind="int", default=1, low=1, high=jobs.MAX_RETURN_SEQUENCES, section="advanced",
+              help="num_return_sequences: more than 1 needs sampling (each prompt decoded as "
+                   "that many rows) or at least as many beams; used when new tokens > 0"),
     FormField(task="infer", name="padding", label="prompt padding", kind="choice",
               default=_default(I, "padding"), choices=jobs.PADDINGS, section="advanced",
               help="none = prompts of one length; left = prompts of different lengths padded "
@@ -555,13 +559,14 @@ def build_job(task: str, state: Mapping[str, object]) -> calc.Training | calc.In
 def _generate_fields(kwargs: dict[str, object]) -> None:
     """Generate (``new_tokens`` > 0): the context follows from the prompt (``context=0``);
     the prefill alone: no ``cache`` choice (its cache is the static one), no sampling, no
-    beams."""
+    beams, one sequence per prompt."""
     if kwargs.get("new_tokens"):
         kwargs["context"] = 0
     else:
         kwargs["cache"] = None
         kwargs["sampling"] = None
         kwargs["num_beams"] = 1
+        kwargs["num_return_sequences"] = 1
 
 
 def build_parallel(task: str, state: Mapping[str, object]) -> calc.Parallelism | None:

@@ -70,6 +70,7 @@ INFERENCE_FIELDS: tuple[str, ...] = (
     "implementation",
     "new_tokens",
     "num_beams",
+    "num_return_sequences",
     "cache",
     "padding",
 )
@@ -197,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="generate with beam search of this many beams per sequence (default 1: none); "
         "with --sample, beam sampling",
+    )
+    infer.add_argument(
+        "--num-return-sequences",
+        type=int,
+        help="sequences generate returns per prompt (default 1); more needs --sample (each "
+        "prompt then decoded as that many rows) or --num-beams at least as large",
     )
     infer.add_argument(
         "--cache", help=f"generate's KV cache: {_choices(jobs.CACHE_IMPLS)} (default dynamic)"

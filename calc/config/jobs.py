@@ -225,6 +225,8 @@ MAX_TOP_K = 1 << 20
 """Largest ``top_k`` `Sampling` takes."""
 MAX_BEAMS = 1024
 """Most beams ``Inference.num_beams`` takes."""
+MAX_RETURN_SEQUENCES = 1024
+"""Most sequences per prompt ``Inference.num_return_sequences`` takes."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -308,6 +310,13 @@ class Inference:
     copy of each layer's keys and values, ``index_select``) and the search keeps static-shaped
     sequence, score and index tensors of ``2k`` candidates; with ``sampling``, beam sampling.
     1: no beam search. Needs ``new_tokens`` >= 1."""
+    num_return_sequences: int = 1
+    """``generate(num_return_sequences=r)``: ``r`` sequences returned per prompt. Sampling
+    expands the prompt to ``batch x r`` rows before the prefill (transformers
+    ``generation/utils.py``, ``_expand_inputs_for_generation`` with ``max(num_beams, r)``), so
+    the cache and each step's scores are ``r`` times a single sequence's; beam search keeps its
+    ``batch x num_beams`` rows and returns the best ``r`` (at most ``num_beams``). Greedy
+    decoding refuses more than 1, as transformers does (``GenerationConfig.validate``)."""
     padding: Padding = "none"
     """The prompts' attention mask: ``none``, prompts of one length (no mask, or the
     tokenizer's mask of ones, which ``generate`` drops); ``left``, prompts of different
@@ -352,6 +361,26 @@ class Inference:
                 f"num_beams={self.num_beams} needs new_tokens >= 1 (beam search decodes "
                 "generated tokens)"
             )
+        self._check_return_sequences()
+
+    def _check_return_sequences(self) -> None:
+        """``num_return_sequences`` in range, and as transformers' ``GenerationConfig.validate``
+        allows it (configuration_utils.py, "check `num_return_sequences`"): more than 1 needs
+        sampling or beam search, and beam search returns at most ``num_beams``."""
+        r = self.num_return_sequences
+        check_size("num_return_sequences", r, 1, MAX_RETURN_SEQUENCES)
+        if r == 1:
+            return
+        if self.num_beams == 1 and self.sampling is None:
+            raise ValueError(
+                f"num_return_sequences={r} needs sampling or num_beams >= {r}: greedy "
+                "decoding returns one sequence per prompt (transformers refuses more)"
+            )
+        if self.num_beams > 1 and r > self.num_beams:
+            raise ValueError(
+                f"num_return_sequences={r} must be at most num_beams={self.num_beams} "
+                "(beam search returns its best beams)"
+            )
 
     def _generate_context(self) -> None:
         """``context`` of a ``generate`` job: ``prompt + new_tokens`` (``prompt`` required)."""
@@ -370,10 +399,13 @@ class Inference:
 
     def decoding_kwargs(self) -> dict[str, float | int | bool]:
         """The keyword arguments of ``model.generate`` that select the decoding: greedy
-        (``do_sample=False``) or `Sampling.generate_kwargs`, and ``num_beams`` when above 1."""
+        (``do_sample=False``) or `Sampling.generate_kwargs`, and ``num_beams`` and
+        ``num_return_sequences`` when above 1."""
         kw = self.sampling.generate_kwargs() if self.sampling is not None else {"do_sample": False}
         if self.num_beams > 1:
             kw["num_beams"] = self.num_beams
+        if self.num_return_sequences > 1:
+            kw["num_return_sequences"] = self.num_return_sequences
         return kw
 
     @property

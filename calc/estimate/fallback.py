@@ -25,7 +25,7 @@ def derived_fallback(
     CUDA: `calc.derive.replay.check_cuda`)."""
     if job.implementation != "hf" or model.derived:
         return None
-    if any(importlib.util.find_spec(name) is None for name in ("torch", "transformers")):
+    if missing_recorder():
         return None
     if device != "cpu" and isinstance(job, Training):
         attn_dropout = job.dropout if job.dropout is not None else model.attention_dropout
@@ -38,6 +38,11 @@ def derived_fallback(
         except (NotImplementedError, ValueError):
             return None  # CUDA runs another kernel: the hand graph's refusal stands
     return derived
+
+
+def missing_recorder() -> tuple[str, ...]:
+    """The packages the recording needs (torch, transformers) that are not installed."""
+    return tuple(n for n in ("torch", "transformers") if importlib.util.find_spec(n) is None)
 
 
 def recorded_only(job: Training | Inference) -> bool:
@@ -66,6 +71,12 @@ def compiled_or_derived(
     except NotImplementedError as hand:
         derived = derived_fallback(model, job, device)
         if derived is None:
+            missing = missing_recorder() if job.implementation == "hf" else ()
+            if missing and not model.derived:
+                raise NotImplementedError(
+                    f"{hand}; the replay recorded from transformers' code would answer it: "
+                    f"install {' and '.join(missing)} (pip install 'vramplan[verify]')"
+                ) from None
             raise
         try:
             comp, key = compiled_for(model, derived, device, opts)

@@ -64,7 +64,8 @@ INFER_CHANGES: tuple[tuple[str, object], ...] = (
     ("infer.new_tokens", 16),  # generate: the context follows from the prompt (context=0)
     ("infer.cache", "static"),
     ("infer.padding", "left"),  # a recording (seconds) of the padded generate
-    ("infer.num_beams", 2),  # last: a recording of beam search (the hand graph refuses it)
+    ("infer.num_beams", 2),  # a recording of beam search (the hand graph refuses it)
+    ("infer.num_return_sequences", 2),  # last: the best 2 of the 2 beams
 )
 """Inference widget changes in order (a widget may change twice)."""
 
@@ -270,8 +271,8 @@ CASES: tuple[Case, ...] = (
     Case("infer-sample", ({"infer.prompt": 64, "infer.new_tokens": 4,
                            "infer.do_sample": "sample", "infer.top_p": 0.9,
                            "infer.temperature": 0.7, "infer.top_k": 20,
-                           "infer.repetition_penalty": 1.1},
-                          {"context": 0, "prompt": 64, "new_tokens": 4,
+                           "infer.repetition_penalty": 1.1, "infer.num_return_sequences": 3},
+                          {"context": 0, "prompt": 64, "new_tokens": 4, "num_return_sequences": 3,
                            "sampling": calc.Sampling(top_p=0.9, temperature=0.7, top_k=20,
                                                      repetition_penalty=1.1)}, None)),
     Case("dp2-zero3", ({"train.dp": 2, "train.zero": 3}, {}, {"dp": 2, "zero": 3})),

@@ -163,6 +163,9 @@ def test_new_tokens_make_a_generate_job() -> None:
     )
     state = _state("infer", prompt=100, cache="static")
     assert form.build_job("infer", state) == calc.Inference(batch=1, context=4096, prompt=100)
+    # the prefill alone returns no sequences: a value left in the widget changes nothing
+    state = _state("infer", prompt=100, num_return_sequences=3)
+    assert form.build_job("infer", state) == calc.Inference(batch=1, context=4096, prompt=100)
 
 
 def test_options_of_a_switched_off_object_are_ignored() -> None:

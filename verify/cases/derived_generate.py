@@ -83,6 +83,10 @@ def derived_generate_cases() -> list[Case]:
               sampling=Sampling(temperature=0.8, repetition_penalty=1.1))),
         _case("qwen3_moe", "sample-bf16", _gen("qwen3_moe", 2, 8, 6, "bf16",
                                                sampling=Sampling(top_k=10))),
+        _case("gemma2", "sample-seqs-cross-fp32", _gen("gemma2", 2, 12, 8, "fp32",
+              sampling=Sampling(), num_return_sequences=3)),
+        _case("qwen2_moe", "sample-seqs-long-bf16", _gen("qwen2_moe", 2, 4, 28, "bf16",
+              sampling=Sampling(top_k=10), num_return_sequences=2)),
         # beam search over a sliding-window cache, experts, latent attention
         _case("gemma2", "beam-cross-fp32", _gen("gemma2", 2, 12, 8, "fp32", num_beams=3)),
         _case("mixtral", "beam-bf16", _gen("mixtral", 1, 10, 6, "bf16", num_beams=4)),

@@ -11,6 +11,7 @@ Qwen2.5-0.5B and GPT-2 (transformers' code) on this CPU, a minute and a few GB e
 from __future__ import annotations
 
 from calc.config.compression import LoRA, Quant
+from calc.config.jobs import Sampling
 from verify.cases.case import GPT2, QWEN2, Case, infer, train
 
 __all__ = ["full_size_cases"]
@@ -66,4 +67,8 @@ def full_size_cases() -> list[Case]:
               new_tokens=6, precision="bf16", num_beams=4, **kw),
         infer("full-gpt2-generate-beams-fp32", GPT2, batch=2, prompt=64, new_tokens=12,
               precision="fp32", num_beams=3, **kw),
+        # several sampled sequences per prompt (best-of-n): batch x n rows from the prefill on
+        infer("full-qwen2.5-0.5b-generate-sample-seqs-bf16", QWEN2, batch=2, prompt=96,
+              new_tokens=8, precision="bf16", sampling=Sampling(top_p=0.95),
+              num_return_sequences=4, **kw),
     ]  # fmt: skip

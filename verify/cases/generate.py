@@ -81,4 +81,12 @@ def generate_cases() -> list[Case]:
               precision="fp32", num_beams=2, padding="left", **hf),
         infer("gen-beam-sample-mistral-bf16", MISTRAL, batch=2, prompt=6, new_tokens=8,
               precision="bf16", num_beams=3, sampling=Sampling(top_k=20), **hf),
+        # several sequences per prompt: sampling decodes batch x r rows from the prefill on;
+        # beam search returns its best r of batch x beams rows
+        infer("gen-sample-seqs-llama-fp32", LLAMA, batch=2, prompt=8, new_tokens=6,
+              precision="fp32", sampling=Sampling(), num_return_sequences=3, **hf),
+        infer("gen-sample-seqs-gpt2-fp32-long", GPT2, batch=2, prompt=2, new_tokens=30,
+              precision="fp32", sampling=Sampling(top_p=0.9), num_return_sequences=4, **hf),
+        infer("gen-beam-best2-qwen2-bf16", QWEN2, batch=2, prompt=6, new_tokens=6,
+              precision="bf16", num_beams=4, num_return_sequences=2, **hf),
     ]  # fmt: skip

@@ -193,6 +193,14 @@ def test_num_beams_flag_makes_a_beam_search_job(calls, capsys) -> None:
     assert (calls[0][1].num_beams, calls[0][1].sampling) == (3, None)
 
 
+def test_num_return_sequences_flag_makes_several_sequences_per_prompt(calls, capsys) -> None:
+    argv = ["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--sample",
+            "--num-return-sequences", "4"]  # fmt: skip
+    code, _, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert calls[0][1].num_return_sequences == 4
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -201,6 +209,9 @@ def test_num_beams_flag_makes_a_beam_search_job(calls, capsys) -> None:
         (["--task", "train", "--sample"], "does not take --sample"),
         (["--task", "train", "--num-beams", "2"], "does not take --num-beams"),
         (["--task", "infer", "--context", "16", "--num-beams", "2"], "needs new_tokens >= 1"),
+        (["--task", "train", "--num-return-sequences", "2"], "does not take"),
+        (["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--num-return-sequences",
+          "2"], "needs sampling or num_beams >= 2"),
         (["--task", "infer", "--prompt", "16", "--new-tokens", "4", "--sample", "--top-p", "2"],
          "top_p=2.0"),
     ],

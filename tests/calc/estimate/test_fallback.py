@@ -99,3 +99,18 @@ def test_hf_tensor_parallel_on_a_hand_type_is_transformers_tp_plan_recorded() ->
                             device="cpu")  # fmt: skip
     assert hf.peak_bytes == derived.peak_bytes
     assert any("Megatron-style" in n for n in hf.notes)
+
+
+def test_without_transformers_the_refusal_says_what_to_install(monkeypatch) -> None:
+    # a core-only install (no torch or transformers): the hand graph's refusal of sampling
+    # stands, and the message names the packages whose recording would answer it
+    from calc.estimate import fallback
+
+    monkeypatch.setattr(fallback, "missing_recorder", lambda: ("transformers",))
+    spec = calc.ModelSpec.from_hf_config(TINY_LLAMA, name="tiny-llama")
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2, sampling=calc.Sampling())
+    with pytest.raises(NotImplementedError, match=r"sampling.*install transformers"):
+        calc.estimate(spec, job, device="cpu")
+    with pytest.raises(NotImplementedError, match="implementation='hf'") as refused:
+        calc.estimate(spec, replace(job, implementation="reference"), device="cpu")
+    assert "install" not in str(refused.value)  # the reference graph has no recording

@@ -177,6 +177,18 @@ def test_the_replay_refuses_no_new_tokens():
         ({"context": 8, "num_beams": 2}, "num_beams=2 needs new_tokens >= 1"),
         ({"prompt": 5, "new_tokens": 2, "num_beams": 0}, "num_beams=0 is out of range"),
         ({"prompt": 5, "new_tokens": 2, "num_beams": True}, "num_beams=True must be an integer"),
+        (
+            {"prompt": 5, "new_tokens": 2, "num_return_sequences": 2},
+            "num_return_sequences=2 needs sampling or num_beams >= 2",
+        ),
+        (
+            {"prompt": 5, "new_tokens": 2, "num_beams": 2, "num_return_sequences": 3},
+            "num_return_sequences=3 must be at most num_beams=2",
+        ),
+        (
+            {"prompt": 5, "new_tokens": 2, "sampling": calc.Sampling(), "num_return_sequences": 0},
+            "num_return_sequences=0 is out of range",
+        ),
         ({"prompt": 5, "new_tokens": 2, "sampling": {"top_k": 5}}, "calc.Sampling"),
         ({"prompt": 5, "new_tokens": 2, "padding": "right"}, "padding='right' is not one of"),
     ],
@@ -239,6 +251,8 @@ def test_decoding_kwargs_select_greedy_sampling_or_beams():
         "do_sample": True, "temperature": 1.0, "top_k": 5, "top_p": 1.0,
         "repetition_penalty": 1.0, "num_beams": 2,
     }  # fmt: skip
+    best_two = replace(job, num_beams=4, num_return_sequences=2).decoding_kwargs()
+    assert best_two == {"do_sample": False, "num_beams": 4, "num_return_sequences": 2}
 
 
 def test_beam_search_is_answered_by_the_derived_replay():
@@ -260,6 +274,21 @@ def test_beams_hold_a_cache_of_batch_times_beams_rows():
     est = calc.estimate(spec, job, device="cpu")
     assert est.peak_phase == "prefill"
     k_bytes = batch * beams * spec.n_kv_heads * spec.head_dim * prompt * 4  # fp32
+    k_bytes = -(-k_bytes // 512) * 512  # the CPU tracker's 512-B rounding
+    assert est.breakdown["kv_cache"] == spec.n_layers * 2 * k_bytes  # 36,864 B
+
+
+def test_sampled_sequences_per_prompt_hold_a_cache_of_batch_times_sequences_rows():
+    # hand count: with do_sample, generate expands the prompt to batch x num_return_sequences
+    # rows before the prefill (_expand_inputs_for_generation), so at the prefill's peak each of
+    # the L layers holds K and V of the prompt for every row, 3 times one sequence's
+    spec = scaled_spec("llama-2-7b")
+    batch, sequences, prompt = 2, 3, 6
+    one = calc.Inference(batch=batch, prompt=prompt, new_tokens=3, precision="fp32",
+                         sampling=calc.Sampling())  # fmt: skip
+    est = calc.estimate(spec, replace(one, num_return_sequences=sequences), device="cpu")
+    assert est.peak_phase == "prefill"
+    k_bytes = batch * sequences * spec.n_kv_heads * spec.head_dim * prompt * 4  # fp32
     k_bytes = -(-k_bytes // 512) * 512  # the CPU tracker's 512-B rounding
     assert est.breakdown["kv_cache"] == spec.n_layers * 2 * k_bytes  # 36,864 B
 
