@@ -6,6 +6,9 @@
 >>> job = calc.Training(micro_batch=1, seq_len=2048, precision="bf16", optimizer="adamw")
 >>> est = calc.estimate(model, job)  # doctest: +SKIP
 
+``with calc.reporting(callback):`` calls ``callback(calc.Progress(...))`` as a first estimate
+records transformers' code (seconds to minutes; then the disk cache answers).
+
 ``calc.plan`` is the capacity planner (``calc.plan.planner.plan``, ``evaluate``,
 ``least_hardware``, ``changes_to_fit``).
 """
@@ -23,6 +26,7 @@ from calc.config.pruning import Pruning
 from calc.config.serving import Serving
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.data.hub import HubConfig, from_pretrained, load_hub_config
+from calc.derive.progress import Progress, reporting
 from calc.derive.replay import param_count
 from calc.estimate.api import estimate
 from calc.estimate.result import Estimate
@@ -39,6 +43,7 @@ __all__ = [
     "ModelSpec",
     "Parallelism",
     "ParamTensor",
+    "Progress",
     "Pruning",
     "Quant",
     "Sampling",
@@ -55,6 +60,7 @@ __all__ = [
     "plan",
     "pruned_spec",
     "published_params",
+    "reporting",
     "serve",
     "storage_verdict",
 ]

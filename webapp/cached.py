@@ -1,10 +1,13 @@
-"""``calc`` calls cached across reruns and sessions (``st.cache_resource``): the compiled
-expressions live in ``calc.estimate``'s cache, and the results of one set of inputs are kept so
-that a rerun that changes nothing recomputes nothing."""
+"""``calc`` calls for the pages: cached across reruns and sessions (``st.cache_resource``) where
+a result is costly to rebuild, so that a rerun that changes nothing recomputes nothing. The
+estimate itself is not: ``calc.estimate`` keeps its compiled expressions, and a first recording
+of transformers' code shows its progress on the page (`recording_progress`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 import streamlit as st
 
@@ -28,23 +31,51 @@ def model_key(model: Model) -> str:
     return "config:" + json.dumps(model.config, sort_keys=True, separators=(",", ":"))
 
 
-@st.cache_resource(
-    max_entries=256,
-    show_spinner="compiling the expressions of this job (a torch.compile'd step records "
-    "Inductor's generated code first: up to about 2 minutes for a large model)...",
+SPINNER = (
+    "compiling the expressions of this job (a torch.compile'd step records Inductor's generated "
+    "code first: up to about 2 minutes for a large model)..."
 )
+"""What the page says while a first estimate compiles (after st.spinner's half-second delay)."""
+
+
+def recording_text(p: calc.Progress) -> str:
+    """The progress bar's caption of a recording of transformers' code."""
+    return f"recording {p.what} from transformers' code: {p.done} of {p.total} runs"
+
+
+@contextlib.contextmanager
+def recording_progress() -> Iterator[None]:
+    """While inside, a recording (`calc.reporting`) draws a progress bar where the page is,
+    removed when the block ends; an estimate that records nothing draws nothing."""
+    bar: list = []
+
+    def draw(p: calc.Progress) -> None:
+        if not bar:
+            bar.append(st.empty())
+        bar[0].progress(p.fraction, text=recording_text(p))
+
+    try:
+        with calc.reporting(draw):
+            yield
+    finally:
+        if bar:
+            bar[0].empty()
+
+
 def estimate(
-    _model: Model,
-    key: str,
+    model: Model,
     job: calc.Training | calc.Inference,
     parallel: calc.Parallelism | None,
     device: str,
     gpu_id: str | None = None,
 ) -> calc.Estimate:
-    """``calc.estimate`` of the job (``key`` names the model for the cache); with ``parallel``
-    the most-loaded rank's, every rank's peak in ``rank_peaks``; ``gpu_id``: that GPU's cuBLAS
-    workspaces (as the planner's verdict charges them)."""
-    return calc.estimate(_model.spec, job, parallel, device=device, gpu=gpu_id)
+    """``calc.estimate`` of the job; with ``parallel`` the most-loaded rank's, every rank's
+    peak in ``rank_peaks``; ``gpu_id``: that GPU's cuBLAS workspaces (as the planner's verdict
+    charges them). Not cached by Streamlit: ``calc.estimate`` keeps the compiled expressions
+    (and a recording of transformers' code on disk), so a rerun costs microseconds, and a first
+    recording draws its progress here (a cached function could not write to the page)."""
+    with st.spinner(SPINNER), recording_progress():
+        return calc.estimate(model.spec, job, parallel, device=device, gpu=gpu_id)
 
 
 @st.cache_resource(show_spinner=False)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from calc.cli import compression as cli_compression
 from calc.cli import plan as cli_plan
+from calc.cli import progress_bar
 from calc.cli import prune_distill as cli_prune_distill
 from calc.cli import report as cli_report
 from calc.cli import serve as cli_serve
@@ -535,7 +536,8 @@ def run(args: argparse.Namespace) -> int:
     stored = cli_prune_distill.storage(args, model, job)
     parallel = build_parallel(args)
     catalog_gpu = None if args.gpu_gib is not None else args.gpu  # its cuBLAS workspace size
-    est = estimate(model, job, parallel, device=args.device, gpu=catalog_gpu)
+    with progress_bar.shown_on(sys.stderr):  # a first estimate may record for minutes
+        est = estimate(model, job, parallel, device=args.device, gpu=catalog_gpu)
     peak = int(est.peak_bytes)
     capacity_bytes, size = capacity(args, parallel)
     fits, headroom, sentence = verdict(peak, capacity_bytes, size)

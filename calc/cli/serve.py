@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from calc.cli import model_source
+from calc.cli import model_source, progress_bar
 from calc.cli.exits import run_reporting_errors
 from calc.config.serving import DEFAULT_VLLM_VERSION, Serving
 from calc.present.serving import startup_failure
@@ -124,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     gpu = args.gpu if total is None else None
     if total is None and gpu is None:
         raise ValueError("give --gpu ID (the catalog) or --total-gib X (the total vLLM logs)")
-    est = serve(model, serving, total_bytes=total, gpu=gpu)
+    with progress_bar.shown_on(sys.stderr):  # a first profiling forward may record
+        est = serve(model, serving, total_bytes=total, gpu=gpu)
     if args.json:
         out = {"model": label, "serving": asdict(serving), **asdict(est),
                "startup_failure": startup_failure(est)}  # fmt: skip

@@ -28,7 +28,7 @@ from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.data.cards import read_plan_cache, write_plan_cache
-from calc.derive import generate, lift
+from calc.derive import generate, lift, progress
 from calc.derive.book import DeriveError, Trace, second_step_sizes
 from calc.derive.dropout import dropout_config
 from calc.derive.native import LocalOptimizer, Rank
@@ -453,16 +453,20 @@ def _record(
 ) -> DerivedStream:
     """Record at the points of the regime's plan, check one structure, fit the sizes: first
     `lift.factor_plan`'s few points; when a size is of another form, the rest of the grid."""
+    count = _Count(_what(config, job))
     if not reg.free:  # every size fixed: one recording, its sizes as they are
+        count.plan(1)
         with contextlib.ExitStack() as stack:
             trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend)))
             values = dict(reg.fixed)
             tr = _guarded(config, partial(trace, values["b"], values["s"], values.get("c", 0)))
+            count.step()
         constant: tuple[lift.Poly, ...] = tuple((((), n, 1),) if n else () for n in tr.nbytes)
         return DerivedStream(reg, constant, tr.info, tr.baseline, tr.stream, exact)
     grid, held = generate.sample_plan(reg)
     generating = isinstance(job, Inference) and job.new_tokens > 0
     quick = None if generating else lift.factor_plan(reg)  # generate: the full grid, as verified
+    count.plan(len(quick[0]) + 1 if quick is not None else len(grid) + 1)
     with contextlib.ExitStack() as stack:
         trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend, shard)))
 
@@ -470,6 +474,7 @@ def _record(
             out = []
             for p in points:
                 out.append(_guarded(config, partial(trace, p["b"], p["s"], p.get("c", 0))))
+                count.step()
             return out
 
         done: dict[tuple, Trace] = {}
@@ -483,7 +488,9 @@ def _record(
                 if isinstance(job, Training):
                     one = _guarded(config, partial(trace, p["b"], p["s"], 0, 1))
                     got = second_step_sizes(ref, one)
+                    count.step()
                 if got is None:
+                    count.plan(count.total + isinstance(job, Training))
                     (full,) = run([p])
                     _same_structure(config, [points[0], p], [ref, full])
                     got = full.nbytes
@@ -493,6 +500,7 @@ def _record(
                 return DerivedStream(reg, tuple(fitted), ref.info, ref.baseline, ref.stream, exact)
             done = {_point_key(points[0]): ref, _point_key(held): check}
         points = [*grid, held]
+        count.plan(count.done + sum(_point_key(p) not in done for p in points))
         traces = [done.get(_point_key(p)) or run([p])[0] for p in points]
     _same_structure(config, points, traces)
     first = traces[0]
@@ -504,6 +512,34 @@ def _record(
     except lift.FitError as exc:
         raise NotImplementedError(f"model_type={config.get('model_type')!r}: {exc}") from exc
     return DerivedStream(reg, tuple(sizes), first.info, first.baseline, first.stream, exact)
+
+
+class _Count:
+    """The runs of one recording, reported to `calc.derive.progress` as they finish."""
+
+    def __init__(self, what: str) -> None:
+        self.what, self.done, self.total = what, 0, -1
+
+    def plan(self, total: int) -> None:
+        """The recording now plans ``total`` runs in all (reported when that changes)."""
+        if total != self.total:
+            self.total = total
+            progress.report(self.done, self.total, self.what)
+
+    def step(self) -> None:
+        """One more run recorded."""
+        self.done += 1
+        self.total = max(self.total, self.done)
+        progress.report(self.done, self.total, self.what)
+
+
+def _what(config: dict[str, Any], job: Training | Inference) -> str:
+    """What a recording records, for its progress: the model type and the kind of job."""
+    if isinstance(job, Training):
+        kind = "training step"
+    else:
+        kind = "generate" if job.new_tokens > 0 else "prefill"
+    return f"{config.get('model_type', 'model')} {kind}"
 
 
 def _point_key(point: dict[str, int]) -> tuple:

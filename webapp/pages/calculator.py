@@ -49,7 +49,7 @@ st.caption(
     + f" · predicting {'torch.cuda.max_memory_allocated' if inputs.device == 'cuda' else 'the CPU tracker'}"
 )
 try:
-    est = cached.estimate(model, key, job, parallel, inputs.device, gpu.id)
+    est = cached.estimate(model, job, parallel, inputs.device, gpu.id)
 except ValueError as exc:  # e.g. a layout that does not divide the model
     st.error(str(exc), icon=":material/error:")
     st.stop()
