@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from calc.config.jobs import Inference, Training
-from calc.derive import bnb, inductor, loops, lora, offload, quantized, sac, sharding
+from calc.derive import bnb, inductor, lion, loops, lora, offload, quantized, sac, sharding
 from calc.derive.book import (
     Book,
     DeriveError,
@@ -338,6 +338,8 @@ def _optimizer(params: list, job: Training) -> Any:
         return bnb.bnb_adam_class()(params, bits, job.paged_optimizer)
     foreach, fused = job.optimizer_impl == "foreach", job.optimizer_impl == "fused"
     wd = job.weight_decay
+    if job.optimizer == "lion":  # torch has none: calc.derive.lion's, as verify steps it
+        return lion.lion_class()(params, lr=1e-4, weight_decay=wd, foreach=foreach)
     if job.optimizer == "adafactor":  # its scalar reads: calc.derive.book._scalar_read
         return torch.optim.Adafactor(params, lr=1e-2, weight_decay=wd, foreach=foreach)
     if job.optimizer in ("sgd", "sgd-momentum"):

@@ -239,11 +239,11 @@ def check_job(model: ModelSpec, job: Training | Inference) -> None:
         )
     if isinstance(job, Training):
         check_loss_chunks(job)
-        known = (None, "sgd", "sgd-momentum", "adam", "adamw", "adafactor", *BNB_OPTIMIZERS)
-        if job.optimizer not in known:
+        known = (None, "sgd", "sgd-momentum", "adam", "adamw", "adafactor", "lion")
+        if job.optimizer not in (*known, *BNB_OPTIMIZERS):
             raise NotImplementedError(
                 f"optimizer={job.optimizer!r} on a derived architecture is not modelled yet "
-                "(sgd, sgd-momentum, adam, adamw, adafactor, adam8bit, adam32bit are)"
+                "(sgd, sgd-momentum, adam, adamw, adafactor, lion, adam8bit, adam32bit are)"
             )
         if job.recompute == "selective":
             raise NotImplementedError("transformers has no selective recomputation")

@@ -106,6 +106,13 @@ def derived_training_cases() -> list[Case]:
         derived_case("qwen3_moe", "adafactor-step-fp32", optimizer="adafactor", micro_batch=1,
               seq_len=8),
         derived_case("deepseek_v2", "adafactor-amp", optimizer="adafactor", precision="amp-bf16"),
+        # Lion (calc.derive.lion): one momentum per parameter, the sign update a temporary per
+        # parameter (for-loop) or per dtype group (foreach)
+        derived_case("gemma2", "lion-fp32", optimizer="lion"),
+        derived_case("qwen3_moe", "lion-for-loop-bf16", optimizer="lion", precision="bf16",
+              optimizer_impl="for-loop"),
+        derived_case("olmo2", "lion-amp-wd", optimizer="lion", precision="amp-bf16",
+              weight_decay=0.1),
         # amp-fp16: torch's GradScaler (scale, unscale_, found_inf, update) recorded
         derived_case("phi3", "amp-fp16", precision="amp-fp16"),
         derived_case("gemma2", "amp-fp16-hold", precision="amp-fp16", loop="hold-output"),

@@ -6,7 +6,8 @@ foreach``), `step` runs one step (through ``GradScaler`` for ``amp-fp16``), `zer
 gradients to None. Two optimizers are not in torch and are written here:
 
 * `Lion` (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", Algorithm 1):
-  ``update = sign(b1*m + (1-b1)*g)``, ``p -= lr*(update + wd*p)``, ``m = b2*m + (1-b2)*g``;
+  ``update = sign(b1*m + (1-b1)*g)``, ``p -= lr*(update + wd*p)``, ``m = b2*m + (1-b2)*g``,
+  written in `calc.derive.lion` (the recording of a derived model steps the same class);
 * `BlockwiseAdam8bit`: used when ``bitsandbytes`` is not importable (the CPU case). It stores
   its state exactly as bitsandbytes' ``Optimizer2State`` does (uint8 ``state1``/``state2`` plus
   fp32 ``absmax1``/``absmax2`` per 256-element block; fp32 ``state1``/``state2`` below 4096
@@ -32,6 +33,7 @@ import torch.nn.functional as F
 
 from calc.config.jobs import Training
 from calc.data.bitsandbytes import BNB_BLOCK, BNB_MIN_8BIT_SIZE, BNB_PAGED_MIN_NUMEL
+from calc.derive.lion import lion_class
 
 CHUNK = 16 * BNB_BLOCK
 """Elements `BlockwiseAdam8bit` updates at a time."""
@@ -41,69 +43,8 @@ EMULATION_SCRATCH_BYTES = 8 * CHUNK * 8
 (measured on torch 2.13 CPU: at most 83,456 B of the 262,144 allowed)."""
 
 
-def _groups(tensors: Iterable[tuple[torch.Tensor, ...]]) -> list[list[tuple[torch.Tensor, ...]]]:
-    """Rows grouped by (device, dtype) of their first tensor, in order of first appearance."""
-    out: dict[tuple[torch.device, torch.dtype], list[tuple[torch.Tensor, ...]]] = {}
-    for row in tensors:
-        out.setdefault((row[0].device, row[0].dtype), []).append(row)
-    return list(out.values())
-
-
-class Lion(torch.optim.Optimizer):
-    """Lion with decoupled weight decay; ``exp_avg`` in the param dtype.
-
-    Temporaries, on purpose explicit: for-loop, one ``update = exp_avg.mul(beta1)`` per param,
-    deleted before the next; foreach, ``updates = _foreach_mul(exp_avgs, beta1)`` for a whole
-    (device, dtype) group, deleted before the momentum update.
-    """
-
-    def __init__(
-        self,
-        params: Iterable[Any],
-        lr: float = 1e-4,
-        betas: tuple[float, float] = (0.9, 0.99),
-        weight_decay: float = 0.0,
-        foreach: bool = False,
-    ) -> None:
-        super().__init__(
-            params, dict(lr=lr, betas=betas, weight_decay=weight_decay, foreach=foreach)
-        )
-
-    @torch.no_grad()
-    def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        for group in self.param_groups:
-            rows = []
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                rows.append((p, p.grad, state["exp_avg"]))
-            lr, wd = group["lr"], group["weight_decay"]
-            b1, b2 = group["betas"]
-            if group["foreach"]:
-                for g in _groups(rows):
-                    ps, gs, ms = ([r[i] for r in g] for i in range(3))
-                    if wd != 0:
-                        torch._foreach_mul_(ps, 1 - lr * wd)
-                    updates = torch._foreach_mul(ms, b1)
-                    torch._foreach_add_(updates, gs, alpha=1 - b1)
-                    torch._foreach_sign_(updates)
-                    torch._foreach_add_(ps, updates, alpha=-lr)
-                    del updates
-                    torch._foreach_mul_(ms, b2)
-                    torch._foreach_add_(ms, gs, alpha=1 - b2)
-            else:
-                for p, grad, m in rows:
-                    if wd != 0:
-                        p.mul_(1 - lr * wd)
-                    update = m.mul(b1)
-                    update.add_(grad, alpha=1 - b1).sign_()
-                    p.add_(update, alpha=-lr)
-                    del update
-                    m.mul_(b2).add_(grad, alpha=1 - b2)
-        return None
+Lion = lion_class()
+"""`calc.derive.lion`'s Lion: the optimizer the recording of a derived model steps too."""
 
 
 def _dynamic_map(signed: bool) -> torch.Tensor:
