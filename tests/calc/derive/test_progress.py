@@ -6,12 +6,9 @@ import pytest
 
 import calc
 from calc.derive import progress
+from verify.cases.derived import CONFIGS
 
-TINY_OLMO2 = {
-    "model_type": "olmo2", "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 256,
-    "max_position_embeddings": 512,
-}  # fmt: skip
+TINY_OLMO2 = {**CONFIGS["olmo2"], "vocab_size": 256, "max_position_embeddings": 512}
 """A type no hand-written graph models: every estimate of it is recorded."""
 
 
