@@ -27,7 +27,7 @@ from calc.config.serving import Serving
 from calc.data.cards import list_cards, load_card, load_card_config, published_params
 from calc.data.hub import HubConfig, from_pretrained, load_hub_config
 from calc.derive.progress import Progress, reporting
-from calc.derive.replay import param_count
+from calc.derive.replay import RecorderMissing, param_count
 from calc.estimate.api import estimate
 from calc.estimate.result import Estimate
 from calc.serving.api import ServeEstimate, serve
@@ -46,6 +46,7 @@ __all__ = [
     "Progress",
     "Pruning",
     "Quant",
+    "RecorderMissing",
     "Sampling",
     "ServeEstimate",
     "Serving",

@@ -31,10 +31,10 @@ def _ensure(root: Path, *extras: str) -> list[str]:
 
 
 def test_run_after_test_installs_nothing_again(tmp_path: Path) -> None:
-    """test.sh installs every extra; run.sh's "app" and the CLI's core are then already there
-    (issue 16: run.sh reinstalled the app extras after test.sh)."""
+    """test.sh installs every extra; run.sh's "verify,app" and the CLI's "verify" are then
+    already there (issue 16: run.sh reinstalled the app extras after test.sh)."""
     root = _stub_checkout(tmp_path)
-    assert len(_ensure(root, "verify,dev,app,e2e", "app", "")) == 1
+    assert len(_ensure(root, "verify,dev,app,e2e", "verify,app", "verify", "")) == 1
 
 
 def test_a_new_extra_or_a_changed_pyproject_installs(tmp_path: Path) -> None:

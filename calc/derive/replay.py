@@ -20,7 +20,7 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache, partial
-from importlib import metadata
+from importlib import metadata, util
 from typing import Any, TypeVar
 
 from calc.config.hf_config import hf_config_dict
@@ -651,12 +651,39 @@ def derived_trainable_numels(model: ModelSpec, job: Training) -> list[int]:
         raise NotImplementedError(str(exc)) from exc
 
 
+class RecorderMissing(NotImplementedError):
+    """The derived replay is needed and torch or transformers is not installed (the core
+    install, or the web app's, has neither); the message names what to install."""
+
+
+RECORDER_PACKAGES = ("torch", "transformers")
+"""What recording transformers' code needs (``vramplan[verify]`` pins both)."""
+
+
+def missing_recorder() -> tuple[str, ...]:
+    """The packages of `RECORDER_PACKAGES` that are not installed."""
+    return tuple(name for name in RECORDER_PACKAGES if util.find_spec(name) is None)
+
+
+def require_recorder(model_type: str) -> None:
+    """`RecorderMissing` naming ``model_type`` and the packages to install, when any is
+    missing; nothing otherwise."""
+    missing = missing_recorder()
+    if missing:
+        raise RecorderMissing(
+            f"model_type={model_type!r} is estimated from transformers' own modeling code "
+            f"(the derived replay): install {' and '.join(missing)} "
+            "(pip install 'vramplan[verify]')"
+        )
+
+
 def param_count(model: ModelSpec) -> int:
     """The model's parameter count: `ModelSpec.n_params` for the hand-modelled types; for a
     derived one, transformers' model built on the ``meta`` device (``NotImplementedError``
-    with one message when transformers cannot build it)."""
+    with one message when transformers cannot build it, `RecorderMissing` without it)."""
     if not model.derived:
         return model.n_params
+    require_recorder(model.model_type)
     try:
         return count_parameters(hf_config_dict(model))
     except DeriveError as exc:

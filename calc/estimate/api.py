@@ -13,7 +13,7 @@ from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
-from calc.derive.replay import check_cuda, derived_trainable_numels
+from calc.derive.replay import check_cuda, derived_trainable_numels, require_recorder
 from calc.estimate.core import (
     CUBLAS_WORKSPACE_BYTES,
     evaluate,
@@ -50,12 +50,7 @@ def estimate(
     cost model does not cover yet (the message names it).
     """
     check_choice("device", device, DEVICES)
-    if not isinstance(model, ModelSpec):
-        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
-    if not isinstance(job, Training | Inference):
-        raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
-    if parallel is not None and not isinstance(parallel, Parallelism):
-        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
+    _check_arguments(model, job, parallel)
     if isinstance(job, Training):
         _check_training(model, job)
     if job.quant is not None:  # the group size must divide every quantized linear
@@ -85,6 +80,19 @@ def estimate(
     size = cublas_workspace_bytes(gpu_obj)
     handles = charged // CUBLAS_WORKSPACE_BYTES
     return replace(est, allocator_fn=partial(allocator_stats, model, job, device, size, handles))
+
+
+def _check_arguments(model: object, job: object, parallel: object) -> None:
+    """``ValueError`` for arguments of the wrong type; `RecorderMissing` for a model or job
+    only the derived replay answers where torch or transformers is not installed."""
+    if not isinstance(model, ModelSpec):
+        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
+    if not isinstance(job, Training | Inference):
+        raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
+    if parallel is not None and not isinstance(parallel, Parallelism):
+        raise ValueError(f"parallel must be a calc.Parallelism, got {type(parallel).__name__}")
+    if model.derived or job.implementation == "derived":
+        require_recorder(model.model_type)  # torch and transformers, or one clear message
 
 
 def _check_parallel_job(job: Training | Inference, parallel: Parallelism) -> None:

@@ -5,12 +5,11 @@ by `calc.estimate.ranks` for each rank of a DDP/FSDP layout (FSDP1 only the reco
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import replace
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.derive.replay import check_cuda
+from calc.derive.replay import check_cuda, missing_recorder
 from calc.estimate.core import SINGLE, Compiled, ReplayOptions, StructureKey, compiled_for
 
 
@@ -38,11 +37,6 @@ def derived_fallback(
         except (NotImplementedError, ValueError):
             return None  # CUDA runs another kernel: the hand graph's refusal stands
     return derived
-
-
-def missing_recorder() -> tuple[str, ...]:
-    """The packages the recording needs (torch, transformers) that are not installed."""
-    return tuple(n for n in ("torch", "transformers") if importlib.util.find_spec(n) is None)
 
 
 def recorded_only(job: Training | Inference) -> bool:

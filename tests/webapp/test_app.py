@@ -419,6 +419,19 @@ def test_a_job_calc_cannot_estimate_yet_is_a_message_not_an_exception() -> None:
     assert not at.metric
 
 
+def test_a_derived_card_without_transformers_is_a_message_naming_the_install(monkeypatch) -> None:
+    # scripts/run.sh's install has no torch: a derived card (phi-4 is phi3) says what to
+    # install, its parameter count left out of the caption, and the page does not crash
+    from calc.derive import replay
+
+    monkeypatch.setattr(replay, "missing_recorder", lambda: ("torch", "transformers"))
+    at = _app({"card": "phi-4"})
+    assert not at.exception, [e.value for e in at.exception]
+    assert "pip install 'vramplan[verify]'" in _messages(at)
+    assert any("parameters not counted" in c.value for c in at.caption)
+    assert not at.metric
+
+
 def test_an_invalid_combination_is_an_error_message_not_an_exception() -> None:
     at = _app({"card": CARD, "optimizer": "lion"})
     at.selectbox(key="train.optimizer_impl").set_value("fused").run()

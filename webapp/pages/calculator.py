@@ -41,9 +41,18 @@ def _changed(obj: object) -> str:
     )
 
 
+def _parameters(spec: calc.ModelSpec) -> str:
+    """The caption's parameter count; a model transformers cannot build here (or without
+    transformers installed) gets none: the estimate below says why."""
+    try:
+        return f"{calc.param_count(spec):,} parameters"
+    except NotImplementedError:
+        return "parameters not counted"
+
+
 st.title("vramplan")
 st.caption(
-    f"**{model.label}**, {calc.param_count(model.spec):,} parameters · "
+    f"**{model.label}**, {_parameters(model.spec)} · "
     f"{type(job).__name__}({_changed(job)})"
     + (f" · Parallelism({_changed(parallel)}), {parallel.world_size} GPUs" if parallel else "")
     + f" · predicting {'torch.cuda.max_memory_allocated' if inputs.device == 'cuda' else 'the CPU tracker'}"
@@ -52,6 +61,9 @@ try:
     est = cached.estimate(model, job, parallel, inputs.device, gpu.id)
 except ValueError as exc:  # e.g. a layout that does not divide the model
     st.error(str(exc), icon=":material/error:")
+    st.stop()
+except calc.RecorderMissing as exc:  # the app's install has no torch: say what to add
+    st.warning(str(exc), icon=":material/download:")
     st.stop()
 except NotImplementedError as exc:
     st.warning(f"not modelled yet: {exc}", icon=":material/construction:")

@@ -539,6 +539,17 @@ def test_not_modelled_says_what_works_instead(argv, instead, capsys, monkeypatch
     assert instead in err
 
 
+def test_a_derived_card_without_transformers_says_what_to_install(capsys, monkeypatch) -> None:
+    # the core install has no torch: one line naming the packages, never a traceback
+    from calc.derive import replay
+
+    monkeypatch.setattr(replay, "missing_recorder", lambda: ("transformers",))
+    code, _, err = run_cli(["--card", "phi-4", "--task", "infer", "--context", "64"], capsys)
+    assert code == 2 and err.startswith("error: model_type='phi3'")
+    assert "install transformers (pip install 'vramplan[verify]')" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize(
     "argv, lacks",
     [

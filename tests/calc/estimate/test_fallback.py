@@ -114,3 +114,27 @@ def test_without_transformers_the_refusal_says_what_to_install(monkeypatch) -> N
     with pytest.raises(NotImplementedError, match="implementation='hf'") as refused:
         calc.estimate(spec, replace(job, implementation="reference"), device="cpu")
     assert "install" not in str(refused.value)  # the reference graph has no recording
+
+
+def test_a_derived_model_without_transformers_is_one_message_naming_the_install(
+    monkeypatch,
+) -> None:
+    # the web app's install has no torch: a derived card's estimate and parameter count say
+    # what to install (calc.RecorderMissing, a NotImplementedError), never an ImportError;
+    # a hand-modelled job needs neither
+    from calc.derive import replay
+
+    monkeypatch.setattr(replay, "missing_recorder", lambda: ("torch", "transformers"))
+    phi4 = calc.load_card("phi-4")
+    job = calc.Inference(batch=1, context=128)
+    words = (
+        r"model_type='phi3'.*install torch and transformers \(pip install 'vramplan\[verify\]'\)"
+    )
+    with pytest.raises(calc.RecorderMissing, match=words):
+        calc.estimate(phi4, job)
+    with pytest.raises(calc.RecorderMissing, match=words):
+        calc.param_count(phi4)
+    qwen = calc.load_card("qwen2.5-0.5b")
+    with pytest.raises(calc.RecorderMissing, match="model_type='qwen2'"):
+        calc.estimate(qwen, replace(job, implementation="derived"))
+    assert calc.estimate(qwen, job).peak_bytes > 0
