@@ -40,7 +40,7 @@ SPINNER = (
 
 def recording_text(p: calc.Progress) -> str:
     """The progress bar's caption of a recording of transformers' code."""
-    return f"recording {p.what} from transformers' code: {p.done} of {p.total} runs"
+    return f"{p.title}: {p.done} of {p.total} runs"
 
 
 @contextlib.contextmanager

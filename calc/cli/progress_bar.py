@@ -22,7 +22,7 @@ def line(p: Progress) -> str:
     """The bar's text for ``p``: what is recorded, the bar, runs done of planned."""
     filled = round(p.fraction * WIDTH)
     bar = "#" * filled + "." * (WIDTH - filled)
-    return f"recording {p.what} from transformers' code [{bar}] {p.done}/{p.total} runs"
+    return f"{p.title} [{bar}] {p.done}/{p.total} runs"
 
 
 def printer(stream: TextIO) -> Callable[[Progress], None]:

@@ -26,7 +26,12 @@ class Progress:
     total: int
     """Runs the recording plans (it may grow when a quick fit fails and the full grid runs)."""
     what: str
-    """What is being recorded, e.g. ``"mixtral: 3 x 12 tokens"``."""
+    """What is being recorded: the model type and the kind of job, e.g. ``"mixtral generate"``."""
+
+    @property
+    def title(self) -> str:
+        """The words every progress display leads with."""
+        return f"recording {self.what} from transformers' code"
 
     @property
     def fraction(self) -> float:

@@ -665,6 +665,11 @@ def missing_recorder() -> tuple[str, ...]:
     return tuple(name for name in RECORDER_PACKAGES if util.find_spec(name) is None)
 
 
+def install_hint(missing: tuple[str, ...]) -> str:
+    """What to install for the recording, ``missing`` being `missing_recorder`'s answer."""
+    return f"install {' and '.join(missing)} (pip install 'vramplan[verify]')"
+
+
 def require_recorder(model_type: str) -> None:
     """`RecorderMissing` naming ``model_type`` and the packages to install, when any is
     missing; nothing otherwise."""
@@ -672,8 +677,7 @@ def require_recorder(model_type: str) -> None:
     if missing:
         raise RecorderMissing(
             f"model_type={model_type!r} is estimated from transformers' own modeling code "
-            f"(the derived replay): install {' and '.join(missing)} "
-            "(pip install 'vramplan[verify]')"
+            f"(the derived replay): {install_hint(missing)}"
         )
 
 

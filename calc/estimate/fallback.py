@@ -9,7 +9,7 @@ from dataclasses import replace
 
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
-from calc.derive.replay import check_cuda, missing_recorder
+from calc.derive.replay import check_cuda, install_hint, missing_recorder
 from calc.estimate.core import SINGLE, Compiled, ReplayOptions, StructureKey, compiled_for
 
 
@@ -69,7 +69,7 @@ def compiled_or_derived(
             if missing and not model.derived:
                 raise NotImplementedError(
                     f"{hand}; the replay recorded from transformers' code would answer it: "
-                    f"install {' and '.join(missing)} (pip install 'vramplan[verify]')"
+                    f"{install_hint(missing)}"
                 ) from None
             raise
         try:
