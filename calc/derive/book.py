@@ -508,7 +508,7 @@ def quiet() -> Iterator[None]:
     """torch's fake-tensor logger off: a failing op is reported once, by `DeriveError`; the
     warnings FSDP1 gives on fake tensors (its resharded check reads ``data_ptr``) and on a
     flat parameter of frozen and trained parameters (LoRA: the estimate counts that
-    gradient) silenced."""
+    gradient), and FSDP2's on a compiled layer's output, silenced."""
     import logging
     import warnings
 
@@ -519,6 +519,9 @@ def quiet() -> Iterator[None]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
             warnings.filterwarnings("ignore", message=".*has both parameters with requires_grad")
+            # a compiled layer returns a view of Inductor's buffer; transformers' next layer
+            # adds to it out of place, so FSDP2's pre-backward hook stays (its warning's case)
+            warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
             yield
     finally:
         log.setLevel(level)

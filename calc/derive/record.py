@@ -488,8 +488,7 @@ def session(
             ):
                 if wrapped:
                     assert shard is not None and not isinstance(shard, LocalOptimizer)
-                    model, layers = _built(config, job, backend)
-                    model = _wrap(model, layers, shard, mesh)
+                    model = _rank_model(config, job, backend, shard, mesh)
                 for name, t in held:
                     st = storage_of(t)
                     if st is not None:
@@ -518,6 +517,19 @@ def _world(rank: Rank | None) -> Any:
     if isinstance(rank, LocalOptimizer):
         return contextlib.nullcontext()
     return sharding.fake_world(rank)
+
+
+def _rank_model(
+    config: dict[str, Any], job: Training | Inference, backend: str, rank: Any, world: Any
+) -> Any:
+    """A distributed rank's model: built, wrapped (`_wrap`) and, for a compiled job, each
+    decoder layer's ``forward`` compiled after the wrapping (FSDP2's hooks stay outside the
+    graphs, as verify's ``verify.dist.profiled`` compiles it)."""
+    model, layers = _built(config, job, backend)
+    model = _wrap(model, layers, rank, world)
+    if inductor.compiles(job):
+        inductor.compile_model(model, layers, job)
+    return model
 
 
 def _wrap(model: Any, layers: Any, rank: sharding.Shard | Native, world: Any) -> Any:

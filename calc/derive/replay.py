@@ -42,6 +42,7 @@ from calc.derive.record import (
     session,
     trainable_numels,
 )
+from calc.derive.sharding import Shard
 from calc.models.attention import attention_kernel, check_cuda_kernel, cpu_backend
 from calc.replay.tape import Event, Tape, Tensor
 
@@ -406,10 +407,10 @@ def derived_stream(
     if isinstance(shard, LocalOptimizer):  # ZeRO-1's partition differs from layer to layer
         every_layer = True
     if isinstance(job, Training) and job.compile != "none":
-        if shard is not None:
+        if shard is not None and not (isinstance(shard, Shard) and shard.version == 2):
             raise NotImplementedError(
-                f"compile={job.compile!r} with DDP/FSDP/tensor parallelism is not modelled "
-                "yet (one GPU is)"
+                f"compile={job.compile!r} is recorded on one process and on an FSDP2 rank; "
+                "not with ZeRO-1, FSDP1 or tensor parallelism yet"
             )
         # "default": one graph of all layers, no layer's storages can be told apart;
         # "regional": which layers compile is Dynamo's call (`calc.derive.inductor`)
@@ -457,7 +458,9 @@ def _record(
     if not reg.free:  # every size fixed: one recording, its sizes as they are
         count.plan(1)
         with contextlib.ExitStack() as stack:
-            trace = _guarded(config, lambda: stack.enter_context(session(config, job, backend)))
+            trace = _guarded(
+                config, lambda: stack.enter_context(session(config, job, backend, shard))
+            )
             values = dict(reg.fixed)
             tr = _guarded(config, partial(trace, values["b"], values["s"], values.get("c", 0)))
             count.step()

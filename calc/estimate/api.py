@@ -96,19 +96,36 @@ def _check_arguments(model: object, job: object, parallel: object) -> None:
 
 
 def _check_parallel_job(job: Training | Inference, parallel: Parallelism) -> None:
-    """What a parallel layout refuses of the job: a compiled step (recorded for one GPU only;
-    the rank replays do not refuse it themselves); paged optimizer states under sharding or
-    offload (modelled unsharded: one GPU, DDP)."""
-    if isinstance(job, Training) and job.compile != "none":
+    """What a parallel layout refuses of the job: a compiled step other than torchtitan's
+    shape (each layer compiled, FSDP2 alone: `compiles_sharded`; the rank replays do not
+    refuse it themselves); paged optimizer states under sharding or offload (modelled
+    unsharded: one GPU, DDP)."""
+    if isinstance(job, Training) and job.compile != "none" and not compiles_sharded(job, parallel):
         raise NotImplementedError(
-            f"compile={job.compile!r} with DDP/FSDP/tensor parallelism is not modelled yet "
-            "(one GPU is: parallel=None)"
+            f"compile={job.compile!r} is modelled on one GPU and, for compile='regional', "
+            "under FSDP2 alone (fsdp=True, fsdp_version=2, dp ranks only, no offload); not "
+            "with DDP, ZeRO-1, FSDP1, tensor, pipeline or context parallelism yet"
         )
     paged = isinstance(job, Training) and job.paged_optimizer
     if paged and (parallel.shard_level or parallel.offload != "none"):
         raise NotImplementedError(
             "paged_optimizer with ZeRO, FSDP or offload is not modelled (one GPU and DDP are)"
         )
+
+
+def compiles_sharded(job: Training, parallel: Parallelism) -> bool:
+    """Whether ``job`` compiled on ``parallel`` is what the recording covers: each decoder
+    layer compiled (``compile="regional"``) under FSDP2 over dp ranks alone, torchtitan's
+    shape (``torchtitan/models/llama3/infra/parallelize.py``: ``apply_compile`` per block,
+    then ``fully_shard`` per block and root), recorded with FSDP2's hooks outside the graphs
+    (`calc.derive.record`) and measured so (`verify.dist.profiled`)."""
+    return (
+        job.compile == "regional"
+        and parallel.fsdp
+        and parallel.fsdp_version == 2
+        and parallel.world_size == parallel.dp
+        and parallel.offload == "none"
+    )
 
 
 def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> Estimate:

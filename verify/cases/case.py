@@ -214,9 +214,17 @@ class DistCase:
     derived architecture, as `Case.config`)."""
     full_size: bool = False
     """Run ``card`` itself on every rank, unscaled (`Case.full_size`)."""
+    meter: str = ""
+    """How each rank measures: ``tracker`` (the storage tracker) or ``profiler`` (the
+    profiler's allocation events, `verify.dist.profiled`); empty: ``profiler`` for a compiled
+    job (the tracker cannot see Inductor's buffers), else ``tracker``."""
 
     def __post_init__(self) -> None:
         _check(self.name, self.impl, self.job, self.tolerance_pct)
+        if self.meter not in ("", "tracker", "profiler"):
+            raise ValueError(
+                f"case {self.name}: meter={self.meter!r}: allowed '', 'tracker', 'profiler'"
+            )
         if self.full_size and (self.scale or self.config):
             raise ValueError(f"case {self.name}: a full-size case takes no scale/config")
         if self.steps < 1:
@@ -226,6 +234,13 @@ class DistCase:
     def impl(self) -> str:
         """``reference`` or ``hf``: the job's implementation."""
         return self.job.implementation
+
+    @property
+    def profiled(self) -> bool:
+        """Whether the ranks measure with the profiler's allocation events (`meter`)."""
+        if self.meter:
+            return self.meter == "profiler"
+        return isinstance(self.job, Training) and self.job.compile != "none"
 
     @property
     def nproc(self) -> int:

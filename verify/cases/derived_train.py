@@ -256,13 +256,20 @@ def _engine(parallel: Parallelism) -> str:
     return "zero1" if parallel.zero == 1 else "ddp"
 
 
+COMPILED_FSDP2_NOTE = (
+    "each decoder layer compiled, FSDP2 per layer and root (torchtitan's shape), measured by "
+    "the profiler's allocation events with the collectives over a fake group "
+    "(verify.dist.profiled): no gloo timing, hence 1 %"
+)
+
+
 def derived_dist_cases() -> list[DistCase]:
     """DDP on derived types, torchrun gloo on 2 ranks (`verify.dist.engines.ddp`): the
     recorded single-process step plus DDP's buckets (`calc.derive.data_parallel`)."""
 
     def dist(
         name: str, model_type: str, parallel: Parallelism, vocab: int, tolerance: float = 0.0,
-        **job: Any,
+        note: str = "", **job: Any,
     ) -> DistCase:  # fmt: skip
         fields = {"micro_batch": 2, "seq_len": 32, "precision": "fp32", "optimizer": "adamw",
                   "implementation": "hf", **job}  # fmt: skip
@@ -274,7 +281,7 @@ def derived_dist_cases() -> list[DistCase]:
             engine=_engine(parallel),
             tolerance_pct=tolerance or _tolerance(parallel),
             tags=("derived",),
-            note=_note(parallel),
+            note=note or _note(parallel),
             config=json.dumps({**CONFIGS[model_type], "vocab_size": vocab}, sort_keys=True),
         )
 
@@ -318,6 +325,26 @@ def derived_dist_cases() -> list[DistCase]:
             Parallelism(dp=2, fsdp=True),
             VOCAB,
             precision="bf16-master",
+        ),
+        # torchtitan's shape: each layer compiled, FSDP2 per layer and root
+        dist(
+            "fsdp2-compile-2",
+            "olmo2",
+            Parallelism(dp=2, fsdp=True),
+            VOCAB,
+            1.0,
+            COMPILED_FSDP2_NOTE,
+            compile="regional",
+        ),
+        dist(
+            "fsdp2-mp-compile-2",
+            "gemma2",
+            Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+            VOCAB,
+            1.0,
+            COMPILED_FSDP2_NOTE,
+            compile="regional",
+            attention="eager",
         ),
         # the loops, losses, accumulation and adapters under DDP: the buckets are constant, the
         # rest is the recorded single-process step of that loop

@@ -49,9 +49,11 @@ def _case(
     tags: tuple[str, ...] = (),
     note: str = "",
     tolerance_pct: float = 1.0,
+    meter: str = "",
     **job: Any,
 ) -> DistCase:
     return DistCase(
+        meter=meter,
         name=name,
         card=card,
         scale=pairs(scale or SMALL),
@@ -330,6 +332,21 @@ CASES: tuple[DistCase, ...] = (
           tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtune with torch.nn.CrossEntropyLoss on the model's fp32 logits, no "
           "resharding after forward. " + GLOO_ASYNC_NOTE),
+    _case("dist-fsdp2-hf-profiled-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          implementation="hf", meter="profiler",
+          note="dist-fsdp2-hf-2 measured as the compiled cases are (verify.dist.profiled: the "
+          "profiler's allocation events, collectives over a fake group): the meter and the "
+          "fake group checked against the tracker's gloo run of the same layout (equal in "
+          "every phase on 2026-12-06)"),
+    _case("dist-fsdp2-hf-compile-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          implementation="hf", compile="regional", tags=Q,
+          note="torchtitan's recipe shape: each decoder layer compiled, FSDP2 per layer and "
+          "root, its hooks outside the graphs (verify.dist.profiled)"),
+    _case("dist-fsdp2-mp-hf-compile-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32"),
+          implementation="hf", compile="regional", seq_len=128,
+          note="compiled layers under torchtitan's mixed-precision policy (bf16 gathers, fp32 "
+          "reduce-scatter)"),
 )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from calc.config.model_spec import ModelSpec
 from verify.cases.case import DistCase
 from verify.cases.scale import with_dropout
 from verify.models.build import OptBundle, build_model
+from verify.run.step import micro_batches
 
 
 @dataclass(slots=True)
@@ -47,6 +48,25 @@ class RankContext:
     rank: int
     world: int
     device: str
+    group: Any = None
+    """The process group of the wrapper's device meshes, None: the default one (gloo). The
+    profiled cases' is a ``fake`` group (`verify.dist.profiled`)."""
+
+    def mesh(self) -> Any:
+        """A new 1-D CPU ``DeviceMesh`` over `group` (as ``fully_shard`` makes one per call
+        when given none), or None for the default group.
+
+        ``fully_shard``'s own mesh (``init_device_mesh``) holds its ranks in a tensor made by
+        ``arange``, which the tracker counts (512 B); ``DeviceMesh.from_group`` makes its
+        tensor with ``torch.tensor``, a literal neither meter counts. The mesh keeps an
+        ``arange`` of its ranks beside it, so that each mesh weighs what the default one does."""
+        if self.group is None:
+            return None
+        from torch.distributed.device_mesh import DeviceMesh
+
+        mesh = DeviceMesh.from_group(self.group, "cpu")
+        mesh.vramplan_rank_tensor = torch.arange(self.group.size(), dtype=torch.int)
+        return mesh
 
 
 Engine = Callable[[DistCase, ModelSpec, RankContext], Built]
@@ -93,3 +113,24 @@ def device_mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Any:
 
     with _disable_current_modes():
         return init_device_mesh("cpu", shape, mesh_dim_names=names)
+
+
+def run_step(
+    step: int, built: Built, ids: torch.Tensor, targets: torch.Tensor, job: Any, meter: Any,
+    device: str,
+) -> None:  # fmt: skip
+    """Optimizer step ``step`` of the protocol on a rank (`verify.run.step`): the job's
+    micro-batches through ``built`` (or its pipeline schedule), each phase marked on
+    ``meter``, then the optimizer step and the after-step ``zero_grad``."""
+    if built.train_step is not None:  # a pipeline schedule: forward and backward
+        for _ in range(job.grad_accum):
+            meter.mark(f"step{step}/forward")
+            built.train_step(ids, targets)
+    else:
+        micro_batches(step, built.loss_fn, ids, targets, job, meter, scale=built.scale,
+                      zero_grad=built.zero_grad, backward=built.backward,
+                      device_type=device)  # fmt: skip
+    meter.mark(f"step{step}/optimizer")
+    built.step()
+    if job.zero_grad == "after_step":
+        built.zero_grad()

@@ -134,11 +134,11 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     kw = {"reshard_after_forward": reshard, **_mp_policy(case)}
     layers = getattr(model, "blocks", None) or getattr(model, "layers", None) or model.model.layers
     for layer in layers:
-        fully_shard(layer, **kw)
+        fully_shard(layer, mesh=ctx.mesh(), **kw)
     if case.parallel.fsdp_output_dtype != "none":  # the root's outputs only
         policy = replace(kw["mp_policy"], output_dtype=_MP_DTYPES[case.parallel.fsdp_output_dtype])
         kw = {**kw, "mp_policy": policy}
-    fully_shard(model, **kw)
+    fully_shard(model, mesh=ctx.mesh(), **kw)
     bundle = build_optimizer(model, case.job, device=ctx.device)
     # torchtune's recipe loss calls the model itself, which fully_shard wrapped in place
     call = loss_fn if case.impl == "torchtune" else _call(model, case, model)

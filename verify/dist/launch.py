@@ -5,10 +5,11 @@ count and starts one ``torchrun --standalone --nproc_per_node N -m verify.dist.l
 group. Every rank of that launch runs each case of the group in turn:
 
 1. ``gc`` and a barrier, so no rank starts a case while another still frees the last one;
-2. enter a `verify.measure.tracker.StorageTracker` (``count_late=False``: storages first seen on gloo's
-   worker threads are not counted, as NCCL has no such allocator temporaries) **before** the
-   model and its DDP/FSDP wrapper are built: DDP allocates its gradient buckets in C++ at
-   construction, with no Python object a later scan could find
+2. enter a `verify.measure.tracker.StorageTracker` (``count_late=False``: storages first seen on
+   gloo's worker threads are not counted, as NCCL has no such allocator temporaries) **before**
+   the model and its DDP/FSDP wrapper are built: DDP allocates its gradient buckets in C++ at
+   construction, with no Python object a later scan could find (a compiled step is measured by
+   the profiler's allocation events instead, `verify.dist.profiled`)
    (/work/shared/reference/cpu-measurement.md §5, trap 1);
 3. build the model, wrap it with the case's engine (`ENGINES`), build the optimizer;
 4. run ``case.steps`` optimizer steps of the single-GPU protocol (`verify.run.step`), resetting the
@@ -49,9 +50,10 @@ from verify.cases import distributed, model_parallel
 from verify.cases.case import DistCase
 from verify.dist import engines, pp_plans, tp_plans
 from verify.dist.compare import record_for
-from verify.dist.engine import Engine, RankContext
+from verify.dist.engine import Engine, RankContext, run_step
+from verify.dist.profiled import measure_profiled
 from verify.measure.tracker import StorageTracker
-from verify.run.step import forced_sdpa, make_batch, micro_batches, pins_for
+from verify.run.step import forced_sdpa, make_batch, pins_for
 
 LAUNCH_TIMEOUT_S = 1800
 """Upper bound on one torchrun launch (all cases of one process count)."""
@@ -113,6 +115,8 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     engine = ENGINES[case.engine]
     gc.collect()
     dist.barrier()
+    if case.profiled:  # a compiled step: the profiler's allocation events
+        return measure_profiled(case, ctx, engine, ids, targets, pins)
     tracker = StorageTracker(scan_baseline=False, count_late=False, phase="setup")
     steps: list[dict[str, Any]] = []
     with tracker as tr:
@@ -128,18 +132,7 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
             for step in range(1, case.steps + 1):
                 tr.mark(f"step{step}/forward")
                 tr.reset_peak()
-                if built.train_step is not None:  # a pipeline schedule: forward and backward
-                    for _ in range(job.grad_accum):
-                        tr.mark(f"step{step}/forward")
-                        built.train_step(ids, targets)
-                else:
-                    micro_batches(step, built.loss_fn, ids, targets, job, tr, scale=built.scale,
-                                  zero_grad=built.zero_grad, backward=built.backward,
-                                  device_type=ctx.device)  # fmt: skip
-                tr.mark(f"step{step}/optimizer")
-                built.step()
-                if job.zero_grad == "after_step":
-                    built.zero_grad()
+                run_step(step, built, ids, targets, job, tr, ctx.device)
                 steps.append(
                     {
                         "peak": tr.peak_bytes,

@@ -16,11 +16,18 @@ rules, so that an eager step measures the same bytes under both (checked by
   outputs of the ops called from Python (a composite op's intermediates freed inside it would
   be missed too: the eager check shows none on the cases run);
 * allocations outside every ``aten::`` op count only inside the generated code
-  (``## Call CompiledFxGraph`` ranges: Inductor's buffers); elsewhere they are Python scalars
-  wrapped for an op's call, which the tracker does not see either;
-* ``torch.tensor()`` results in the optimizer step (an ``aten::empty`` called by
-  ``Optimizer.step`` itself: Adam's ``step`` scalars, ``torch/optim/adam.py`` lines 130-175, 683)
-  do not count: they are the tracker's "late" storages, host-side on CUDA.
+  (``## Call CompiledFxGraph`` ranges: Inductor's buffers) and inside FSDP2's hooks
+  (``FSDP::`` ranges: ``alloc_storage``'s ``storage.resize_`` of the unsharded parameters and
+  all-gather outputs, ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``, which the
+  tracker sees as a storage growing); elsewhere they are Python scalars wrapped for an op's
+  call, which the tracker does not see either;
+* allocations inside a collective (``c10d::`` ops: gloo's staging buffers) do not count;
+* ``torch.tensor()`` results do not count: an ``aten::empty`` called from Python and followed
+  by the ``aten::to`` / ``aten::lift_fresh`` of the literal (as the profiler shows it), or any
+  ``aten::empty`` called by ``Optimizer.step`` itself (Adam's ``step`` scalars,
+  ``torch/optim/adam.py`` lines 130-175, 683). They are the tracker's "late" storages
+  (``count_late=False``), host-side on CUDA: Gemma's ``embed_scale`` buffer and its forward's
+  ``normalizer`` are such literals.
 
 Phases are ``record_function`` markers (`AllocationMeter.mark`); live bytes at the start
 (``baseline_bytes``) are given by the caller, who knows what was allocated before profiling.
@@ -44,6 +51,13 @@ MARK_PREFIX = "vramplan.mark:"
 GENERATED_CODE_PREFIX = "## Call CompiledFxGraph"
 """Name prefix of the range Inductor opens around a call of its generated code
 (``torch/_inductor/output_code.py``, ``CompiledFxGraph.__call__``)."""
+FSDP_PREFIX = "FSDP::"
+"""Name prefix of the ranges FSDP2 opens around its hooks and collectives
+(``torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py``, ``record_function``)."""
+COLLECTIVE_PREFIX = "c10d::"
+"""Name prefix of torch.distributed's collectives as dispatcher ops (``c10d::allgather_``...):
+what they allocate inside (gloo's staging copies, freed on its worker thread) is not theirs to
+return, and the tracker never sees it."""
 OPTIMIZER_STEP_PREFIX = "Optimizer.step#"
 """Name prefix of the range ``torch.optim.Optimizer`` opens around ``step``."""
 
@@ -62,6 +76,8 @@ class AllocationPeaks:
     """Allocations counted."""
     skipped: int = 0
     """Allocations not counted (kernel-internal, wrapped scalars, ``torch.tensor()``)."""
+    alive_at_end: list[tuple[int, str, str]] = field(default_factory=list)
+    """(bytes, op, phase) of each counted allocation with no free recorded by the end."""
 
 
 def _is_op(ev: Any) -> bool:
@@ -88,17 +104,41 @@ def _has_ancestor(ev: Any, prefix: str) -> bool:
     return False
 
 
-def _counts(ev: Any, free_ns: int | None) -> bool:
+def _counts(ev: Any, free_ns: int | None, literals: set[int]) -> bool:
     """Whether the tracker would see the allocation ``ev`` (freed at ``free_ns``; None: never)."""
+    if _has_ancestor(ev, COLLECTIVE_PREFIX):
+        return False  # a collective's own buffers: the tracker sees only what it returns
     ops = _enclosing_ops(ev)
     if not ops:
-        return _has_ancestor(ev, GENERATED_CODE_PREFIX)
+        return _has_ancestor(ev, GENERATED_CODE_PREFIX) or _has_ancestor(ev, FSDP_PREFIX)
     if free_ns is not None and free_ns <= ops[-1].end_time_ns:
         return False  # kernel-internal: dead before the op called from Python returned
     op = ops[0]
     if op.name == "aten::empty" and (op.parent is None or not _is_op(op.parent)):
-        return not _has_ancestor(op, OPTIMIZER_STEP_PREFIX)  # torch.tensor() in step()
+        # torch.tensor() in step() or anywhere (a literal)
+        return not _has_ancestor(op, OPTIMIZER_STEP_PREFIX) and op.id not in literals
     return True
+
+
+LITERAL_MARK = "aten::lift_fresh"
+"""The op the profiler shows within two ops after the ``aten::empty`` of a ``torch.tensor()``
+call (``torch/csrc/utils/tensor_new.cpp``: ``aten::to`` copies the data in, then
+``lift_fresh``); no other Python call makes it."""
+
+
+def _literals(roots: list[Any]) -> set[int]:
+    """Ids of the ``aten::empty`` events that are ``torch.tensor()`` literals: followed, among
+    their siblings, by `LITERAL_MARK` within two events."""
+    found: set[int] = set()
+    stack = [roots]
+    while stack:
+        siblings = sorted(stack.pop(), key=lambda e: e.start_time_ns)
+        for i, ev in enumerate(siblings):
+            stack.append(ev.children)
+            after = [e.name for e in siblings[i + 1 : i + 3]]
+            if ev.name == "aten::empty" and LITERAL_MARK in after:
+                found.add(ev.id)
+    return found
 
 
 def _flatten(roots: list[Any]) -> tuple[list[Any], list[Any]]:
@@ -121,6 +161,7 @@ def _flatten(roots: list[Any]) -> tuple[list[Any], list[Any]]:
 def replay_events(roots: list[Any], baseline_bytes: int, first_phase: str) -> AllocationPeaks:
     """Replay the profiler's event tree ``roots`` from ``baseline_bytes`` live bytes."""
     allocs, marks = _flatten(roots)
+    literals = _literals(roots)
     allocs.sort(key=lambda e: e.start_time_ns)
     # when each allocation is freed: the next negative event at its pointer
     free_at: dict[int, int | None] = {}
@@ -139,6 +180,7 @@ def replay_events(roots: list[Any], baseline_bytes: int, first_phase: str) -> Al
     phase = first_phase
     live = baseline_bytes
     counted: dict[int, int] = {}  # ptr -> bytes counted
+    where: dict[int, tuple[str, str]] = {}  # ptr -> (op, phase) of its allocation
     out.phase_peaks[phase] = live
     out.phase_start_bytes[phase] = live
     for _, kind, i, ev in timeline:
@@ -151,18 +193,25 @@ def replay_events(roots: list[Any], baseline_bytes: int, first_phase: str) -> Al
         if size <= 0:
             live -= counted.pop(ptr, 0)
             continue
-        if not _counts(ev, free_at[i]):
+        if not _counts(ev, free_at[i], literals):
             out.skipped += 1
             counted.pop(ptr, None)
             continue
         out.counted += 1
         counted[ptr] = round_block(size)
+        where[ptr] = (_op_name(ev), phase)
         live += counted[ptr]
         if live > out.phase_peaks.get(phase, 0):
             out.phase_peaks[phase] = live
         if live > out.peak_bytes:
             out.peak_bytes, out.peak_phase = live, phase
+    out.alive_at_end = sorted(((b, *where[p]) for p, b in counted.items()), reverse=True)
     return out
+
+
+def _op_name(ev: Any) -> str:
+    """The innermost named range around the allocation ``ev`` (an op or a marker)."""
+    return ev.parent.name if ev.parent is not None else ""
 
 
 class AllocationMeter:

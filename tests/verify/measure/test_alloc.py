@@ -47,6 +47,36 @@ def test_tensor_in_optimizer_step_is_not_counted() -> None:
     del step, kept
 
 
+def test_tensor_literal_is_not_counted_anywhere() -> None:
+    # torch.tensor() is made outside the dispatcher's view (the tracker's "late" storages):
+    # Gemma's embed_scale buffer and its forward's normalizer; torch.empty() is an op
+    meter = AllocationMeter()
+    with meter.profiling(baseline_bytes=0):
+        scale = torch.tensor(8.0, dtype=torch.bfloat16)
+        made = torch.empty(10)  # 40 B -> 512
+        cast = torch.tensor([1.0, 2.0]).to(torch.bfloat16)  # the literal no, its cast 4 B -> 512
+    assert meter.result.peak_bytes == 1024
+    del scale, made, cast
+
+
+def test_fsdp_storage_resize_counts_and_a_collectives_buffers_do_not() -> None:
+    # FSDP2 grows the unsharded parameters' storages with storage.resize_ (no aten op) inside
+    # its FSDP:: ranges; what a c10d collective allocates inside itself is never returned
+    gathered = torch.empty(1000)  # 4,000 B, allocated before profiling: the baseline
+    gathered.untyped_storage().resize_(0)
+    elsewhere = torch.empty(300)
+    elsewhere.untyped_storage().resize_(0)
+    meter = AllocationMeter()
+    with meter.profiling(baseline_bytes=0):
+        with torch.profiler.record_function("FSDP::all_gather (layers.0)"):
+            gathered.untyped_storage().resize_(4000)  # counted: 4,096
+        elsewhere.untyped_storage().resize_(1200)  # outside FSDP's ranges: a Python scalar's way
+        with torch.profiler.record_function("c10d::allgather_"):
+            staging = torch.ones(2000)  # the collective's own copy: not counted
+        del staging
+    assert meter.result.peak_bytes == 4096
+
+
 def test_storage_bytes_counts_each_storage_once() -> None:
     x = torch.empty(1000)  # 4,000 -> 4,096
     assert storage_bytes(x, x[10:20], x.view(-1), torch.empty(0)) == 4096
