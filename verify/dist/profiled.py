@@ -11,8 +11,8 @@ measured as the single-GPU compiled protocol measures one process, with what dis
 2. the decoder layers' ``forward`` is compiled after wrapping, as the recording compiles it
    (`calc.derive.inductor.compile_model`): FSDP2's hooks stay outside the graph, as Dynamo's
    ``skip_fsdp_hooks`` (on by default) keeps them when a whole wrapped layer is compiled;
-3. one warm-up forward and backward compiles both graphs (phase ``warmup``), then every
-   gradient is dropped (``zero_grad``), as a real run's first step would compile them;
+3. one warm-up forward and backward compiles both graphs (step 0, `WARMUP_STEP`), then
+   every gradient is dropped (``zero_grad``), as a real run's first step would compile them;
 4. ``case.steps`` steps of the protocol; each step's peak is the highest of its phases.
 
 The wrapper's collectives run over a ``fake`` process group of the same ranks (torch's
@@ -35,21 +35,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from calc.derive.inductor import compile_model, compiles
 from verify.cases.case import DistCase
 from verify.dist.engine import Engine, RankContext, run_step
 from verify.measure.alloc import AllocationMeter, storage_bytes
 from verify.run.compiled import decoder_layers
 from verify.run.step import Pins, forced_sdpa, micro_batches
 
-SETUP_PHASES = ("setup", "warmup")
-"""Phases before the measured steps (the model's build and wrap; the compiling step)."""
-
-
-def compile_layers(model: torch.nn.Module) -> None:
-    """Each decoder layer's ``forward`` compiled in ``torch.compile``'s default mode, its
-    wrapper's hooks outside the graph (module docstring, step 2)."""
-    for layer in decoder_layers(model):
-        layer.forward = torch.compile(layer.forward)
+WARMUP_STEP = 0
+"""The compiling step's number: its phases are ``step0/forward`` and ``step0/backward``."""
 
 
 def measure_profiled(
@@ -71,10 +65,9 @@ def measure_profiled(
     with meter.profiling(storage_bytes(ids, targets), "setup"):
         built = engine(case, case.spec(), ctx)
         with forced_sdpa(pins.sdpa_backend):
-            if job.compile != "none":
-                compile_layers(built.model)
-                meter.mark("warmup")
-                micro_batches(0, built.loss_fn, ids, targets, job, _Renamed(meter, "warmup"),
+            if compiles(job):  # as the recording compiles: each layer's forward, hooks outside
+                compile_model(built.model, decoder_layers(built.model), job)
+                micro_batches(WARMUP_STEP, built.loss_fn, ids, targets, job, meter,
                               scale=built.scale, zero_grad=built.zero_grad,
                               backward=built.backward, device_type=ctx.device)  # fmt: skip
                 built.zero_grad()
@@ -85,7 +78,8 @@ def measure_profiled(
     res = meter.result
     steps = [_step(res.phase_peaks, s) for s in range(1, case.steps + 1)]
     best = max(range(len(steps)), key=lambda i: steps[i]["peak"])
-    setup = {p: res.phase_peaks[p] for p in SETUP_PHASES if p in res.phase_peaks}
+    warmup = f"step{WARMUP_STEP}/"
+    setup = {p: b for p, b in res.phase_peaks.items() if p == "setup" or p.startswith(warmup)}
     return {
         "rank": ctx.rank,
         "world": ctx.world,
@@ -110,14 +104,3 @@ def _step(phase_peaks: dict[str, int], step: int) -> dict[str, Any]:
     top = max(phases, key=phases.__getitem__)
     return {"peak": phases[top], "peak_phase": top, "peak_op": "", "phases": phases,
             "top_ops_at_peak": {}, "live_at_peak": []}  # fmt: skip
-
-
-class _Renamed:
-    """A meter whose marks all name one phase (the warm-up step's forward and backward)."""
-
-    def __init__(self, meter: AllocationMeter, phase: str) -> None:
-        self._meter = meter
-        self._phase = phase
-
-    def mark(self, _phase: str) -> None:
-        self._meter.mark(self._phase)

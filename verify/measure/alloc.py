@@ -22,8 +22,8 @@ rules, so that an eager step measures the same bytes under both (checked by
   tracker sees as a storage growing); elsewhere they are Python scalars wrapped for an op's
   call, which the tracker does not see either;
 * allocations inside a collective (``c10d::`` ops: gloo's staging buffers) do not count;
-* ``torch.tensor()`` results do not count: an ``aten::empty`` called from Python and followed
-  by the ``aten::to`` / ``aten::lift_fresh`` of the literal (as the profiler shows it), or any
+* ``torch.tensor()`` results do not count: an ``aten::empty`` followed, within two events, by
+  the ``aten::lift_fresh`` of the literal (as the profiler shows it: `LITERAL_MARK`), or any
   ``aten::empty`` called by ``Optimizer.step`` itself (Adam's ``step`` scalars,
   ``torch/optim/adam.py`` lines 130-175, 683). They are the tracker's "late" storages
   (``count_late=False``), host-side on CUDA: Gemma's ``embed_scale`` buffer and its forward's
