@@ -20,6 +20,7 @@ from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.cards import load_verify_report
 from calc.data.gpus import GPU, get_gpu
+from calc.derive.replay import check_cuda
 from calc.estimate.api import estimate
 from calc.estimate.core import ReplayOptions, StructureKey
 from calc.estimate.ranks import expand_layers, rank_replays
@@ -68,17 +69,21 @@ NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314
 # validation and the request's context
 
 
-def check_plannable(model: ModelSpec) -> None:
-    """``NotImplementedError`` for a model the planner cannot enumerate: its tables, layouts
-    and throughput proxy read the parameter tensors a hand-written graph lists, which a derived
-    architecture (`calc.derive`) only has from a recording per configuration. Checked before
-    anything compiles (a plan would otherwise record every structure of the grid)."""
-    if model.derived:
+def check_plannable(model: ModelSpec, kind: str) -> None:
+    """``NotImplementedError`` for a training plan of a derived model (`calc.derive`): every
+    structure of a derived architecture is recorded from transformers' code (seconds each,
+    `docs/benchmarks.md`), and a training grid holds hundreds of structures (precision x
+    optimizer x recompute x accumulation: 240 for one GPU), so such a plan would run for
+    hours. An inference grid holds one structure per precision and size regime: derived
+    models are planned there. Checked before anything compiles."""
+    if model.derived and kind == TRAINING:
         raise NotImplementedError(
             f"model_type={model.model_type!r} is derived from its modeling code: the planner "
-            "enumerates the hand-modelled types (llama, mistral, qwen2, qwen3, gpt2); estimate "
-            "its configurations one at a time (python -m calc with --config or --card, or "
-            "calc.estimate)"
+            "sweeps its inference jobs, and the training jobs of the hand-modelled types "
+            "(llama, mistral, qwen2, qwen3, gpt2) only, since every training structure of a "
+            "derived model is recorded from transformers' code (seconds each, hundreds per "
+            "grid); estimate its training configurations one at a time (python -m calc with "
+            "--config or --card, or calc.estimate)"
         )
 
 
@@ -359,6 +364,9 @@ class Evaluator:
         one vectorised evaluation of all their sizes (``calc.plan.grid_eval.grid_peaks``)."""
         jobs = [job for _, job in members]
         exemplar = jobs[0]
+        refused = self._cuda_refusal(exemplar)
+        if refused:
+            return [self._row(choices, job, reason=refused) for choices, job in members]
         table, fresh = plan_grid.structure_table(self.model, exemplar, self.device)
         self.compiled_now += int(fresh)
         if table.not_modelled:
@@ -381,6 +389,18 @@ class Evaluator:
                 error_bar=bar, peak_phase=peaks.phases[int(peaks.phase_index[n])],
             ))  # fmt: skip
         return rows
+
+    def _cuda_refusal(self, job: Training | Inference) -> str:
+        """Why a derived model's ``job`` is not modelled on CUDA (``calc.derive.replay.
+        check_cuda``: the recording's CPU kernel is not the one CUDA runs, as ``calc.estimate``
+        refuses it), or ``""``. A hand graph refuses such a job while it compiles."""
+        if self.device != "cuda" or not self.model.derived:
+            return ""
+        try:
+            check_cuda(self.model, job)
+        except (NotImplementedError, ValueError) as exc:
+            return f"not modelled: {exc}"
+        return ""
 
     def _group(
         self, entries: Sequence[tuple[Mapping, Training | Inference | str]],

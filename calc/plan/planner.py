@@ -115,7 +115,7 @@ def plan(
     check_choice("rank_by", rank_by, RANK_BYS)
     if not isinstance(model, ModelSpec):
         raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
-    check_plannable(model)
+    check_plannable(model, kind)
     if isinstance(base, Training) and base.compile != "none":
         raise ValueError(
             f"base.compile={base.compile!r}: the planner sweeps eager jobs; a compiled step is "
@@ -164,8 +164,8 @@ def precompile(
 
     ``workers > 1`` compiles in that many processes (each structure is independent; the
     results meet in the persistent cache, so this needs a writable cache folder)."""
-    check_plannable(model)
     kind = kind_of(task)
+    check_plannable(model, kind)
     check_choice("device", device, DEVICES)
     check_size("workers", workers, 1, 1024)
     ctx = context(kind, seq_len, global_batch, gpu_count)

@@ -47,7 +47,7 @@ def least_hardware(
     parallel layouts of ``calc.plan.layouts``), and the smallest single GPU: the least peak
     over the grid on one GPU, and the catalog GPU with the least usable memory above it."""
     kind = engine.kind_of(task)
-    engine.check_plannable(model)
+    engine.check_plannable(model, kind)
     check_choice("device", device, DEVICES)
     check_size("max_count", max_count, 1, 1 << 16)
     gpu_obj = engine.gpu_of(gpu)
@@ -135,11 +135,11 @@ def changes_to_fit(
     label; default DDP), kept by every change. A job that already fits returns ``()``."""
     if not isinstance(job, Training | Inference):
         raise ValueError(f"job must be calc.Training or calc.Inference, got {type(job).__name__}")
-    engine.check_plannable(model)
+    kind = TRAINING if isinstance(job, Training) else "inference"
+    engine.check_plannable(model, kind)
     check_choice("device", device, DEVICES)
     check_size("max_results", max_results, 1, 1 << 16)
     gpu_obj = engine.gpu_of(gpu)
-    kind = TRAINING if isinstance(job, Training) else "inference"
     ctx = engine.job_context(job, gpu_count, parallel)
     cases = engine.verified_cases_of(report, error_bars)
     ev = engine.Evaluator(model, ctx, gpu_obj, device, cases, layout=parallel)

@@ -39,6 +39,7 @@ from functools import lru_cache
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
+from calc.derive.replay import param_count
 
 TOKENS_HALF_EFFICIENCY = 1024
 """Tokens per micro-batch at which the proxy's efficiency term is 1/2 (an assumed scale)."""
@@ -72,10 +73,20 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, 
     """``(matmul, attention_core)`` forward FLOPs per token of one decoder layer:
     ``2 x`` the layer's matmul parameters, and ``4 x s x a x d`` (module docstring: Narayanan
     et al. 2021's count, written per parameter so GQA and SwiGLU layers count what they hold)."""
-    matmul_params = sum(
-        p.numel for p in model.param_tensors() if p.group == "layer" and len(p.shape) == 2
-    )
-    return 2 * matmul_params, 4 * seq_len * model.n_heads * model.head_dim
+    return 2 * layer_matmul_params(model), 4 * seq_len * model.n_heads * model.head_dim
+
+
+def layer_matmul_params(model: ModelSpec) -> int:
+    """The matrix parameters of one decoder layer: those the hand graph lists; for a derived
+    model (`calc.derive`, no list of tensors), transformers' parameter count on the ``meta``
+    device (`calc.derive.replay.param_count`) less the embedding and the untied head, per
+    layer (norms and every expert included: a proxy's approximation)."""
+    if not model.derived:
+        return sum(
+            int(p.numel) for p in model.param_tensors() if p.group == "layer" and len(p.shape) == 2
+        )
+    embeddings = model.vocab * model.hidden * (1 if model.tied_embeddings else 2)
+    return max(param_count(model) - embeddings, 0) // model.n_layers
 
 
 def recompute_factor(model: ModelSpec, job: Training | Inference) -> float:

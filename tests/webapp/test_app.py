@@ -598,6 +598,26 @@ def test_planner_page_rows_are_calc_estimates(plan_cache) -> None:
     assert _query_value(at, "plan_task") == "inference"
 
 
+def test_planner_page_on_a_derived_card_plans_inference_and_says_why_not_training(
+    plan_cache,
+) -> None:
+    # phi-4 is phi3, recorded from transformers' code: its inference grid (one structure per
+    # precision and size regime) is swept; a training task is one warning naming the way out.
+    at = _app({"card": "phi-4", "seq_len": "256"})
+    at.switch_page("webapp/pages/planner.py").run(timeout=600)
+    assert not at.exception, [e.value for e in at.exception]
+    assert "model_type='phi3' is derived" in _messages(at)
+    at.selectbox(key="plan.task").set_value("inference").run(timeout=600)
+    assert not at.exception, [e.value for e in at.exception]
+    model = calc.load_card("phi-4")
+    table = at.dataframe[0].value
+    assert len(table) > 0
+    for _, row in table.iterrows():
+        precision = row["precision"] if "precision" in table.columns else "bf16"
+        job = calc.Inference(batch=int(row["micro_batch"]), context=256, precision=precision)
+        assert row["peak_gib"] * 2**30 == pytest.approx(calc.estimate(model, job).peak_bytes, abs=1)
+
+
 def test_planner_page_on_lora_rows_are_calc_estimates_of_the_adapter_job(plan_cache) -> None:
     # task "lora": the sidebar's job plus rank-16 adapters on every linear (the planner's
     # documented default rank, README "Capacity planner"); each row is calc.estimate of that job.

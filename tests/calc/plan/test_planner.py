@@ -18,7 +18,7 @@ import calc
 from calc.data import outside
 from calc.data.gpus import GPU
 from calc.plan import planner as P
-from calc.plan.throughput import recompute_factor, throughput_proxy
+from calc.plan.throughput import layer_matmul_params, recompute_factor, throughput_proxy
 from tests.specs import tiny_llama
 
 pytestmark = pytest.mark.usefixtures("fresh_plan_cache")
@@ -497,15 +497,19 @@ def test_planner_charges_the_chosen_gpus_cublas_workspace(gpu_count: int) -> Non
     assert a is not None and h is not None and h - a == 33_554_432 - 8_519_680
 
 
-def test_a_derived_architecture_is_refused_before_anything_compiles() -> None:
-    # The planner's tables read the parameter tensors a hand graph lists; a derived type
-    # (phi3 here) would otherwise record every structure of its grid (a plan of phi-4 ran for
-    # more than 10 minutes before this check). One message, naming the way that works.
-    phi3 = calc.ModelSpec.from_hf_config({
+def _tiny_phi3(kv_heads: int = 4) -> calc.ModelSpec:
+    return calc.ModelSpec.from_hf_config({
         "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
-        "vocab_size": 512, "max_position_embeddings": 512,
+        "num_attention_heads": 4, "num_key_value_heads": kv_heads, "intermediate_size": 128,
+        "vocab_size": 512, "max_position_embeddings": 512, "pad_token_id": 0,
     })  # fmt: skip
+
+
+def test_a_derived_architecture_is_refused_for_training_before_anything_compiles() -> None:
+    # Every training structure of a derived type (phi3 here) is recorded from transformers'
+    # code, and a training grid holds hundreds (a plan of phi-4 ran for more than 10 minutes
+    # before this check). One message, naming the way that works.
+    phi3 = _tiny_phi3()
     common = {"task": "qlora", "seq_len": 64, "global_batch": 1}
     for call in (P.plan, P.least_hardware):
         with pytest.raises(NotImplementedError, match="model_type='phi3' is derived"):
@@ -515,3 +519,44 @@ def test_a_derived_architecture_is_refused_before_anything_compiles() -> None:
     job = calc.Training(micro_batch=1, seq_len=64)
     with pytest.raises(NotImplementedError, match=r"calc\.estimate"):
         P.changes_to_fit(phi3, job, gpu="h100-80gb")
+
+
+def test_a_derived_architecture_is_planned_for_inference() -> None:
+    # An inference grid is one structure per precision and size regime: the planner sweeps it
+    # for a derived type, every row's peak the one calc.estimate gives (its sympy replay, not
+    # the planner's integer programs). On CUDA, fp32 grouped-query attention runs SDPA's math
+    # kernel, which the CPU recording does not stand for: excluded, as calc.estimate refuses it.
+    phi3 = _tiny_phi3(kv_heads=2)
+    result = P.plan(phi3, task="inference", seq_len=64, global_batch=4, gpu="h100-80gb")
+    assert result.n_configurations == 9  # 3 precisions x micro-batches 1, 2, 4
+    assert {r.config.job.precision for r in result.fitting} == {"bf16", "fp16"}
+    assert len(result.fitting) == 6
+    for row in result.fitting:
+        expected = calc.estimate(phi3, row.config.job, gpu="h100-80gb").peak_bytes
+        assert row.peak_bytes == expected
+    for row in result.excluded:
+        assert row.config.job.precision == "fp32"
+        assert row.reason.startswith("not modelled: fp32 inference")
+    least = P.least_hardware(phi3, task="inference", seq_len=64, global_batch=4, gpu="h100-80gb")
+    assert least.min_count == 1
+    job = calc.Inference(batch=4, context=64, precision="bf16")
+    assert P.changes_to_fit(phi3, job, gpu="h100-80gb") == ()  # it fits already
+
+
+def test_a_derived_training_job_is_evaluated_with_its_proxy() -> None:
+    # calc.plan.planner.evaluate (the web calculator's verdict) of a derived training job:
+    # recomputation's factor needs one layer's matrix parameters, which a derived type has
+    # from transformers' meta-device count. Tiny phi3 (h=64, f=128, 4 heads of 16, 2 layers,
+    # untied V=512): qkv_proj 64 x 192, o_proj 64 x 64, gate_up_proj 64 x 256, down_proj
+    # 128 x 64 = 40,960; its two norms 128; the final norm's 64 shared by 2 layers: 32.
+    phi3 = _tiny_phi3()
+    assert layer_matmul_params(phi3) == 40_960 + 128 + 32
+    job = calc.Training(micro_batch=2, seq_len=64, recompute="full")
+    row = P.evaluate(phi3, job, gpu="h100-80gb")
+    assert row.peak_bytes == calc.estimate(phi3, job, gpu="h100-80gb").peak_bytes
+    # full recomputation reruns each layer's forward: (3F + R) / 3F, F = L (M + C) + 2 h V,
+    # M = 2 x 41,120, C = 4 x 64 x 4 x 16, R = L (M + C); the efficiency of 128 tokens
+    m, c = 2 * 41_120, 4 * 64 * 4 * 16
+    forward = 2 * (m + c) + 2 * 64 * 512
+    factor = (3 * forward + 2 * (m + c)) / (3 * forward)
+    assert row.throughput_proxy == pytest.approx(128 / (128 + 1024) / factor)
