@@ -68,13 +68,15 @@ def enabled() -> bool:
 
 def neighbours(job: calc.Training | calc.Inference) -> list[calc.Training | calc.Inference]:
     """The valid jobs that differ from ``job`` in exactly one of ``NEIGHBOUR_CHOICES``; none
-    for a compiled step (each is a recording of seconds, made when asked for)."""
+    for a compiled step, nor ``implementation="derived"``: each is a recording of transformers'
+    code (seconds), made when asked for. A recording holds ``calc.derive.record.RECORDING``
+    (one at a time per process), so one made here would keep the page's own waiting."""
     if isinstance(job, calc.Training) and job.compile != "none":
         return []
     out = []
     for field, values in NEIGHBOUR_CHOICES[type(job)].items():
         for value in values:
-            if value == getattr(job, field):
+            if value == getattr(job, field) or value == "derived":
                 continue
             try:
                 out.append(replace(job, **{field: value}))  # type: ignore[arg-type]
@@ -91,7 +93,10 @@ def warm(
     device: str,
 ) -> int:
     """Queue ``job``'s neighbours for compiling in the background; returns how many were new.
-    ``model_key`` names the model (``webapp.cached.model_key``)."""
+    ``model_key`` names the model (``webapp.cached.model_key``). None for a derived model
+    (every structure a recording, `neighbours`)."""
+    if spec.derived:
+        return 0
     return _enqueue(
         (
             (model_key, other, parallel, device),
@@ -105,7 +110,10 @@ def warm_plan(spec: calc.ModelSpec, key: Hashable, **plan_args: Any) -> int:
     """Queue the planner's compiles for the plan ``plan_args`` describe
     (`calc.plan.planner.precompile`'s arguments), so that opening the planner page finds its
     structures compiled (cold, a 32B card's default plan took 39 s); 1 when newly queued.
-    ``key`` names the plan (model and arguments)."""
+    ``key`` names the plan (model and arguments). None for a derived model (its structures
+    are recordings, `neighbours`)."""
+    if spec.derived:
+        return 0
     return _enqueue([(("plan", key), partial(planner.precompile, spec, **plan_args))])
 
 

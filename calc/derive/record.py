@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import gc
 import os
+import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from calc.config.jobs import Inference, Training
 from calc.derive import bnb, inductor, lion, loops, lora, offload, quantized, sac, sharding
@@ -49,6 +51,26 @@ _WEIGHT_DTYPE = {
 }
 """The weights' dtype of each precision (``verify/models/build.py``, ``WEIGHT_DTYPE``)."""
 _AUTOCAST = {"amp-bf16": "bfloat16", "amp-fp16": "float16"}
+RECORDING = threading.RLock()
+"""Held by a recording `session` and by every build of transformers' model: one at a time in a
+process. Both set state that is not the thread's own (the global RNG's seed, the eager-path and
+warning patches of `calc.derive.book`, Dynamo's caches), so a recording in another thread (the
+web app's prefetch thread, a second user's session) ran under the first one's: four concurrent
+recordings of a tiny Mixtral, two refused ("the ops it runs change with the sizes"). Reading a
+config takes it too: transformers' lazy module, imported by two threads at once, lacked
+``AutoConfig`` in one of them."""
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _one_at_a_time(fn: F) -> F:
+    """``fn`` run holding `RECORDING`."""
+
+    @functools.wraps(fn)
+    def locked(*args: Any, **kwargs: Any) -> Any:
+        with RECORDING:
+            return fn(*args, **kwargs)
+
+    return locked  # type: ignore[return-value]
 
 
 def _layer_list(model: Any, n_layers: int) -> tuple[str, Any]:
@@ -116,6 +138,7 @@ def _config_fields(config: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     return str(fields.pop("model_type")), fields
 
 
+@_one_at_a_time
 def _build(config: dict[str, Any], attention: str) -> Any:
     """``AutoModelForCausalLM.from_config`` of ``config``; any failure is a `DeriveError` naming
     the model type and what transformers said."""
@@ -134,6 +157,7 @@ def _build(config: dict[str, Any], attention: str) -> Any:
         ) from exc
 
 
+@_one_at_a_time
 def sdpa_supported(config: dict[str, Any]) -> bool:
     """Whether transformers builds the model ``config`` describes with SDPA attention (its
     ``*ForCausalLM`` class's ``_supports_sdpa``; Gemma-2's is False, for its soft-capping). A
@@ -149,6 +173,7 @@ def sdpa_supported(config: dict[str, Any]) -> bool:
         return True
 
 
+@_one_at_a_time
 def class_supports_sdpa(cfg: Any) -> bool:
     """The ``_supports_sdpa`` flag of the ``*ForCausalLM`` class of transformers' config object
     ``cfg`` (``KeyError`` for a type with no such class)."""
@@ -157,6 +182,7 @@ def class_supports_sdpa(cfg: Any) -> bool:
     return bool(getattr(MODEL_FOR_CAUSAL_LM_MAPPING[type(cfg)], "_supports_sdpa", True))
 
 
+@_one_at_a_time
 def layer_types(config: dict[str, Any]) -> list[str]:
     """The per-layer kinds transformers' config object holds (``layer_types``: what the config
     class builds when the config.json has none, e.g. Gemma-2's alternating sliding and full
@@ -179,6 +205,7 @@ _INDEX_WORDS = ("idx", "index", "layer_id")
 """Attribute names that hold a layer's position, not its kind (left out of its signature)."""
 
 
+@_one_at_a_time
 def layer_signatures(config: dict[str, Any]) -> list[tuple]:
     """One hashable per decoder layer of the model ``config`` describes (built on the ``meta``
     device), equal for two layers exactly when they are built alike: the config's per-layer
@@ -211,6 +238,7 @@ def layer_signatures(config: dict[str, Any]) -> list[tuple]:
     return out
 
 
+@_one_at_a_time
 def count_parameters(config: dict[str, Any]) -> int:
     """Parameters of the model ``config`` describes, tied ones once (``model.parameters()``),
     built on the ``meta`` device (no memory)."""
@@ -221,6 +249,7 @@ def count_parameters(config: dict[str, Any]) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+@_one_at_a_time
 def trainable_numels(config: dict[str, Any], job: Training) -> list[int]:
     """Elements of every parameter ``job`` trains on the model ``config`` describes (built on
     the ``meta`` device, its LoRA adapters applied as the recording applies them), in
@@ -452,6 +481,7 @@ def session(
     setup = Book()
     compiled = inductor.compiles(job)
     with contextlib.ExitStack() as stack:
+        stack.enter_context(RECORDING)  # until the session closes: every trace in it
         if compiled:
             stack.enter_context(inductor.fake_inductor())
         mesh = stack.enter_context(_world(shard))

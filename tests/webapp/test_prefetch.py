@@ -54,6 +54,23 @@ def test_off_switch_queues_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_recordings_are_never_prefetched(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A recording of transformers' code takes seconds and holds calc.derive.record.RECORDING
+    # (one per process): prefetched, it would keep the page's own estimate waiting. So no
+    # neighbour is implementation="derived", and a derived model (phi3) queues nothing.
+    monkeypatch.setenv("VRAMPLAN_PREFETCH", "1")
+    job = calc.Training(micro_batch=1, seq_len=32)
+    assert "derived" in calc.config.jobs.IMPLEMENTATIONS
+    assert all(o.implementation != "derived" for o in prefetch.neighbours(job))
+    phi3 = calc.ModelSpec.from_hf_config({
+        "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "intermediate_size": 128,
+        "vocab_size": 512, "max_position_embeddings": 512, "pad_token_id": 0,
+    })  # fmt: skip
+    assert prefetch.warm(phi3, "derived-check", job, None, "cpu") == 0
+    assert prefetch.warm_plan(phi3, "derived-plan-check", task="inference", seq_len=32) == 0
+
+
 def test_a_warmed_neighbour_is_compiled_before_it_is_asked_for(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
