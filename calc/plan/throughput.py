@@ -76,11 +76,14 @@ def layer_forward_flops_per_token(model: ModelSpec, seq_len: int) -> tuple[int, 
     return 2 * layer_matmul_params(model), 4 * seq_len * model.n_heads * model.head_dim
 
 
+@lru_cache(maxsize=256)
 def layer_matmul_params(model: ModelSpec) -> int:
     """The matrix parameters of one decoder layer: those the hand graph lists; for a derived
     model (`calc.derive`, no list of tensors), transformers' parameter count on the ``meta``
     device (`calc.derive.replay.param_count`) less the embedding and the untied head, per
-    layer (norms and every expert included: a proxy's approximation)."""
+    layer (norms and every expert included: a proxy's approximation). Cached per model: the
+    derived count builds the model (40 ms warm for phi-4), which the FLOPs' cache, keyed by
+    the sequence length too, would otherwise repeat at every new length."""
     if not model.derived:
         return sum(
             int(p.numel) for p in model.param_tensors() if p.group == "layer" and len(p.shape) == 2
