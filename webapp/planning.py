@@ -11,6 +11,7 @@ import streamlit as st
 import calc
 from calc.plan import planner
 from calc.plan.axes import INFERENCE, TRAINING, axes_for
+from calc.plan.engine import held_axes
 from calc.present import display
 from webapp.model_source import Model
 
@@ -74,9 +75,10 @@ class Request:
     def make(
         *, model_key: str, task: str, seq_len: int, global_batch: int, gpu: str,
         gpu_count: int, rank_by: str, device: str, job: calc.Training | calc.Inference,
-        explore: tuple[str, ...],
+        explore: tuple[str, ...], held: tuple[str, ...] = (),
     ) -> Request:  # fmt: skip
-        """A request whose unexplored axes hold the sidebar job's values."""
+        """A request whose unexplored axes hold the sidebar job's values; so do those in
+        ``held`` (`held_by`: a derived model's structural training axes), explored or not."""
         same_kind = isinstance(job, calc.Inference) == (kind(task) == INFERENCE)
         base = job if same_kind else None
         if isinstance(base, calc.Training) and base.compile != "none":
@@ -88,7 +90,7 @@ class Request:
         pinned = [a for a in axes_for(kind(task)) if a.name in explorable(task)]
         fixed = tuple(
             (a.name, a.current(base)) for a in pinned
-            if a.name not in explore and a.current(base) is not None
+            if (a.name not in explore or a.name in held) and a.current(base) is not None
         ) if base is not None else ()  # fmt: skip
         return Request(
             model_key=model_key, task=task, seq_len=seq_len, global_batch=global_batch,
@@ -101,18 +103,28 @@ def default_task(sidebar_task: str) -> str:
     return "inference" if sidebar_task == "infer" else "full-finetune"
 
 
+def held_by(model: calc.ModelSpec, task: str) -> tuple[str, ...]:
+    """The axes ``task``'s plan of ``model`` holds at the sidebar's values even when explored
+    (`calc.plan.engine.held_axes` on one GPU: a derived model's precision and optimizer, each
+    value a recording of transformers' code)."""
+    return held_axes(model, kind(task), 1)
+
+
 def page_request(
     model_key: str, state: Mapping[str, object], sidebar_task: str, gpu: str,
-    device: str, job: calc.Training | calc.Inference,
+    device: str, job: calc.Training | calc.Inference, spec: calc.ModelSpec | None = None,
 ) -> Request:  # fmt: skip
-    """The request the planner page makes from the page state (its widgets' values)."""
+    """The request the planner page makes from the page state (its widgets' values); with
+    ``spec``, the axes `held_by` the model stay at the sidebar's values."""
     seq_len = job.seq_len if isinstance(job, calc.Training) else job.context
+    task = str(state["plan.task"] or default_task(sidebar_task))
+    held = held_by(spec, task) if spec is not None else ()
     return Request.make(
-        model_key=model_key, task=str(state["plan.task"] or default_task(sidebar_task)),
+        model_key=model_key, task=task,
         seq_len=seq_len, global_batch=int(state["plan.global_batch"]),  # type: ignore[call-overload]
         gpu=gpu, gpu_count=int(state["plan.gpu_count"]),  # type: ignore[call-overload]
         rank_by=str(state["plan.rank_by"]), device=device, job=job,
-        explore=tuple(state["plan.explore"]),  # type: ignore[arg-type]
+        explore=tuple(state["plan.explore"]), held=held,  # type: ignore[arg-type]
     )  # fmt: skip
 
 

@@ -124,11 +124,14 @@ def compress_weights(
     q: Quant | None,
     compute: str,
     order: tuple[str, ...] = LINEAR_KEYS,
+    library: quant.NF4Library = "bitsandbytes",
 ) -> tuple[list[Tensor], list[tuple]]:
     """Freeze, quantize and adapt ``w`` in place; return the trainable tensors and their
     shapes in ``model.parameters()`` order (LoRA: per layer ``A, B`` of each module in
     ``order``: the model's registration order of its decoder linears, Hugging Face's q, k, v,
-    o, gate, up, down by default), or ``([], [])`` when nothing trains (inference)."""
+    o, gate, up, down by default), or ``([], [])`` when nothing trains (inference).
+    ``library``: whose nf4 format the quantized base keeps (``torchao`` for torchtune's QLoRA,
+    `calc.compress.nf4_torchao`)."""
     if sh.model_type == "gpt2":
         raise NotImplementedError("LoRA/quantization of GPT-2 (fused c_attn Conv1D layers)")
     if q is not None and set(q.keep_16bit) != {"embed", "norm", "lm_head"}:
@@ -149,7 +152,7 @@ def compress_weights(
                 dense = dict.__getitem__(lw, key)  # no pre-hook (prune_replay's dicts)
                 assert dense is not None, key  # a decoder linear always has its weight
                 tape.forget_existing(dense)
-                qw = quant.existing(tape, q, out_f, in_f, compute, j, sh.device)
+                qw = quant.existing(tape, q, out_f, in_f, compute, j, sh.device, library)
                 values = next(t for t in qw.stored if t.storage.kind == "weight")
                 tape.quantized[id(values.storage)] = qw
                 tape.linear_hooks[id(values.storage)] = _quant_hook(qw)

@@ -28,10 +28,13 @@ weight, in forward and again in backward. `dequantize` replays its allocations e
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import sympy as sp
 
+from calc.compress import nf4_torchao
 from calc.config.compression import NF4_NESTED_BLOCK, Quant
+from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 from calc.replay import ops
 from calc.replay.tape import Node, Size, Tape, Tensor
@@ -40,6 +43,8 @@ NF4_CODE_ENTRIES = 16
 """Entries of the NF4 lookup table each quantized tensor keeps (fp32)."""
 ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 """Bytes per element of the compute and scale dtypes."""
+NF4Library = Literal["bitsandbytes", "torchao"]
+"""Whose nf4 format a quantized linear keeps (`QWeight.library`)."""
 
 
 def bytes_per_param(quant: Quant, in_features: int | None = None) -> sp.Rational:
@@ -123,14 +128,25 @@ def check_divides(quant: Quant, out_features: int, in_features: int, where: str)
         raise ValueError(f"group_size={g} must divide in_features={in_features} of {where}")
 
 
-def check_fits(model: ModelSpec, quant: Quant) -> None:
+def library_of(job: Training | Inference) -> NF4Library:
+    """Whose nf4 format ``job`` quantizes with: torchao's for torchtune's QLoRA
+    (``implementation="torchtune"``), bitsandbytes' otherwise."""
+    return "torchao" if job.implementation == "torchtune" else "bitsandbytes"
+
+
+def check_fits(model: ModelSpec, quant: Quant, library: NF4Library = "bitsandbytes") -> None:
     """Raise ``ValueError`` unless ``quant``'s group size divides every quantized linear of
-    ``model`` (a ``calc.ModelSpec``; the llama family's q, k, v, o, gate, up, down)."""
+    ``model`` (a ``calc.ModelSpec``; the llama family's q, k, v, o, gate, up, down), or, for
+    torchao's nf4, ``to_nf4`` can quantize each (`nf4_torchao.check_fits`)."""
     h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
     shapes = {"q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
               "gate": (f, h), "up": (f, h), "down": (h, f)}  # fmt: skip
     for name, (out_f, in_f) in shapes.items():
-        check_divides(quant, out_f, in_f, f"the {name} projection of {model.name}")
+        where = f"the {name} projection of {model.name}"
+        if library == "torchao":
+            nf4_torchao.check_fits(out_f, in_f, where)
+        else:
+            check_divides(quant, out_f, in_f, where)
 
 
 def stored_tensors(quant: Quant, out_f: Size, in_f: Size) -> list[Stored]:
@@ -176,18 +192,24 @@ class QWeight:
     stored: list[Tensor]
     device: str = "cpu"
     """``cpu``: verify's dequantization, op by op; ``cuda``: bitsandbytes' kernel for nf4."""
+    library: NF4Library = "bitsandbytes"
+    """Whose nf4 format: ``bitsandbytes`` (verify's copy on CPU, its kernel on CUDA) or
+    ``torchao`` (torchtune's QLoRA, `calc.compress.nf4_torchao`: plain torch ops on any
+    device)."""
 
 
 def existing(
     tape: Tape, quant: Quant, out_f: Size, in_f: Size, compute: str, tag: object,
-    device: str = "cpu",
+    device: str = "cpu", library: NF4Library = "bitsandbytes",
 ) -> QWeight:  # fmt: skip
-    """Declare the stored tensors of one quantized linear (alive before the replay)."""
-    tensors = [
-        tape.existing(s.numel, s.itemsize, s.name, s.kind, tag=tag)
-        for s in stored_tensors(quant, out_f, in_f)
-    ]
-    return QWeight(quant, out_f, in_f, compute, tensors, device)
+    """Declare the stored tensors of one quantized linear (alive before the replay);
+    ``library="torchao"``: an nf4 ``NF4Tensor`` in the compute dtype (`nf4_torchao.stored`)."""
+    if library == "torchao":
+        specs = [Stored(*s) for s in nf4_torchao.stored(out_f * in_f, ITEMSIZE[compute])]
+    else:
+        specs = stored_tensors(quant, out_f, in_f)
+    tensors = [tape.existing(s.numel, s.itemsize, s.name, s.kind, tag=tag) for s in specs]
+    return QWeight(quant, out_f, in_f, compute, tensors, device, library)
 
 
 def dequantize(tape: Tape, qw: QWeight) -> Tensor:
@@ -199,6 +221,8 @@ def dequantize(tape: Tape, qw: QWeight) -> Tensor:
     q, cd = qw.quant, qw.compute
     it = ITEMSIZE[cd]
     n = qw.out_f * qw.in_f
+    if qw.library == "torchao":
+        return nf4_torchao.dequantize(tape, n, it)
     if q.method == "nf4":
         return _dequantize_nf4(tape, qw, n, it)
     if q.method == "fp8":

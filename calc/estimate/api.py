@@ -8,7 +8,7 @@ from dataclasses import replace
 from functools import partial
 
 from calc.compress.lora import check_parallel, trainable_numels
-from calc.compress.quant import check_fits
+from calc.compress.quant import check_fits, library_of
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
@@ -54,7 +54,7 @@ def estimate(
     if isinstance(job, Training):
         _check_training(model, job)
     if job.quant is not None:  # the group size must divide every quantized linear
-        check_fits(model, job.quant)
+        check_fits(model, job.quant, library_of(job))
     compressed = isinstance(job, Training) and any(
         x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
     )

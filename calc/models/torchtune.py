@@ -62,11 +62,12 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
     parallelism is its distributed recipes' (``full_finetune_distributed``,
     ``lora_finetune_distributed``): FSDP2 ``fully_shard`` per layer and root, no
     ``MixedPrecisionPolicy`` (the model is bf16 or fp32 itself), no offload."""
-    if any(x is not None for x in (job.quant, job.pruning, job.distill)):
+    if job.pruning is not None or job.distill is not None:
         raise NotImplementedError(
-            "implementation='torchtune' is modelled without quantization, pruning and "
-            "distillation (LoRA is: torchtune's LoRALinear)"
+            "implementation='torchtune' is modelled without pruning and distillation (LoRA "
+            "and QLoRA are: torchtune's LoRALinear and FrozenNF4Linear)"
         )
+    # a quantized base (QLoRA) is checked by calc.compress.nf4_torchao.check_job
     if job.lora is not None and job.lora.adapter_dtype is not None:
         raise NotImplementedError(
             "implementation='torchtune' LoRA with adapter_dtype: torchtune builds the adapters "

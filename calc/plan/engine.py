@@ -13,7 +13,7 @@ from typing import TypeGuard
 import numpy as np
 
 from calc.compress.lora import check_parallel
-from calc.compress.quant import check_fits
+from calc.compress.quant import check_fits, library_of
 from calc.config.compression import LoRA, Quant, QuantMethod
 from calc.config.jobs import Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
@@ -70,21 +70,24 @@ NormalFloat, the QLoRA paper's data type (Dettmers et al. 2023, arXiv 2305.14314
 
 
 def check_plannable(model: ModelSpec, kind: str) -> None:
-    """``NotImplementedError`` for a training plan of a derived model (`calc.derive`): every
-    structure of a derived architecture is recorded from transformers' code (seconds each,
-    `docs/benchmarks.md`), and a training grid holds hundreds of structures (precision x
-    optimizer x recompute x accumulation: 240 for one GPU), so such a plan would run for
-    hours. An inference grid holds one structure per precision and size regime: derived
-    models are planned there. Checked before anything compiles."""
-    if model.derived and kind == TRAINING:
-        raise NotImplementedError(
-            f"model_type={model.model_type!r} is derived from its modeling code: the planner "
-            "sweeps its inference jobs, and the training jobs of the hand-modelled types "
-            "(llama, mistral, qwen2, qwen3, gpt2) only, since every training structure of a "
-            "derived model is recorded from transformers' code (seconds each, hundreds per "
-            "grid); estimate its training configurations one at a time (python -m calc with "
-            "--config or --card, or calc.estimate)"
-        )
+    """Raise ``ValueError`` unless ``model`` is a ``calc.ModelSpec``. Every kind is planned for
+    every model; a derived model's training grid holds its structural axes
+    (`held_axes`)."""
+    if not isinstance(model, ModelSpec):
+        raise ValueError(f"model must be a calc.ModelSpec, got {type(model).__name__}")
+
+
+def held_axes(model: ModelSpec, kind: str, gpu_count: int) -> tuple[str, ...]:
+    """Axes held at the base job's value unless ``fixed`` lists values. Training on 2+ GPUs:
+    `HELD_ON_MANY_GPUS`. A derived model's training (`calc.derive`), on any count: the same
+    axes, since each of its structures is recorded from transformers' code (2-13 s each for
+    phi-4 and qwen3-30b-a3b on this machine, ``benchmarks/bench_derive.py``): the grid of one
+    GPU is then recompute x accumulation, 6 recordings instead of 240."""
+    if kind != TRAINING:
+        return ()
+    if gpu_count > 1 or model.derived:
+        return HELD_ON_MANY_GPUS
+    return ()
 
 
 def kind_of(task: object) -> str:
@@ -157,8 +160,12 @@ def make_job(kind: str, fields: Mapping, ctx: Context) -> Training | Inference:
 
 
 def axis_values(
-    kind: str, ctx: Context, fixed: Mapping[str, object] | None, base_fields: Mapping
-) -> list[tuple[Axis, tuple]]:
+    kind: str, ctx: Context, fixed: Mapping[str, object] | None, base_fields: Mapping,
+    held: tuple[str, ...] = (),
+) -> list[tuple[Axis, tuple]]:  # fmt: skip
+    """Each axis of ``kind`` with the values the grid takes: ``fixed``'s, every allowed value
+    of an enumerated axis, else the base job's; ``held`` (`held_axes`) names enumerated axes
+    held at the base job's value unless ``fixed`` lists them."""
     axes = axes_for(kind)
     names = {a.name: a for a in axes}
     fixed = dict(fixed or {})
@@ -179,9 +186,7 @@ def axis_values(
                     )
             if not values:
                 raise ValueError(f"fixed[{axis.name!r}] is empty; allowed: {allowed}")
-        elif axis.enumerated and not (
-            axis.name in HELD_ON_MANY_GPUS and ctx.gpu_count > 1 and kind == TRAINING
-        ):
+        elif axis.enumerated and axis.name not in held:
             values = allowed
         else:
             values = (axis.current(make_job(kind, base_fields, ctx)),)
@@ -517,7 +522,7 @@ def _check_quant(
     that does not divide the model's linears (``calc.compress.quant.check_fits``, as
     ``calc.estimate`` checks)."""
     try:
-        check_fits(model, quant)
+        check_fits(model, quant, library_of(job))
     except ValueError as exc:
         return f"invalid: {exc}"
     return job

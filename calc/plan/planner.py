@@ -43,6 +43,7 @@ from calc.plan.engine import (
     context,
     gpu_of,
     grid_entries,
+    held_axes,
     job_context,
     kind_of,
     parallel_tables,
@@ -130,7 +131,7 @@ def plan(
     gpu_obj = gpu_of(gpu)
     ctx = context(kind, seq_len, global_batch, gpu_count)
     base_fields = base_fields_of(kind, base, task)
-    grid_axes = axis_values(kind, ctx, fixed, base_fields)
+    grid_axes = axis_values(kind, ctx, fixed, base_fields, held_axes(model, kind, gpu_count))
     entries = grid_entries(kind, ctx, grid_axes, base_fields)
     ev = Evaluator(model, ctx, gpu_obj, device, verified_cases_of(report, error_bars), progress)
     rows = ev.run(entries)
@@ -170,7 +171,8 @@ def precompile(
     check_size("workers", workers, 1, 1024)
     ctx = context(kind, seq_len, global_batch, gpu_count)
     base_fields = base_fields_of(kind, base, task)
-    entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields), base_fields)
+    held = held_axes(model, kind, gpu_count)
+    entries = grid_entries(kind, ctx, axis_values(kind, ctx, fixed, base_fields, held), base_fields)
     targets: dict = {}
     if kind == TRAINING and gpu_count > 1:
         targets = dict(parallel_tables(model, ctx, entries, device))

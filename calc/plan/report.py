@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from calc.compress.quant import check_fits
+from calc.compress.quant import check_fits, library_of
 from calc.config.compression import KVQuant, LoRA, Quant
 from calc.config.jobs import (
     Attention,
@@ -156,7 +156,7 @@ def best(
     for job in jobs:
         try:
             if job.quant is not None:
-                check_fits(model, job.quant)
+                check_fits(model, job.quant, library_of(job))
             est = estimate(model, job, device=device)
         except (ValueError, NotImplementedError) as exc:
             reasons[str(exc)] = None

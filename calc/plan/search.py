@@ -54,10 +54,13 @@ def least_hardware(
     cases = engine.verified_cases_of(report, error_bars)
     base_fields = engine.base_fields_of(kind, base, task)
 
+    def held(count: int) -> tuple[str, ...]:
+        return engine.held_axes(model, kind, count)
+
     def rows_at(count: int, target: GPU) -> list[Evaluated]:
         ctx = engine.context(kind, seq_len, global_batch, count)
         entries = engine.grid_entries(
-            kind, ctx, engine.axis_values(kind, ctx, fixed, base_fields), base_fields
+            kind, ctx, engine.axis_values(kind, ctx, fixed, base_fields, held(count)), base_fields
         )
         return engine.Evaluator(model, ctx, target, device, cases).run(entries)
 
@@ -147,8 +150,9 @@ def changes_to_fit(
     if current.fits:
         return ()
     allowed = {a.name: a for a in axes_for(kind) if a.knob}
-    if knobs is None:
-        chosen = [a for a in allowed.values() if a.enumerated]
+    if knobs is None:  # a derived model's training holds its structural axes unless named
+        held = engine.held_axes(model, kind, 1)
+        chosen = [a for a in allowed.values() if a.enumerated and a.name not in held]
     else:
         for name in knobs:
             if name not in allowed:

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from calc import symbols as S
-from calc.compress import distill, prune_replay
+from calc.compress import distill, nf4_torchao, prune_replay
 from calc.compress.lora import LINEAR_KEYS, compress_weights
+from calc.compress.quant import library_of
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, reference, torchtune
@@ -137,6 +138,14 @@ def _check_recorded_only(job: Training) -> None:
         )
 
 
+def _check_torchtune(sh: reference.Shape, job: Training, dp: ReplayPlan | None) -> None:
+    """torchtune's model and recipe (`calc.models.torchtune.check`); its QLoRA's base is
+    torchao's NF4Tensor (`calc.compress.nf4_torchao.check_job`)."""
+    torchtune.check(sh, job, dp)
+    if job.quant is not None:
+        nf4_torchao.check_job(sh, job)
+
+
 def check_supported(
     model: ModelSpec, job: Training, sh: reference.Shape, tp_comm: bool, dp: ReplayPlan | None
 ) -> None:
@@ -149,7 +158,7 @@ def check_supported(
     if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
         hf_gpt2.check(sh)
     if path is ForwardPath.TORCHTUNE:
-        torchtune.check(sh, job, dp)
+        _check_torchtune(sh, job, dp)
     elif job.offload_activations:
         raise NotImplementedError(
             f"offload_activations with implementation={job.implementation!r}: transformers' "
@@ -434,7 +443,8 @@ def _compress(
     compute = "fp32" if job.precision == "fp32" or amp else "bf16"
     tt = job.implementation == "torchtune"  # its adapters follow its registration order
     order = torchtune.LORA_ORDER if tt else LINEAR_KEYS
-    return compress_weights(tape, w, sh, job.lora, job.quant, compute, order)
+    library = library_of(job)  # torchtune's QLoRA: torchao's NF4Tensor
+    return compress_weights(tape, w, sh, job.lora, job.quant, compute, order, library)
 
 
 def _recording(hook, order: list):

@@ -598,23 +598,38 @@ def test_planner_page_rows_are_calc_estimates(plan_cache) -> None:
     assert _query_value(at, "plan_task") == "inference"
 
 
-def test_planner_page_on_a_derived_card_plans_inference_and_says_why_not_training(
-    plan_cache,
-) -> None:
-    # phi-4 is phi3, recorded from transformers' code: its inference grid (one structure per
-    # precision and size regime) is swept; a training task is one warning naming the way out.
-    at = _app({"card": "phi-4", "seq_len": "256"})
+TINY_PHI3 = {
+    "model_type": "phi3", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512,
+    "max_position_embeddings": 512, "pad_token_id": 0,
+}  # fmt: skip
+"""A pasted Phi-3 config small enough to record in seconds (phi3 has no hand-written graph)."""
+
+
+def test_planner_page_on_a_derived_model_holds_precision_and_plans_inference(plan_cache) -> None:
+    # phi3 is recorded from transformers' code (seconds per structure): its training plan
+    # keeps the sidebar's precision (explored by default) and says so; its inference grid (one
+    # structure per precision and size regime) is swept. Every row is calc.estimate's.
+    at = _app({"seq_len": "64"})
+    at.radio(key="source").set_value("paste").run()
+    at.text_area(key="config").set_value(json.dumps(TINY_PHI3)).run(timeout=600)
     at.switch_page("webapp/pages/planner.py").run(timeout=600)
     assert not at.exception, [e.value for e in at.exception]
-    assert "model_type='phi3' is derived" in _messages(at)
+    assert "precision stay at the sidebar's values" in _messages(at)
+    model = calc.ModelSpec.from_hf_config(TINY_PHI3)
+    table = at.dataframe[0].value
+    assert len(table) > 0
+    assert "precision" not in table.columns  # one value, named in the caption
+    for _, row in table.iterrows():
+        job = _row_job(row, seq_len=64)
+        assert row["peak_gib"] * 2**30 == pytest.approx(calc.estimate(model, job).peak_bytes, abs=1)
     at.selectbox(key="plan.task").set_value("inference").run(timeout=600)
     assert not at.exception, [e.value for e in at.exception]
-    model = calc.load_card("phi-4")
     table = at.dataframe[0].value
     assert len(table) > 0
     for _, row in table.iterrows():
         precision = row["precision"] if "precision" in table.columns else "bf16"
-        job = calc.Inference(batch=int(row["micro_batch"]), context=256, precision=precision)
+        job = calc.Inference(batch=int(row["micro_batch"]), context=64, precision=precision)
         assert row["peak_gib"] * 2**30 == pytest.approx(calc.estimate(model, job).peak_bytes, abs=1)
 
 

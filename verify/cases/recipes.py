@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calc.config.compression import LoRA
+from calc.config.compression import LoRA, Quant
 from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, Case, Q
 from verify.cases.case import train as _train
 
@@ -30,6 +30,11 @@ OFFLOAD = {"offload_activations": True, "recompute": "full", "seq_len": 128}
 """torchtune's activation offloading with the layer checkpointing it requires."""
 WIDE = {"hidden": 256, "ffn": 768, "vocab": 1024}
 """Weights of 100,000 elements or more: a paged optimizer pages their states."""
+
+NF4 = Quant(method="nf4")
+NF4_SCALE = {"kv_heads": 2, "head_dim": 32}
+"""Every decoder weight a multiple of 16,384 elements, as torchao's ``to_nf4`` needs (blocks of
+64, scaler blocks of 256): hidden 256, k/v 64 x 256, ffn 896."""
 
 TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("tt-fp32-llama", LLAMA, {}),
@@ -74,6 +79,20 @@ TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                                         "lora": TT_LORA}),
     ("tt-bf16-offload-opt-in-bwd-chunked-wide-mistral", MISTRAL,
      {**BF16, **OFFLOAD, **CHUNKED, "optimizer_in_backward": True, "scale": WIDE}),
+    # the QLoRA recipes (llama3_1/8B_qlora_single_device.yaml: the LoRA config with
+    # quantize_base): torchao's NF4Tensor on every decoder linear, dequantized in forward and
+    # again in backward by linear_nf4
+    ("tt-bf16-qlora-recompute-chunked-llama3", LLAMA3, {**BF16, **CHUNKED, "recompute": "full",
+                                                        "lora": TT_LORA, "quant": NF4,
+                                                        "scale": NF4_SCALE, "tags": Q}),
+    ("tt-bf16-qlora-all-chunked-b1-mistral", MISTRAL, {**BF16, **CHUNKED, "micro_batch": 1,
+                                                       "lora": LoRA(rank=16), "quant": NF4,
+                                                       "scale": {**NF4_SCALE, "vocab": 4096}}),
+    ("tt-fp32-qlora-llama3", LLAMA3, {"lora": TT_LORA, "quant": NF4, "scale": NF4_SCALE}),
+    ("tt-bf16-qlora-offload-chunked-llama3", LLAMA3, {**BF16, **OFFLOAD, **CHUNKED,
+                                                      "micro_batch": 1, "seq_len": 256,
+                                                      "lora": TT_LORA, "quant": NF4,
+                                                      "scale": NF4_SCALE}),
 )  # fmt: skip
 """torchtune: name, card, the job's fields (``tags``: extra tags)."""
 

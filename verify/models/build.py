@@ -72,7 +72,7 @@ def build_model(
             tt = torchtune_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
         lora = getattr(job, "lora", None)
         if lora is not None:  # the recipe's LoRA model: adapters in the model's dtype
-            compress.apply(tt, None, lora, WEIGHT_DTYPE[job.precision])
+            compress.apply(tt, job.quant, lora, WEIGHT_DTYPE[job.precision])
         return tt, torchtune_llama.RecipeLoss(tt, job)
     attention = "eager" if job.attention == "eager" else "sdpa"
     if job.implementation in ("hf", "derived"):  # derived: the hf model, calc derives

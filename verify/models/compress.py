@@ -11,6 +11,9 @@ What ``calc.compress.quant`` and ``calc.compress.lora`` replay, line by line:
   (result first; ``x`` cast to the adapters' dtype; ``result = result + lora_B(lora_A(x)) *
   scaling``; the sum cast back to the result's dtype: casts that are no-ops for one dtype).
 
+torchtune's model (`verify.models.torchtune_llama`) is quantized as its QLoRA recipes do, on
+torchao's ``NF4Tensor`` (`verify.models.torchao_nf4`).
+
 `apply(model, job)` swaps the chosen linears of every decoder layer in place and freezes the
 rest. The NF4 table (QLoRA, Dettmers et al. 2023, Appendix E) and a 256-entry signed map for
 the double-quantized absmax: the 16-entry table is a buffer of every nf4 linear (bitsandbytes
@@ -30,7 +33,7 @@ from torch import nn
 from calc.derive.linears import FUSED as FUSED_LINEARS
 from calc.derive.linears import LINEARS as LLAMA_LINEARS
 from calc.derive.quantized import quant_linear_class, quantize_head
-from verify.models import torchtune_llama
+from verify.models import torchao_nf4, torchtune_llama
 
 if TYPE_CHECKING:
     from calc.config.compression import LoRA, Quant
@@ -133,10 +136,11 @@ def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch
     found = {part for *_, parts in targets for part in parts}
     if lora is not None and not set(lora.modules) <= found:
         raise NotImplementedError(f"LoRA modules {lora.modules}: {model_type} has {found}")
+    torchtune = isinstance(model, torchtune_llama.TransformerDecoder)
     for parent, attr, parts in targets:
         layer = getattr(parent, attr)
-        if quant is not None:
-            layer = QuantLinear(layer, quant)
+        if quant is not None:  # torchtune's QLoRA: torchao's NF4Tensor (its FrozenNF4Linear)
+            layer = torchao_nf4.NF4Base(layer) if torchtune else QuantLinear(layer, quant)
         if lora is not None and _adapted(parts, lora, model_type):
             layer = LoRALinear(layer, lora, dtype)
         setattr(parent, attr, layer)

@@ -146,6 +146,9 @@ class CpuMeter:
     def setup_done(self, model: Any, bundle: Any, ids: torch.Tensor, targets: Any) -> None:
         opt = bundle.optimizer if bundle is not None else None
         inputs = [t for t in (ids, targets) if t is not None]
+        # the model's every storage counts, also one made outside dispatch during the build
+        # (torchao's to_nf4 makes each NF4Tensor's 16-entry table with torch.tensor: "late")
+        self.tracker.track(model)
         self.tracker.classify(model=model, optimizer=opt, inputs=inputs)
         self.tracker.reset_peak()
 

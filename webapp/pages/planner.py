@@ -45,8 +45,20 @@ for key in KEYS:
     state[key] = st.session_state[key]
 
 request = planning.page_request(
-    cached.model_key(inputs.model), state, inputs.task, inputs.gpu.id, inputs.device, inputs.job
-)
+    cached.model_key(inputs.model), state, inputs.task, inputs.gpu.id, inputs.device, inputs.job,
+    spec=inputs.model.spec,
+)  # fmt: skip
+held_here = [
+    a for a in planning.held_by(inputs.model.spec, request.task) if a in state["plan.explore"]
+]
+if held_here:
+    st.info(
+        f"{inputs.model.label} is derived from transformers' modeling code: each training "
+        "structure is recorded from it (seconds each), so "
+        f"{' and '.join(held_here)} stay at the sidebar's values; the planner enumerates the "
+        "rest.",
+        icon=":material/info:",
+    )
 try:
     planning.precompile(inputs.model, request)
     result = planning.plan(inputs.model, request)

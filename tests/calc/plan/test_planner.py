@@ -505,20 +505,29 @@ def _tiny_phi3(kv_heads: int = 4) -> calc.ModelSpec:
     })  # fmt: skip
 
 
-def test_a_derived_architecture_is_refused_for_training_before_anything_compiles() -> None:
+def test_a_derived_architecture_plans_training_with_its_structural_axes_held() -> None:
     # Every training structure of a derived type (phi3 here) is recorded from transformers'
-    # code, and a training grid holds hundreds (a plan of phi-4 ran for more than 10 minutes
-    # before this check). One message, naming the way that works.
-    phi3 = _tiny_phi3()
-    common = {"task": "qlora", "seq_len": 64, "global_batch": 1}
-    for call in (P.plan, P.least_hardware):
-        with pytest.raises(NotImplementedError, match="model_type='phi3' is derived"):
-            call(phi3, gpu="h100-80gb", **common)
-    with pytest.raises(NotImplementedError, match="model_type='phi3' is derived"):
-        P.precompile(phi3, **common)
-    job = calc.Training(micro_batch=1, seq_len=64)
-    with pytest.raises(NotImplementedError, match=r"calc\.estimate"):
-        P.changes_to_fit(phi3, job, gpu="h100-80gb")
+    # code (seconds each), so its plan holds precision and optimizer at the base job's values
+    # on any GPU count (240 structures on one GPU become recompute x accumulation). Each row
+    # is calc.estimate of its job; transformers has no selective recomputation.
+    phi3 = _tiny_phi3(kv_heads=2)
+    base = calc.Training(micro_batch=1, seq_len=64, precision="bf16", optimizer="adamw")
+    result = P.plan(phi3, task="full-finetune", seq_len=64, global_batch=2, gpu="h100-80gb",
+                    base=base, device="cpu")  # fmt: skip
+    assert result.n_configurations == 3 * 2  # recompute none/selective/full x micro-batch 1, 2
+    assert {(r.config.job.precision, r.config.job.optimizer) for r in result.fitting} == {
+        ("bf16", "adamw")
+    }
+    assert {r.config.job.recompute for r in result.fitting} == {"none", "full"}
+    for row in result.fitting:
+        assert row.peak_bytes == calc.estimate(phi3, row.config.job, device="cpu").peak_bytes
+    assert {r.reason for r in result.excluded} == {
+        "not modelled: transformers has no selective recomputation"
+    }
+    # fixed still enumerates a held axis when asked: two precisions, twice the rows
+    two = P.plan(phi3, task="full-finetune", seq_len=64, global_batch=2, gpu="h100-80gb",
+                 base=base, device="cpu", fixed={"precision": ("bf16", "fp32")})  # fmt: skip
+    assert two.n_configurations == 2 * 3 * 2
 
 
 def test_a_derived_architecture_is_planned_for_inference() -> None:
