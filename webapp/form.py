@@ -223,6 +223,13 @@ INFERENCE: tuple[FormField, ...] = (
               kind="int", default=1, low=1, high=jobs.MAX_RETURN_SEQUENCES, section="advanced",
               help="num_return_sequences: more than 1 needs sampling (each prompt decoded as "
                    "that many rows) or at least as many beams; used when new tokens > 0"),
+    FormField(task="infer", name="output_scores", label="keep scores (generate)", kind="bool",
+              default=False, section="advanced",
+              help="output_scores=True with return_dict_in_generate: each step's fp32 scores "
+                   "kept until generate returns; used when new tokens > 0"),
+    FormField(task="infer", name="output_logits", label="keep logits (generate)", kind="bool",
+              default=False, section="advanced",
+              help="output_logits=True: each step's raw fp32 logits kept the same way"),
     FormField(task="infer", name="padding", label="prompt padding", kind="choice",
               default=_default(I, "padding"), choices=jobs.PADDINGS, section="advanced",
               help="none = prompts of one length; left = prompts of different lengths padded "
@@ -559,7 +566,7 @@ def build_job(task: str, state: Mapping[str, object]) -> calc.Training | calc.In
 def _generate_fields(kwargs: dict[str, object]) -> None:
     """Generate (``new_tokens`` > 0): the context follows from the prompt (``context=0``);
     the prefill alone: no ``cache`` choice (its cache is the static one), no sampling, no
-    beams, one sequence per prompt."""
+    beams, one sequence per prompt, nothing kept."""
     if kwargs.get("new_tokens"):
         kwargs["context"] = 0
     else:
@@ -567,6 +574,7 @@ def _generate_fields(kwargs: dict[str, object]) -> None:
         kwargs["sampling"] = None
         kwargs["num_beams"] = 1
         kwargs["num_return_sequences"] = 1
+        kwargs["output_scores"] = kwargs["output_logits"] = False
 
 
 def build_parallel(task: str, state: Mapping[str, object]) -> calc.Parallelism | None:

@@ -72,6 +72,8 @@ INFERENCE_FIELDS: tuple[str, ...] = (
     "new_tokens",
     "num_beams",
     "num_return_sequences",
+    "output_scores",
+    "output_logits",
     "cache",
     "padding",
 )
@@ -213,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
         "--padding",
         help=f"the prompts' attention mask: {_choices(jobs.PADDINGS)} (default none; left: "
         "prompts of different lengths left-padded to --prompt, their mask passed)",
+    )
+    infer.add_argument(
+        "--output-scores",
+        action="store_true",
+        default=None,
+        help="generate(return_dict_in_generate=True, output_scores=True): each step's fp32 "
+        "scores kept until generate returns",
+    )
+    infer.add_argument(
+        "--output-logits",
+        action="store_true",
+        default=None,
+        help="generate(return_dict_in_generate=True, output_logits=True): each step's raw fp32 "
+        "logits kept the same way",
     )
     infer.add_argument(
         "--sample",

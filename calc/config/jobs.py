@@ -317,6 +317,16 @@ class Inference:
     the cache and each step's scores are ``r`` times a single sequence's; beam search keeps its
     ``batch x num_beams`` rows and returns the best ``r`` (at most ``num_beams``). Greedy
     decoding refuses more than 1, as transformers does (``GenerationConfig.validate``)."""
+    output_scores: bool = False
+    """``generate(return_dict_in_generate=True, output_scores=True)``: every decode step's
+    processed scores (fp32 ``[rows, vocab]``) kept in the returned tuple until ``generate``
+    returns, so the decode grows by one such tensor per new token (transformers
+    ``generation/utils.py``, ``_sample``: ``scores += (next_token_scores,)``). Needs
+    ``new_tokens`` >= 1."""
+    output_logits: bool = False
+    """``generate(return_dict_in_generate=True, output_logits=True)``: every step's raw fp32
+    logits kept the same way (``raw_logits += (next_token_logits,)``); greedy without
+    processors keeps one tensor for both flags. Needs ``new_tokens`` >= 1."""
     padding: Padding = "none"
     """The prompts' attention mask: ``none``, prompts of one length (no mask, or the
     tokenizer's mask of ones, which ``generate`` drops); ``left``, prompts of different
@@ -362,6 +372,14 @@ class Inference:
                 "generated tokens)"
             )
         self._check_return_sequences()
+        self._check_kept_outputs()
+
+    def _check_kept_outputs(self) -> None:
+        """``output_scores`` and ``output_logits``: bools, and only for ``generate``."""
+        for name in ("output_scores", "output_logits"):
+            check_bool(name, getattr(self, name))
+            if getattr(self, name) and self.new_tokens == 0:
+                raise ValueError(f"{name}=True needs new_tokens >= 1 (generate's decode steps)")
 
     def _check_return_sequences(self) -> None:
         """``num_return_sequences`` in range, and as transformers' ``GenerationConfig.validate``
@@ -399,13 +417,18 @@ class Inference:
 
     def decoding_kwargs(self) -> dict[str, float | int | bool]:
         """The keyword arguments of ``model.generate`` that select the decoding: greedy
-        (``do_sample=False``) or `Sampling.generate_kwargs`, and ``num_beams`` and
-        ``num_return_sequences`` when above 1."""
+        (``do_sample=False``) or `Sampling.generate_kwargs`, ``num_beams`` and
+        ``num_return_sequences`` when above 1, and the kept outputs (``output_scores``,
+        ``output_logits``) when asked."""
         kw = self.sampling.generate_kwargs() if self.sampling is not None else {"do_sample": False}
         if self.num_beams > 1:
             kw["num_beams"] = self.num_beams
         if self.num_return_sequences > 1:
             kw["num_return_sequences"] = self.num_return_sequences
+        if self.output_scores or self.output_logits:
+            kw["return_dict_in_generate"] = True
+            kw["output_scores"] = self.output_scores
+            kw["output_logits"] = self.output_logits
         return kw
 
     @property

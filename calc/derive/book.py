@@ -214,7 +214,10 @@ class Book:
             if ref is None or ref() is not st:
                 self.ignored[key] = self._ref(st, key)
 
-    def add(self, st: Any, name: str, tag: object, segment: object) -> None:
+    def add(self, st: Any, name: str, tag: object, segment: object, force: bool = False) -> None:
+        """Count storage ``st`` from now on (once). ``force``: also one the book has left out
+        as late (a ``torch.tensor`` made while recording), as verify's meters count a built
+        model's every storage."""
         key = st._cdata
         entry = self.live.get(key)
         if entry is not None:
@@ -225,7 +228,7 @@ class Book:
         for pool in (self.ignored, self.empty):
             ref = pool.get(key)
             if ref is not None:
-                if ref() is st:
+                if ref() is st and not (force and pool is self.ignored):
                     return
                 del pool[key]
         raw = st.nbytes()

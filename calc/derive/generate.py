@@ -34,6 +34,8 @@ MARGIN = 2
 WHOLE_MAX = 24
 """``new_tokens`` up to this are recorded whole (every decode step); longer generations are
 recorded at shorter ones and cut (`cut`)."""
+MAX_KEPT = 128
+"""The most new tokens recorded whole when each step's scores or logits are kept."""
 HEAD = 2
 """Forwards kept at the start of a cut recording: the prefill and the first decode step."""
 MIN_NEW = 8
@@ -46,14 +48,22 @@ CUT = ("cut", HEAD)
 
 
 def generate_regime(
-    batch: int, prompt: int, new_tokens: int, thresholds: Sequence[int]
+    batch: int, prompt: int, new_tokens: int, thresholds: Sequence[int], kept: bool = False
 ) -> lift.Regime:
     """The regime of a ``generate`` job of ``new_tokens`` after ``prompt`` tokens, ``batch``
     rows. Up to `WHOLE_MAX` new tokens (`whole_regime`) the generation is recorded whole,
-    ``n`` fixed; longer ones (`cut_regime`) are recorded at shorter generations and cut."""
+    ``n`` fixed; longer ones (`cut_regime`) are recorded at shorter generations and cut.
+    ``kept``: each step's scores or logits are kept until generate returns
+    (``output_scores``/``output_logits``), one more storage per new token, which no cut
+    stream of fixed length holds: recorded whole up to `MAX_KEPT`, refused beyond."""
     if new_tokens < 1:
         raise ValueError(f"new_tokens={new_tokens} must be >= 1 for generate")
-    if new_tokens <= WHOLE_MAX:
+    if kept and new_tokens > MAX_KEPT:
+        raise NotImplementedError(
+            f"output_scores/output_logits with new_tokens={new_tokens}: each step's kept "
+            f"tensor is recorded (one per new token), up to {MAX_KEPT} new tokens"
+        )
+    if new_tokens <= WHOLE_MAX or kept:
         return whole_regime(batch, prompt, new_tokens, thresholds)
     return cut_regime(batch, prompt, prompt + new_tokens, thresholds)
 

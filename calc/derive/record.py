@@ -439,6 +439,27 @@ def _model_tensors(model: Any) -> list:
     return out
 
 
+def _count_held(book: Book, held: list) -> None:
+    """Count the built model's tensors (``(name, tensor)``, `_model_tensors`) from the start
+    of ``book``'s recording, as buffers."""
+    for name, t in held:
+        st = storage_of(t)
+        if st is not None:
+            book.add(st, name, "base", "base")
+            sid = book.known(st)
+            if sid is not None:
+                book.classify(sid, StorageKind.BUFFER, name, "base")
+
+
+def _count_buffers(book: Book, model: Any) -> None:
+    """Count a rank's wrapped model's buffers, also those ``torch.tensor`` made while it was
+    built in ``book`` (Gemma's ``embed_scale``), which the book had left out as late: verify's
+    meters count every storage of the built model."""
+    for name, t in model.named_buffers():
+        if (st := storage_of(t)) is not None:
+            book.add(st, name, "base", "base", force=True)
+
+
 def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> tuple[Any, Any]:
     """(model, decoder layers) of ``config`` as the job runs it: recomputation, dtype,
     quantized linears, then LoRA's adapters (verify's ``compress.apply`` order), train/eval."""
@@ -497,11 +518,9 @@ def session(
                 model, layers = _built(config, job, backend)
                 if compiled:
                     inductor.compile_model(model, layers, job)
-                held = [
-                    (name, t)
-                    for name, t in _model_tensors(model)
-                    if (st := storage_of(t)) is not None and setup.known(st) is not None
-                ]
+                # every storage the built model holds, also one made outside dispatch
+                # (torch.tensor: Gemma's embed_scale buffer), as verify's meter counts it
+                held = [(name, t) for name, t in _model_tensors(model) if storage_of(t) is not None]
 
         def trace(batch: int, seq: int, context: int = 0, steps: int = 2) -> Trace:
             nonlocal model
@@ -519,13 +538,8 @@ def session(
                 if wrapped:
                     assert shard is not None and not isinstance(shard, LocalOptimizer)
                     model = _rank_model(config, job, backend, shard, mesh)
-                for name, t in held:
-                    st = storage_of(t)
-                    if st is not None:
-                        book.add(st, name, "base", "base")
-                        sid = book.known(st)
-                        if sid is not None:
-                            book.classify(sid, StorageKind.BUFFER, name, "base")
+                    _count_buffers(book, model)
+                _count_held(book, held)
                 if isinstance(job, Training):
                     vocab = _vocab(config)
                     _train(book, mode, model, job, backend, batch, seq, vocab, steps, owned)

@@ -214,8 +214,9 @@ def _regime(job: Training | Inference, config: dict[str, Any]) -> lift.Regime:
     """`calc.derive.lift.regime` of the job's sizes; for ``generate``
     `calc.derive.generate.generate_regime` (the new tokens fixed)."""
     if isinstance(job, Inference) and job.new_tokens > 0:
+        kept = job.output_scores or job.output_logits
         return generate.generate_regime(
-            job.batch, job.prompt_len, job.new_tokens, thresholds(config)
+            job.batch, job.prompt_len, job.new_tokens, thresholds(config), kept
         )
     if isinstance(job, Training) and job.compile != "none":
         # Inductor compiles for the shapes it is given, and its program (which buffers,

@@ -137,10 +137,10 @@ def replay_generate(model: ModelSpec, job: Inference, device: str, n_layers: int
             "generate with sampling is recorded from transformers' code (the derived replay), "
             "not written by hand"
         )
-    if job.num_beams > 1:  # the same fallback
+    if job.num_beams > 1 or job.output_scores or job.output_logits:  # the same fallback
         raise NotImplementedError(
-            "generate with beam search is recorded from transformers' code (the derived "
-            "replay), not written by hand"
+            "generate with beam search or kept scores/logits is recorded from transformers' "
+            "code (the derived replay), not written by hand"
         )
     if model.sliding_window is not None and model.model_type != "mistral":
         raise NotImplementedError(

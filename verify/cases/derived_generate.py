@@ -87,6 +87,11 @@ def derived_generate_cases() -> list[Case]:
               sampling=Sampling(), num_return_sequences=3)),
         _case("qwen2_moe", "sample-seqs-long-bf16", _gen("qwen2_moe", 2, 4, 28, "bf16",
               sampling=Sampling(top_k=10), num_return_sequences=2)),
+        # each step's scores (and raw logits) kept until generate returns: recorded whole
+        _case("gemma2", "scores-logits-sample-cross-bf16", _gen("gemma2", 2, 12, 8, "bf16",
+              sampling=Sampling(top_k=10), output_scores=True, output_logits=True)),
+        _case("qwen3_moe", "scores-decode-fp32", _gen("qwen3_moe", 4, 2, 30, "fp32",
+                                                      output_scores=True)),
         # beam search over a sliding-window cache, experts, latent attention
         _case("gemma2", "beam-cross-fp32", _gen("gemma2", 2, 12, 8, "fp32", num_beams=3)),
         _case("mixtral", "beam-bf16", _gen("mixtral", 1, 10, 6, "bf16", num_beams=4)),

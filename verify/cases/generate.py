@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from calc.config.compression import Quant
 from calc.config.jobs import Sampling
-from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
+from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q, infer
 
 __all__ = ["generate_cases"]
 
@@ -89,4 +89,17 @@ def generate_cases() -> list[Case]:
               precision="fp32", sampling=Sampling(top_p=0.9), num_return_sequences=4, **hf),
         infer("gen-beam-best2-qwen2-bf16", QWEN2, batch=2, prompt=6, new_tokens=6,
               precision="bf16", num_beams=4, num_return_sequences=2, **hf),
+        # return_dict_in_generate with output_scores / output_logits: one fp32 [rows, V] per
+        # step kept until generate returns (the derived replay); a 4,096-token vocabulary so
+        # that they decide the decode's peak
+        infer("gen-scores-llama-fp32-decode", LLAMA, batch=4, prompt=2, new_tokens=24,
+              precision="fp32", output_scores=True, scale={"vocab": 4096}, tags=Q, **hf),
+        infer("gen-scores-logits-qwen2-bf16", QWEN2, batch=3, prompt=6, new_tokens=30,
+              precision="bf16", output_scores=True, output_logits=True,
+              scale={"vocab": 4096}, **hf),
+        infer("gen-scores-logits-sample-mistral-bf16", MISTRAL, batch=2, prompt=4,
+              new_tokens=16, precision="bf16", sampling=Sampling(temperature=0.7, top_k=20),
+              output_scores=True, output_logits=True, scale={"vocab": 4096}, **hf),
+        infer("gen-logits-beam-gpt2-fp32", GPT2, batch=2, prompt=4, new_tokens=8,
+              precision="fp32", num_beams=3, output_logits=True, **hf),
     ]  # fmt: skip

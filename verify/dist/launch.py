@@ -122,6 +122,7 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     with tracker as tr:
         tr.track(ids, targets)
         built = engine(case, spec, ctx)
+        tr.track(built.model)  # every storage of the model, also one torch.tensor made
         tr.classify(model=built.model, optimizer=built.optimizer, inputs=[ids, targets])
         setup_bytes = tr.live_bytes
         with tr._lock:  # small storages made by the wrapper (device meshes, ...): diagnostics

@@ -26,8 +26,10 @@ rules, so that an eager step measures the same bytes under both (checked by
   the ``aten::lift_fresh`` of the literal (as the profiler shows it: `LITERAL_MARK`), or any
   ``aten::empty`` called by ``Optimizer.step`` itself (Adam's ``step`` scalars,
   ``torch/optim/adam.py`` lines 130-175, 683). They are the tracker's "late" storages
-  (``count_late=False``), host-side on CUDA: Gemma's ``embed_scale`` buffer and its forward's
-  ``normalizer`` are such literals.
+  (``count_late=False``), host-side on CUDA: Gemma's forward's ``normalizer`` is such a
+  literal. Its ``embed_scale`` buffer is one too, but ``model.to(device)`` moves it to the GPU:
+  the tracker counts it as the model's (``StorageTracker.track(model)``), this meter does not
+  yet (512 B under the prediction of a compiled Gemma rank).
 
 Phases are ``record_function`` markers (`AllocationMeter.mark`); live bytes at the start
 (``baseline_bytes``) are given by the caller, who knows what was allocated before profiling.

@@ -9,7 +9,7 @@ import pytest
 
 import calc
 from calc.derive.book import Trace
-from calc.derive.generate import cut, generate_regime, sample_plan
+from calc.derive.generate import MAX_KEPT, cut, generate_regime, is_cut, sample_plan
 
 
 def test_regime_far_from_every_window_samples_batch_and_prompt() -> None:
@@ -84,6 +84,18 @@ def test_cut_keeps_what_lives_on_and_drops_the_middle() -> None:
     assert got.nbytes == (100, 101, 102, 103, 105, 106) and got.baseline == (0,)
     # too few forwards to have a middle: unchanged
     assert cut(_trace(stream), [0, 4, 8]) == _trace(stream)
+
+
+def test_kept_scores_record_a_long_generation_whole_up_to_its_limit() -> None:
+    # output_scores keeps one tensor per new token: a cut stream (fixed length, sampled
+    # contexts) cannot hold it, so 100 + 40 tokens is recorded whole (n fixed, no "c"), and
+    # more than MAX_KEPT new tokens is refused by name
+    reg = generate_regime(2, 100, 40, [4096], kept=True)
+    assert ("n", 40) in reg.fixed and not is_cut(reg)
+    assert all(name != "c" for name, *_ in reg.free)
+    assert is_cut(generate_regime(2, 100, 40, [4096]))
+    with pytest.raises(NotImplementedError, match="output_scores"):
+        generate_regime(2, 100, MAX_KEPT + 1, [4096], kept=True)
 
 
 def test_regime_refuses_no_new_tokens() -> None:

@@ -255,6 +255,30 @@ def test_decoding_kwargs_select_greedy_sampling_or_beams():
     assert best_two == {"do_sample": False, "num_beams": 4, "num_return_sequences": 2}
 
 
+def test_kept_scores_are_passed_to_generate_and_need_new_tokens():
+    job = calc.Inference(batch=1, prompt=4, new_tokens=2, output_scores=True)
+    assert job.decoding_kwargs() == {
+        "do_sample": False, "return_dict_in_generate": True, "output_scores": True,
+        "output_logits": False,
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="output_logits=True needs new_tokens"):
+        calc.Inference(batch=1, context=4, output_logits=True)
+    with pytest.raises(ValueError, match="output_scores"):
+        calc.Inference(batch=1, prompt=4, new_tokens=2, output_scores="yes")  # type: ignore[arg-type]
+
+
+def test_kept_scores_hold_one_fp32_row_block_per_new_token():
+    # hand count: greedy generate with output_scores keeps each step's
+    # ``logits[:, -1, :].to(copy=True, dtype=float32)`` ([batch, vocab] fp32: 4 x 4096 x 4 B =
+    # 65,536 B) until it returns; the last step's peak (appending its token to the ids) has
+    # all 24 alive (verify: gen-scores-llama-fp32-decode, exact)
+    spec = scaled_spec("llama-2-7b", vocab=4096)
+    job = calc.Inference(batch=4, prompt=2, new_tokens=24, precision="fp32", output_scores=True)
+    est = calc.estimate(spec, job, device="cpu")
+    assert est.peak_phase == "decode"
+    assert est.breakdown["temporaries/_to_copy"] == 24 * 4 * 4096 * 4
+
+
 def test_beam_search_is_answered_by_the_derived_replay():
     # the hand graph refuses beams; the replay recorded from transformers' _beam_search answers
     # (verify: gen-beam-*, dgen-*-beam-*), naming what the hand graph lacks
