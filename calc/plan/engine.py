@@ -80,9 +80,9 @@ def check_plannable(model: ModelSpec, kind: str) -> None:
 def held_axes(model: ModelSpec, kind: str, gpu_count: int) -> tuple[str, ...]:
     """Axes held at the base job's value unless ``fixed`` lists values. Training on 2+ GPUs:
     `HELD_ON_MANY_GPUS`. A derived model's training (`calc.derive`), on any count: the same
-    axes, since each of its structures is recorded from transformers' code (2-13 s each for
-    phi-4 and qwen3-30b-a3b on this machine, ``benchmarks/bench_derive.py``): the grid of one
-    GPU is then recompute x accumulation, 6 recordings instead of 240."""
+    axes, since each of its structures is recorded from transformers' code (seconds each,
+    ``benchmarks/bench_derive.py``): the grid of one GPU is then recompute x accumulation, 6
+    recordings instead of 240."""
     if kind != TRAINING:
         return ()
     if gpu_count > 1 or model.derived:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from calc.config.compression import Quant
 from calc.config.jobs import Sampling
-from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, Q, infer
+from verify.cases.case import GPT2, LLAMA, LLAMA3, MISTRAL, QWEN2, QWEN3, Case, infer
 
 __all__ = ["generate_cases"]
 
@@ -93,7 +93,7 @@ def generate_cases() -> list[Case]:
         # step kept until generate returns (the derived replay); a 4,096-token vocabulary so
         # that they decide the decode's peak
         infer("gen-scores-llama-fp32-decode", LLAMA, batch=4, prompt=2, new_tokens=24,
-              precision="fp32", output_scores=True, scale={"vocab": 4096}, tags=Q, **hf),
+              precision="fp32", output_scores=True, scale={"vocab": 4096}, **hf),
         infer("gen-scores-logits-qwen2-bf16", QWEN2, batch=3, prompt=6, new_tokens=30,
               precision="bf16", output_scores=True, output_logits=True,
               scale={"vocab": 4096}, **hf),

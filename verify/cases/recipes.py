@@ -39,7 +39,7 @@ NF4_SCALE = {"kv_heads": 2, "head_dim": 32}
 TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("tt-fp32-llama", LLAMA, {}),
     ("tt-bf16-llama3", LLAMA3, BF16),
-    ("tt-bf16-chunked-llama3", LLAMA3, {**BF16, **CHUNKED, "tags": Q}),
+    ("tt-bf16-chunked-llama3", LLAMA3, {**BF16, **CHUNKED}),
     ("tt-bf16-chunked-b1-mistral", MISTRAL, {**BF16, **CHUNKED, "micro_batch": 1,
                                              "loss_chunks": 4}),
     ("tt-bf16-gqa2-llama3", LLAMA3, {**BF16, **GQA2}),
