@@ -65,7 +65,9 @@ INFER_CHANGES: tuple[tuple[str, object], ...] = (
     ("infer.cache", "static"),
     ("infer.padding", "left"),  # a recording (seconds) of the padded generate
     ("infer.num_beams", 2),  # a recording of beam search (the hand graph refuses it)
-    ("infer.num_return_sequences", 2),  # last: the best 2 of the 2 beams
+    ("infer.num_return_sequences", 2),  # the best 2 of the 2 beams
+    ("infer.output_scores", True),  # each step's scores kept: a recording of the whole generate
+    ("infer.output_logits", True),
 )
 """Inference widget changes in order (a widget may change twice)."""
 
