@@ -223,16 +223,13 @@ def check_parallel(job: Training | Inference, parallel: Parallelism) -> None:
             "parameters with requires_grad=True and False')"
         )
     if parallel.shard_level == 3:  # fsdp=True or zero=3: both replay FSDP2 (calc.parallel.fsdp)
-        if job.quant is not None:
+        torchao = job.implementation == "torchtune" and parallel.fsdp_version == 2
+        if job.quant is not None and not torchao:
             raise NotImplementedError(
-                "QLoRA with fsdp=True (or zero=3) is not modelled: fully_shard shards parameters only, "
-                "and a quantized base is buffers (replicated), as bitsandbytes' FSDP support "
-                "changes; use DDP (zero=0)"
-            )
-        if job.lora.adapter_dtype is not None:
-            raise NotImplementedError(
-                "LoRA adapter_dtype with fsdp=True (or zero=3) is not modelled (FSDP2 would all-gather "
-                "mixed dtypes in one group)"
+                "QLoRA with fsdp=True (or zero=3) is modelled for torchtune's recipe "
+                "(implementation='torchtune': torchao's NF4Tensor, which FSDP2 shards and "
+                "all-gathers); bitsandbytes' quantized base is buffers to fully_shard "
+                "(replicated), as its FSDP support changes: use DDP (zero=0)"
             )
         return
     if parallel.zero == 1 and parallel.zero_partition == "by-parameter":

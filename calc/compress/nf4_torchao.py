@@ -32,11 +32,13 @@ divides ``n / block`` (`check_fits`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import sympy as sp
 
 from calc.config.jobs import Training
 from calc.models.shape import Shape
-from calc.replay.tape import Size, Tape, Tensor
+from calc.replay.tape import Size, Tape, Tensor, divide
 
 BLOCK = 64
 """``to_nf4``'s default ``block_size`` (elements per absmax)."""
@@ -47,17 +49,13 @@ TABLE_ENTRIES = 16
 INT64 = 8
 
 
-def _div(a: Size, b: int) -> Size:
-    return a // b if isinstance(a, int) else a / b
-
-
 def stored(n: Size, itemsize: int) -> list[tuple[str, Size, int, str]]:
     """``(name, elements, bytes per element, kind)`` of each tensor an ``NF4Tensor`` of ``n``
     elements in a dtype of ``itemsize`` bytes keeps; kind ``weight`` (the packed values) or
     ``qscale`` (the rest: quantization overhead)."""
-    blocks = _div(n, BLOCK)
+    blocks = divide(n, BLOCK)
     return [
-        ("nf4.quantized_data", _div(n, 2), 1, "weight"),
+        ("nf4.quantized_data", divide(n, 2), 1, "weight"),
         ("nf4.quantized_scalers", blocks, 1, "qscale"),
         ("nf4.quantization_factor", _factor_storage(blocks), itemsize, "qscale"),
         ("nf4.scaler_mean", 1, itemsize, "qscale"),
@@ -71,7 +69,7 @@ def _factor_storage(blocks: Size) -> Size:
     column 0 and calls ``.contiguous()``: a copy of ``blocks / 256`` elements, except when
     there is one scaler block, whose ``[1]`` view is already contiguous and keeps the whole
     storage (a weight of exactly 16,384 elements)."""
-    per_scaler = _div(blocks, SCALER_BLOCK)
+    per_scaler = divide(blocks, SCALER_BLOCK)
     if isinstance(blocks, int):
         return blocks if blocks == SCALER_BLOCK else per_scaler
     return sp.Piecewise((blocks, sp.Eq(blocks, SCALER_BLOCK)), (per_scaler, True))
@@ -101,16 +99,73 @@ def check_job(sh: Shape, job: Training) -> None:
         )
 
 
-def check_fits(out_features: int, in_features: int, where: str) -> None:
+def check_fits(out_features: int, in_features: int, where: str, shards: int = 1) -> None:
     """Raise ``ValueError`` unless ``to_nf4`` can quantize an ``[out, in]`` weight: its
-    elements a multiple of ``block * scaler_block`` = 16,384."""
+    elements a multiple of ``block * scaler_block`` = 16,384; and, sharded over ``shards``
+    ranks by FSDP2, unless ``aten.split`` of an ``NF4Tensor`` can chunk it: dim 0 and every
+    inner tensor split evenly (``nf4_split``: ``inner_tensor.numel() % num_chunks == 0``; the
+    smallest is ``quantization_factor``, one element per 16,384)."""
     n = out_features * in_features
-    if n % (BLOCK * SCALER_BLOCK):
+    unit = BLOCK * SCALER_BLOCK
+    if n % unit:
         raise ValueError(
             f"quant: torchao's to_nf4 needs the elements of every quantized weight to be a "
-            f"multiple of {BLOCK} x {SCALER_BLOCK} = {BLOCK * SCALER_BLOCK}; {where} is "
+            f"multiple of {BLOCK} x {SCALER_BLOCK} = {unit}; {where} is "
             f"{out_features} x {in_features} = {n}"
         )
+    if shards > 1 and (out_features % shards or (n // unit) % shards):
+        raise ValueError(
+            f"parallel: FSDP2 over dp={shards} chunks each NF4Tensor on dim 0, and torchao "
+            f"splits its inner tensors evenly: {where} ({out_features} x {in_features}) needs "
+            f"out features and elements / {unit} divisible by {shards}"
+        )
+
+
+GATHERED = ("nf4.quantized_scalers", "nf4.quantization_factor", "nf4.quantized_data")
+"""The inner tensors ``NF4Tensor.fsdp_pre_all_gather`` hands FSDP2 to all-gather, in order;
+``scaler_mean`` and the table go in the metadata, shared by every shard and the gathered
+tensor (``construct_nf4_args`` passes the same tensors on)."""
+
+
+def gathered_numels(n: Size) -> dict[str, Size]:
+    """Elements of each `GATHERED` tensor of an ``NF4Tensor`` of ``n`` elements (the
+    quantization factor's own elements, not a one-block storage: FSDP2 needs more blocks)."""
+    blocks = divide(n, BLOCK)
+    return {
+        "nf4.quantized_scalers": blocks,
+        "nf4.quantization_factor": divide(blocks, SCALER_BLOCK),
+        "nf4.quantized_data": divide(n, 2),
+    }
+
+
+def fsdp_inputs(
+    tape: Tape, params: list[Tensor], shapes: list[tuple]
+) -> tuple[list[Tensor], list[tuple], frozenset[int]]:
+    """FSDP2's all-gather inputs for ``params`` (with their ``shapes``): each quantized base
+    (`calc.compress.quant.QWeight` of torchao's nf4, by its values' storage in
+    ``tape.quantized``) becomes its `GATHERED` inner tensors, flat, which FSDP2 shards at
+    init (``_init_sharded_param``: ``torch.chunk`` is ``nf4_split``, ``new_zeros`` and
+    ``copy_`` make each rank's inner shards) and all-gathers per layer (uint8 with the
+    adapters); the third item names their storages (no dim-0 padding: they split evenly,
+    `check_fits`)."""
+    out: list[Tensor] = []
+    out_shapes: list[tuple] = []
+    unpadded: set[int] = set()
+    for p, shape in zip(params, shapes, strict=True):
+        qw: Any = tape.quantized.get(id(p.storage))
+        if qw is None:
+            out.append(p)
+            out_shapes.append(shape)
+            continue
+        if qw.library != "torchao":
+            raise NotImplementedError("FSDP2 over a bitsandbytes-format quantized base")
+        numels = gathered_numels(qw.out_f * qw.in_f)
+        for t in qw.stored:
+            if t.storage.name in numels:
+                out.append(t)
+                out_shapes.append((numels[t.storage.name],))
+                unpadded.add(id(t.storage))
+    return out, out_shapes, frozenset(unpadded)
 
 
 def dequantize(tape: Tape, n: Size, itemsize: int) -> Tensor:
@@ -119,8 +174,8 @@ def dequantize(tape: Tape, n: Size, itemsize: int) -> Tensor:
     table lookups ``nf4[idx]``; ``dequantize_scalers``' ``int8 / factor`` and ``+ mean``; each
     ``repeated.flatten()`` a copy of an expanded view, multiplied; ``torch.stack``). The locals
     die as the function returns; the result is the stack's output (``reshape`` views it)."""
-    half = _div(n, 2)
-    blocks = _div(n, BLOCK)
+    half = divide(n, 2)
+    blocks = divide(n, BLOCK)
     shifted = tape.new(half, 1, "nf4dq.hi")
     first = tape.new(half, INT64, "nf4dq.first")
     tape.drop(shifted)

@@ -36,6 +36,7 @@ from calc.compress import nf4_torchao
 from calc.config.compression import NF4_NESTED_BLOCK, Quant
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
+from calc.config.parallelism import Parallelism
 from calc.replay import ops
 from calc.replay.tape import Node, Size, Tape, Tensor
 
@@ -134,17 +135,27 @@ def library_of(job: Training | Inference) -> NF4Library:
     return "torchao" if job.implementation == "torchtune" else "bitsandbytes"
 
 
-def check_fits(model: ModelSpec, quant: Quant, library: NF4Library = "bitsandbytes") -> None:
+def shards_of(parallel: Parallelism | None) -> int:
+    """Ranks FSDP2 (or ZeRO-3) shards each parameter over under ``parallel``; 1 otherwise."""
+    if parallel is None or parallel.shard_level != 3:
+        return 1
+    return parallel.dp
+
+
+def check_fits(
+    model: ModelSpec, quant: Quant, library: NF4Library = "bitsandbytes", shards: int = 1
+) -> None:
     """Raise ``ValueError`` unless ``quant``'s group size divides every quantized linear of
     ``model`` (a ``calc.ModelSpec``; the llama family's q, k, v, o, gate, up, down), or, for
-    torchao's nf4, ``to_nf4`` can quantize each (`nf4_torchao.check_fits`)."""
+    torchao's nf4, ``to_nf4`` can quantize each and FSDP2 split it over ``shards`` ranks
+    (`nf4_torchao.check_fits`)."""
     h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
     shapes = {"q": (a * d, h), "k": (k * d, h), "v": (k * d, h), "o": (h, a * d),
               "gate": (f, h), "up": (f, h), "down": (h, f)}  # fmt: skip
     for name, (out_f, in_f) in shapes.items():
         where = f"the {name} projection of {model.name}"
         if library == "torchao":
-            nf4_torchao.check_fits(out_f, in_f, where)
+            nf4_torchao.check_fits(out_f, in_f, where, shards)
         else:
             check_divides(quant, out_f, in_f, where)
 

@@ -1,6 +1,21 @@
-"""Where a decoder layer of transformers keeps the linears LoRA adapts and quantization packs:
-the llama-family projections by name, and Phi-3's fused ones (`calc.derive.lora`,
-`calc.derive.quantized`)."""
+"""Where a decoder layer of transformers keeps the linears LoRA adapts and quantization packs
+(`calc.derive.lora`, `calc.derive.quantized`, verify's ``compress.apply``).
+
+Each site is the LoRA module names the linear computes and its attribute path in the layer:
+- the llama-family projections by name (``self_attn.q_proj`` ... ``mlp.down_proj``);
+- Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` (one linear computes several names: an
+  adapter takes all of them or none);
+- latent attention (DeepSeek-V2/V3, transformers ``modeling_deepseek_v3.py``): ``q`` is
+  ``q_proj`` or the low-rank pair ``q_a_proj``, ``q_b_proj``; ``k`` and ``v`` come from the
+  same two latent projections ``kv_a_proj_with_mqa`` (the latent and the shared RoPE key)
+  and ``kv_b_proj`` (the keys' no-RoPE part and the values);
+- the shared experts of a mixture of experts (``mlp.shared_experts`` of DeepSeek,
+  ``mlp.shared_expert`` of Qwen2-MoE), llama-style MLPs.
+
+The routed experts of transformers 5's mixtures (``mlp.experts``: ``gate_up_proj`` and
+``down_proj`` are 3-D parameters of every expert, not ``nn.Linear``) and the routers are no
+site: peft's ``target_modules`` adapt ``nn.Linear`` modules, and bitsandbytes replaces those.
+"""
 
 from __future__ import annotations
 
@@ -15,3 +30,29 @@ FUSED: dict[tuple[str, ...], tuple[str, str]] = {
     ("gate", "up"): ("mlp", "gate_up_proj"),
 }
 """LoRA module names -> the one fused linear that computes them all (Phi-3)."""
+
+Site = tuple[tuple[str, ...], tuple[str, ...]]
+"""(LoRA module names the linear computes, its attribute path in the decoder layer)."""
+
+SITES: tuple[Site, ...] = (
+    *(((name,), path) for name, path in LINEARS.items()),
+    *((parts, path) for parts, path in FUSED.items()),
+    (("q",), ("self_attn", "q_a_proj")),
+    (("q",), ("self_attn", "q_b_proj")),
+    (("k", "v"), ("self_attn", "kv_a_proj_with_mqa")),
+    (("k", "v"), ("self_attn", "kv_b_proj")),
+    *(((name,), ("mlp", shared, f"{name}_proj"))
+      for shared in ("shared_experts", "shared_expert") for name in ("gate", "up", "down")),
+)  # fmt: skip
+"""Every site, in the order adapters and quantized linears are made (the llama-family ones
+first, so a llama layer's order is its projections')."""
+
+
+def parent_of(layer: object, path: tuple[str, ...]) -> object | None:
+    """The module holding the last attribute of ``path`` in ``layer``, or ``None``."""
+    node: object | None = layer
+    for attr in path[:-1]:
+        node = getattr(node, attr, None)
+        if node is None:
+            return None
+    return node

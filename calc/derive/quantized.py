@@ -28,7 +28,7 @@ import math
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-from calc.derive.linears import FUSED, LINEARS
+from calc.derive.linears import SITES, parent_of
 
 if TYPE_CHECKING:
     from calc.config.compression import Quant
@@ -269,9 +269,9 @@ def quantize_head(model: Any, quant: Quant) -> None:
 
 
 def apply(model: Any, layers: Any, quant: Quant) -> None:
-    """Replace every decoder linear of ``layers`` (the llama-family projections and Phi-3's
-    fused ones, `calc.derive.linears`; MoE experts are not ``nn.Linear``s and
-    stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same);
+    """Replace every decoder linear of ``layers`` (`calc.derive.linears.SITES`: the
+    llama-family projections, Phi-3's fused ones, latent attention's, shared experts'; routed
+    MoE experts are not ``nn.Linear``s and stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same);
     with ``lm_head`` left out of ``keep_16bit``, ``model``'s output linear too (Lightning's
     bitsandbytes plugin replaces every ``nn.Linear``; a tied head gets its own quantized copy,
     the embedding keeps the 16-bit matrix). Embeddings are ``nn.Embedding``, never quantized
@@ -285,10 +285,9 @@ def apply(model: Any, layers: Any, quant: Quant) -> None:
     cls = quant_linear_class()
     if "lm_head" not in quant.keep_16bit:
         quantize_head(model, quant)
-    places = [*LINEARS.values(), *FUSED.values()]
     for layer in layers:
-        for sub, attr in places:
-            parent = getattr(layer, sub, None)
-            found = getattr(parent, attr, None)
+        for _, path in SITES:
+            parent = parent_of(layer, path)
+            found = getattr(parent, path[-1], None)
             if isinstance(found, torch.nn.Linear):
-                setattr(parent, attr, cls(found, quant))
+                setattr(parent, path[-1], cls(found, quant))

@@ -439,25 +439,22 @@ def _model_tensors(model: Any) -> list:
     return out
 
 
-def _count_held(book: Book, held: list) -> None:
-    """Count the built model's tensors (``(name, tensor)``, `_model_tensors`) from the start
-    of ``book``'s recording, as buffers."""
-    for name, t in held:
-        st = storage_of(t)
-        if st is not None:
-            book.add(st, name, "base", "base")
-            sid = book.known(st)
-            if sid is not None:
-                book.classify(sid, StorageKind.BUFFER, name, "base")
+def _storages(named: Any) -> list[tuple[str, Any]]:
+    """``(name, storage)`` of the ``(name, tensor)`` pairs ``named`` that have a storage."""
+    return [(name, st) for name, t in named if (st := storage_of(t)) is not None]
 
 
-def _count_buffers(book: Book, model: Any) -> None:
-    """Count a rank's wrapped model's buffers, also those ``torch.tensor`` made while it was
-    built in ``book`` (Gemma's ``embed_scale``), which the book had left out as late: verify's
-    meters count every storage of the built model."""
-    for name, t in model.named_buffers():
-        if (st := storage_of(t)) is not None:
-            book.add(st, name, "base", "base", force=True)
+def _count_held(book: Book, held: list[tuple[str, Any]]) -> None:
+    """Count a built model's storages (``(name, storage)``, `_storages`) from the start of
+    ``book``'s recording, as buffers (parameters are classified as weights when the measured
+    part starts), also those ``torch.tensor`` made while a rank's model was built in ``book``
+    (Gemma's ``embed_scale``), which the book had left out as late: verify's meters count
+    every storage of the built model."""
+    for name, st in held:
+        book.add(st, name, "base", "base", force=True)
+        sid = book.known(st)
+        if sid is not None:
+            book.classify(sid, StorageKind.BUFFER, name, "base")
 
 
 def _built(config: dict[str, Any], job: Training | Inference, backend: str) -> tuple[Any, Any]:
@@ -509,7 +506,7 @@ def session(
         stack.enter_context(eager_paths())
         stack.enter_context(quiet())
         stack.enter_context(FakeTensorMode())
-        held: list = []
+        held: list[tuple[str, Any]] = []
         model: Any = None
         owned = shard.params if isinstance(shard, LocalOptimizer) else None
         wrapped = shard is not None and owned is None
@@ -520,7 +517,7 @@ def session(
                     inductor.compile_model(model, layers, job)
                 # every storage the built model holds, also one made outside dispatch
                 # (torch.tensor: Gemma's embed_scale buffer), as verify's meter counts it
-                held = [(name, t) for name, t in _model_tensors(model) if storage_of(t) is not None]
+                held = _storages(_model_tensors(model))
 
         def trace(batch: int, seq: int, context: int = 0, steps: int = 2) -> Trace:
             nonlocal model
@@ -538,7 +535,7 @@ def session(
                 if wrapped:
                     assert shard is not None and not isinstance(shard, LocalOptimizer)
                     model = _rank_model(config, job, backend, shard, mesh)
-                    _count_buffers(book, model)
+                    _count_held(book, _storages(model.named_buffers()))
                 _count_held(book, held)
                 if isinstance(job, Training):
                     vocab = _vocab(config)

@@ -67,6 +67,12 @@ MOE_NOTE = (
     "top_k rows whatever the routing, so balanced and worst-case routing give these same bytes"
 )
 """The note of a derived MoE estimate: both routing bounds equal."""
+MOE_LORA_NOTE = (
+    "LoRA on a mixture of experts: the routed experts (3-D parameters in transformers, not "
+    "nn.Linear) get no adapter, as with peft's target_modules; gate/up/down adapters go on the "
+    "shared experts and dense layers where the model has them"
+)
+"""The note of LoRA naming MLP projections on a mixture of experts (`calc.derive.lora`)."""
 
 
 def is_moe(config: dict[str, Any]) -> bool:

@@ -4,16 +4,23 @@ replay of one GPU (`calc.estimate.core`) or of the most-loaded rank of a paralle
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from functools import partial
 
 from calc.compress.lora import check_parallel, trainable_numels
-from calc.compress.quant import check_fits, library_of
+from calc.compress.quant import check_fits, library_of, shards_of
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
-from calc.derive.replay import check_cuda, derived_trainable_numels, require_recorder
+from calc.derive.replay import (
+    MOE_LORA_NOTE,
+    check_cuda,
+    derived_trainable_numels,
+    is_moe,
+    require_recorder,
+)
 from calc.estimate.core import (
     CUBLAS_WORKSPACE_BYTES,
     evaluate,
@@ -54,7 +61,7 @@ def estimate(
     if isinstance(job, Training):
         _check_training(model, job)
     if job.quant is not None:  # the group size must divide every quantized linear
-        check_fits(model, job.quant, library_of(job))
+        check_fits(model, job.quant, library_of(job), shards_of(parallel))
     compressed = isinstance(job, Training) and any(
         x is not None for x in (job.lora, job.quant, job.pruning, job.distill)
     )
@@ -66,11 +73,12 @@ def estimate(
     if parallel is not None and not parallel.is_single:
         _check_parallel_job(job, parallel)
         est = _with_paged(estimate_parallel(model, job, parallel, device), model, job)
+        est = replace(est, notes=(*est.notes, *lora_notes(model, job)))
         return est if gpu_obj is None else for_gpu(est, job, gpu_obj)
     if device == "cuda" and model.derived:
         check_cuda(model, job)  # the recording's CPU kernel must be the one CUDA runs
     comp, key, job, notes = compiled_or_derived(model, job, device)
-    notes = (*notes, *job_notes(job, device))
+    notes = (*notes, *job_notes(job, device), *lora_notes(model, job))
     est = _with_paged(evaluate(comp, key, model, job, device, notes=notes), model, job)
     if gpu_obj is not None:
         est = for_gpu(est, job, gpu_obj)
@@ -198,6 +206,15 @@ PADDING_CUDA_NOTE = (
     "padding='left' on CUDA: with a mask SDPA runs its memory-efficient kernel (flash takes "
     "none), while the recording runs CPU flash with the mask; not measured on a GPU yet"
 )
+
+
+def lora_notes(model: ModelSpec, job: Training | Inference) -> tuple[str, ...]:
+    """`MOE_LORA_NOTE` for LoRA on a mixture of experts' MLP names (`calc.derive.lora`)."""
+    if not isinstance(job, Training) or job.lora is None or model.hf_config is None:
+        return ()
+    config = json.loads(model.hf_config)
+    mlp = set(job.lora.modules) & {"gate", "up", "down"}
+    return (MOE_LORA_NOTE,) if mlp and isinstance(config, dict) and is_moe(config) else ()
 
 
 def job_notes(job: Training | Inference, device: str) -> tuple[str, ...]:

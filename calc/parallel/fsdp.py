@@ -77,6 +77,15 @@ class Group:
     def shard_total(self) -> Size:
         return sp.Add(*self.shard_numels) if self.shard_numels else 0
 
+    @property
+    def shard_bytes(self) -> Size:
+        """Bytes of the group's all-gather inputs on one rank: with several dtypes (an
+        ``NF4Tensor``'s uint8, int8 and 16-bit inner tensors beside the adapters) FSDP2
+        gathers them as uint8 (``foreach_all_gather``: ``t.view(torch.uint8)``), the same
+        bytes as one dtype's."""
+        terms = [n * p.itemsize for n, p in zip(self.shard_numels, self.leaves, strict=True)]
+        return sp.Add(*terms) if terms else 0
+
 
 @dataclass(eq=False)
 class Fsdp:
@@ -105,9 +114,14 @@ class Fsdp:
 
     # ------------------------------------------------------------------ setup
 
-    def install(self, tape: Tape, params: Sequence[Tensor], shapes: Sequence[tuple]) -> None:
+    def install(
+        self, tape: Tape, params: Sequence[Tensor], shapes: Sequence[tuple],
+        unpadded: frozenset[int] = frozenset(),
+    ) -> None:  # fmt: skip
         """Shard every parameter: its unsharded storage is freed (``resize_(0)``) and a padded
-        shard (kind ``weight``) exists instead; group by layer (``int`` tags) and root."""
+        shard (kind ``weight``) exists instead; group by layer (``int`` tags) and root.
+        ``unpadded``: storage ids of all-gather inputs that split evenly over the ranks with
+        no padding (a torchao ``NF4Tensor``'s inner tensors, `calc.compress.nf4_torchao`)."""
         for p, shape in zip(params, shapes, strict=True):
             tag = p.storage.tag if isinstance(p.storage.tag, int) else "root"
             g = self.groups.setdefault(tag, Group(tag, [], [], p.itemsize))
@@ -118,7 +132,9 @@ class Fsdp:
             # (``init_all_gather_outputs``: N x padded shard); the leaf keeps its own size (its
             # gradient has it), and the padding is a storage of the difference that comes and
             # goes with it (both sizes are 512-byte multiples, so the sum is exact).
-            pad = round_block(self.n * numel * p.itemsize) - p.storage.size
+            pad: Size = 0
+            if id(p.storage) not in unpadded:
+                pad = round_block(self.n * numel * p.itemsize) - p.storage.size
             if pad != 0:
                 st = Storage(pad, f"pad:{p.name}", "weight", p.storage.tag)
                 st.refs = 1
@@ -153,8 +169,7 @@ class Fsdp:
         cast = None
         if self.mixed:
             cast = tape.new(g.shard_total, g.itemsize, f"fsdp.all_gather_in[{g.tag}]", tag=g.tag)
-        g.ag_out = tape.new(self.n * g.shard_total, g.itemsize, f"fsdp.all_gather[{g.tag}]",
-                            tag=g.tag)  # fmt: skip
+        g.ag_out = tape.new(self.n * g.shard_bytes, 1, f"fsdp.all_gather[{g.tag}]", tag=g.tag)
         tape.drop(cast)
 
     def _copy_out(self, tape: Tape, g: Group, keep: bool) -> None:
@@ -210,7 +225,7 @@ class Fsdp:
         # Only the parameters with a gradient are reduce-scattered (``fsdp_params_with_grad``):
         # all of them in full training, the adapters alone under LoRA (frozen base).
         total = sp.Add(*[n for n, gr in zip(g.shard_numels, grads, strict=True) if gr is not None])
-        red = self.reduce_itemsize or g.itemsize  # foreach_reduce: reduce_dtype or the grads'
+        red = self.reduce_itemsize or have[0][0].itemsize  # reduce_dtype or the grads'
         rs_in = tape.new(self.n * total, red, f"fsdp.reduce_scatter_in[{g.tag}]",
                          tag=g.tag)  # fmt: skip
         tape.drop(*[gr for _, gr in have])

@@ -13,7 +13,7 @@ from typing import TypeGuard
 import numpy as np
 
 from calc.compress.lora import check_parallel
-from calc.compress.quant import check_fits, library_of
+from calc.compress.quant import check_fits, library_of, shards_of
 from calc.config.compression import LoRA, Quant, QuantMethod
 from calc.config.jobs import Inference, Training, check_choice, check_size
 from calc.config.model_spec import ModelSpec
@@ -303,7 +303,7 @@ class Evaluator:
         if not vectorised(job, parallel):
             return self._parallel_row(choices, job)
         try:
-            check_compressed(job, parallel)
+            check_compressed(self.model, job, parallel)
             replays = rank_replays(self.model, job, parallel, self.device)
         except NotImplementedError as exc:
             return self._row(choices, job, reason=f"not modelled: {exc}")
@@ -479,11 +479,14 @@ def vectorised(job: Training | Inference, parallel: Parallelism) -> TypeGuard[Tr
     return isinstance(job, Training) and not other and parallel.pp == 1 and parallel.cp == 1
 
 
-def check_compressed(job: Training, parallel: Parallelism) -> None:
+def check_compressed(model: ModelSpec, job: Training, parallel: Parallelism) -> None:
     """``calc.estimate``'s check of a LoRA/QLoRA job on several GPUs (``NotImplementedError``
-    for the layouts the cost model does not cover with adapters)."""
+    for the layouts the cost model does not cover with adapters; ``ValueError`` for a
+    quantized base its shards cannot split)."""
     if job.lora is not None or job.quant is not None:
         check_parallel(job, parallel)
+    if job.quant is not None:
+        check_fits(model, job.quant, library_of(job), shards_of(parallel))
 
 
 def parallel_tables(
@@ -504,7 +507,7 @@ def parallel_tables(
             continue
         for accum in dict.fromkeys((job.grad_accum, 2 if job.grad_accum == 1 else 1)):
             try:
-                check_compressed(job, parallel)
+                check_compressed(model, job, parallel)
                 replays = rank_replays(model, replace(job, grad_accum=accum), parallel, device)
             except (NotImplementedError, ValueError):
                 continue

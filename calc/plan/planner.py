@@ -107,7 +107,8 @@ def plan(
     ``base``'s values unless ``fixed`` lists them (``calc.plan.engine.HELD_ON_MANY_GPUS``: each
     layout compiles its own rank-class tables once; ``precompile(..., gpu_count=n)`` compiles
     them ahead, after which a plan in a new process reads them from the persistent cache).
-    Configurations the cost model does not cover are returned as excluded, ``not modelled:``.
+    A derived model's training holds them on any GPU count (`calc.plan.engine.held_axes`:
+    each job is a recording). Configurations the cost model does not cover are returned as excluded, ``not modelled:``.
 
     Raises ``ValueError`` for bad input (naming the field).
     """

@@ -303,7 +303,11 @@ def build_step(
         fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
                     mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize)  # fmt: skip
         if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
-            fsdp.install(tape, [*w.parameters(), *params], [*w.shapes(sh), *shapes])
+            base, base_shapes = w.parameters(), w.shapes(sh)
+            unpadded: frozenset[int] = frozenset()
+            if job.quant is not None:  # torchtune's QLoRA: each NF4Tensor's inner tensors
+                base, base_shapes, unpadded = nf4_torchao.fsdp_inputs(tape, base, base_shapes)
+            fsdp.install(tape, [*base, *params], [*base_shapes, *shapes], unpadded)
         else:
             fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)

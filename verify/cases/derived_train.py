@@ -190,6 +190,13 @@ def derived_lora_cases() -> list[Case]:
               quant=Quant(method="int8")),
         derived_case("mixtral", "qlora-nf4-attn-bf16", precision="bf16",
               lora=LoRA(rank=8, modules=("q", "k", "v", "o")), quant=Quant(method="nf4")),
+        # mixtures of experts: latent attention's linears (q_a/q_b or q_proj, kv_a/kv_b),
+        # dense layers' and shared experts' MLP adapted; routed experts (3-D parameters) not
+        derived_case("deepseek_v3", "lora-r8-bf16", precision="bf16", lora=LoRA(rank=8)),
+        derived_case("deepseek_v2", "qlora-nf4-bf16", precision="bf16", lora=LoRA(rank=8),
+              quant=Quant(method="nf4")),
+        derived_case("qwen2_moe", "lora-r8-amp", precision="amp-bf16", lora=LoRA(rank=8)),
+        derived_case("qwen3_moe", "lora-r4-fp32", lora=LoRA(rank=4)),
         hf_case("hf-qlora-nf4-bf16-llama3", LLAMA3, precision="bf16", lora=LoRA(rank=8),
                 quant=Quant(method="nf4")),
         # NF4 on every nn.Linear, the LM head too (Lightning's bitsandbytes plugin): the head's

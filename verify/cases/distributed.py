@@ -307,6 +307,11 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-qlora-ddp-hf-2", "ddp", Parallelism(dp=2), implementation="hf",
           precision="bf16", lora=LoRA(rank=8), quant=Quant(method="nf4"), tolerance_pct=3.0,
           note="Hugging Face LlamaForCausalLM, QLoRA under DDP (hf cases' 3 % bar)"),
+    _case("dist-lora-fsdp2-fp32-adapters-2", "fsdp2", Parallelism(dp=2, fsdp=True),
+          precision="bf16", lora=LoRA(rank=8, adapter_dtype="fp32"), tolerance_pct=GLOO_LORA_PCT,
+          note="LoRA as peft sets it up under FSDP2: fp32 adapters beside the bf16 base, "
+          "all-gathered together as uint8 (several dtypes in one group), fp32 gradients "
+          "reduce-scattered. " + GLOO_LORA_NOTE),
     _case("dist-qlora-ddp-fp32-adapters-2", "ddp", Parallelism(dp=2), precision="bf16",
           lora=LoRA(rank=16, adapter_dtype="fp32"), quant=Quant(method="nf4"),
           note="QLoRA as peft sets it up: fp32 adapters, fp32 buckets over a bf16 model"),
@@ -321,6 +326,21 @@ CASES: tuple[DistCase, ...] = (
           tolerance_pct=GLOO_LORA_PCT,
           note="torchtune LoRA (llama3_1/8B_lora: q, v, output_proj and the MLP), "
           "distributed. " + GLOO_LORA_NOTE),
+    # torchtune's QLoRA recipes distributed (llama3_1/70B_qlora: lora_finetune_distributed):
+    # torchao's NF4Tensor sharded by fully_shard, its inner tensors all-gathered per layer
+    _case("dist-torchtune-fsdp2-qlora-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TT_RECIPE,
+          lora=LoRA(rank=8, modules=("q", "v", "o", "gate", "down", "up")),
+          quant=Quant(method="nf4"), scale={**SMALL, "kv_heads": 4, "head_dim": 32},
+          tolerance_pct=GLOO_LORA_PCT,
+          note="torchtune QLoRA distributed: every weight a multiple of 2 x 16,384 elements "
+          "(torchao splits each NF4Tensor's inner tensors evenly). " + GLOO_LORA_NOTE),
+    _case("dist-torchtune-fsdp2-qlora-fp32-keep-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, reshard_after_forward=False),
+          **{**TT_RECIPE, "loss": "cross-entropy", "precision": "fp32", "recompute": "none"},
+          lora=LoRA(rank=4, modules=("q", "v")), quant=Quant(method="nf4"),
+          scale={**SMALL, "kv_heads": 4, "head_dim": 32}, tolerance_pct=GLOO_LORA_PCT,
+          note="torchtune QLoRA distributed in fp32 (fp32 quantization factors), the gathered "
+          "NF4 tensors kept from the forward to the backward. " + GLOO_LORA_NOTE),
     _case("dist-torchtune-fsdp2-offload-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TT_RECIPE,
           offload_activations=True, seq_len=128, scale={"layers": 4},
           tolerance_pct=GLOO_ASYNC_PCT,

@@ -64,6 +64,7 @@ def measure_profiled(
     meter = AllocationMeter()
     with meter.profiling(storage_bytes(ids, targets), "setup"):
         built = engine(case, case.spec(), ctx)
+        meter.keep(*built.model.buffers())  # the model's every storage, as the tracker's
         with forced_sdpa(pins.sdpa_backend):
             if compiles(job):  # as the recording compiles: each layer's forward, hooks outside
                 compile_model(built.model, decoder_layers(built.model), job)

@@ -28,8 +28,8 @@ rules, so that an eager step measures the same bytes under both (checked by
   ``torch/optim/adam.py`` lines 130-175, 683). They are the tracker's "late" storages
   (``count_late=False``), host-side on CUDA: Gemma's forward's ``normalizer`` is such a
   literal. Its ``embed_scale`` buffer is one too, but ``model.to(device)`` moves it to the GPU:
-  the tracker counts it as the model's (``StorageTracker.track(model)``), this meter does not
-  yet (512 B under the prediction of a compiled Gemma rank).
+  the tracker counts it as the model's (``StorageTracker.track(model)``), and so does this
+  meter for the storages the caller names (`AllocationMeter.keep`: the built model's buffers).
 
 Phases are ``record_function`` markers (`AllocationMeter.mark`); live bytes at the start
 (``baseline_bytes``) are given by the caller, who knows what was allocated before profiling.
@@ -160,8 +160,12 @@ def _flatten(roots: list[Any]) -> tuple[list[Any], list[Any]]:
     return allocs, marks
 
 
-def replay_events(roots: list[Any], baseline_bytes: int, first_phase: str) -> AllocationPeaks:
-    """Replay the profiler's event tree ``roots`` from ``baseline_bytes`` live bytes."""
+def replay_events(
+    roots: list[Any], baseline_bytes: int, first_phase: str, kept: frozenset[int] = frozenset()
+) -> AllocationPeaks:
+    """Replay the profiler's event tree ``roots`` from ``baseline_bytes`` live bytes. An
+    allocation at a pointer of ``kept`` that is never freed counts whatever made it (a built
+    model's ``torch.tensor()`` buffer, `AllocationMeter.keep`)."""
     allocs, marks = _flatten(roots)
     literals = _literals(roots)
     allocs.sort(key=lambda e: e.start_time_ns)
@@ -195,7 +199,8 @@ def replay_events(roots: list[Any], baseline_bytes: int, first_phase: str) -> Al
         if size <= 0:
             live -= counted.pop(ptr, 0)
             continue
-        if not _counts(ev, free_at[i], literals):
+        forced = ptr in kept and free_at[i] is None
+        if not forced and not _counts(ev, free_at[i], literals):
             out.skipped += 1
             counted.pop(ptr, None)
             continue
@@ -221,6 +226,13 @@ class AllocationMeter:
 
     def __init__(self) -> None:
         self.result = AllocationPeaks()
+        self.kept: set[int] = set()
+
+    def keep(self, *tensors: torch.Tensor) -> None:
+        """Count the storages of ``tensors`` (a built model's buffers) whatever made them, as
+        the tracker's ``StorageTracker.track(model)`` does: a ``torch.tensor()`` buffer
+        (Gemma's ``embed_scale``) is otherwise skipped as a literal."""
+        self.kept.update(t.untyped_storage().data_ptr() for t in tensors)
 
     def mark(self, phase: str) -> None:
         """Start phase ``phase`` (an empty ``record_function`` range named after it)."""
@@ -235,7 +247,7 @@ class AllocationMeter:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             yield
         roots = prof.profiler.kineto_results.experimental_event_tree()
-        self.result = replay_events(roots, baseline_bytes, first_phase)
+        self.result = replay_events(roots, baseline_bytes, first_phase, frozenset(self.kept))
 
 
 def storage_bytes(*tensors: torch.Tensor) -> int:

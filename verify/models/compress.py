@@ -30,23 +30,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from calc.derive.linears import FUSED as FUSED_LINEARS
-from calc.derive.linears import LINEARS as LLAMA_LINEARS
+from calc.derive.linears import SITES, Site, parent_of
 from calc.derive.quantized import quant_linear_class, quantize_head
 from verify.models import torchao_nf4, torchtune_llama
 
 if TYPE_CHECKING:
     from calc.config.compression import LoRA, Quant
 
+MLP_NAMES = {"gate", "up", "down"}
+"""The LoRA names a mixture of experts' routed experts compute: no adapter there."""
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 QuantLinear = quant_linear_class()
 """`calc.derive.quantized`'s weight-only quantized linear (the recording builds the same)."""
-TORCHTUNE_LINEARS: dict[str, tuple[str, str]] = {
-    "q": ("attn", "q_proj"), "k": ("attn", "k_proj"), "v": ("attn", "v_proj"),
-    "o": ("attn", "output_proj"), "gate": ("mlp", "w1"), "down": ("mlp", "w2"),
-    "up": ("mlp", "w3"),
-}  # fmt: skip
-"""LoRA module name -> (submodule, attribute) in torchtune's layer, in its registration order
+TORCHTUNE_LINEARS: tuple[Site, ...] = (
+    (("q",), ("attn", "q_proj")), (("k",), ("attn", "k_proj")), (("v",), ("attn", "v_proj")),
+    (("o",), ("attn", "output_proj")), (("gate",), ("mlp", "w1")), (("down",), ("mlp", "w2")),
+    (("up",), ("mlp", "w3")),
+)  # fmt: skip
+"""(LoRA module name, attribute path) in torchtune's layer, in its registration order
 (`verify.models.torchtune_llama`). torchtune's own ``LoRALinear`` (modules/peft/lora.py,
 ``forward``) runs the ops `LoRALinear` runs here: the frozen base's ``F.linear``,
 ``lora_b(lora_a(x))`` times ``alpha / rank``, the sum."""
@@ -85,26 +86,31 @@ class LoRALinear(nn.Module):
 
 def _targets(model: nn.Module) -> list[tuple[nn.Module, str, tuple[str, ...]]]:
     """(parent module, attribute, LoRA/Quant names it computes) of every decoder-layer linear,
-    in the reference model or a Hugging Face llama-family model (same attribute names), or
-    Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` (`FUSED_LINEARS`)."""
+    in the reference model or a Hugging Face model (`calc.derive.linears.SITES`: llama-family
+    names, Phi-3's fused linears, latent attention's, shared experts'), or torchtune's."""
     if isinstance(model, torchtune_llama.TransformerDecoder):
-        blocks, names = model.layers, TORCHTUNE_LINEARS
+        blocks, sites = model.layers, TORCHTUNE_LINEARS
     else:
         spec = getattr(model, "spec", None)
         model_type = spec.model_type if spec is not None else model.config.model_type
         if model_type == "gpt2":
             raise NotImplementedError("LoRA/quantization of GPT-2's Conv1D-style layers")
         blocks = model.blocks if spec is not None else model.model.layers
-        names = LLAMA_LINEARS
+        sites = SITES
     out = []
     for block in blocks:
-        for name, (sub, attr) in names.items():
-            if isinstance(getattr(getattr(block, sub, None), attr, None), nn.Linear):
-                out.append((getattr(block, sub), attr, (name,)))
-        for parts, (sub, attr) in FUSED_LINEARS.items():
-            if isinstance(getattr(getattr(block, sub, None), attr, None), nn.Linear):
-                out.append((getattr(block, sub), attr, parts))
+        for parts, path in sites:
+            parent = parent_of(block, path)
+            if isinstance(getattr(parent, path[-1], None), nn.Linear):
+                out.append((parent, path[-1], parts))
     return out
+
+
+def _routes(model: nn.Module) -> bool:
+    """Whether a Hugging Face ``model``'s layers route tokens to experts (``mlp.experts``)."""
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", ())
+    return any(getattr(getattr(b, "mlp", None), "experts", None) is not None for b in layers)
 
 
 def _adapted(parts: tuple[str, ...], lora: LoRA, model_type: str) -> bool:
@@ -134,8 +140,10 @@ def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch
     targets = _targets(model)
     model_type = getattr(getattr(model, "config", None), "model_type", "the reference model")
     found = {part for *_, parts in targets for part in parts}
-    if lora is not None and not set(lora.modules) <= found:
-        raise NotImplementedError(f"LoRA modules {lora.modules}: {model_type} has {found}")
+    if lora is not None:  # peft: routed experts (3-D parameters) are no target module
+        missing = set(lora.modules) - found - (MLP_NAMES if _routes(model) else set())
+        if missing or not set(lora.modules) & found:
+            raise NotImplementedError(f"LoRA modules {lora.modules}: {model_type} has {found}")
     torchtune = isinstance(model, torchtune_llama.TransformerDecoder)
     for parent, attr, parts in targets:
         layer = getattr(parent, attr)

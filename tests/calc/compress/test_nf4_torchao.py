@@ -118,3 +118,46 @@ def test_qwen2_biases_are_refused():
     spec = scaled_spec("qwen2.5-0.5b", kv_heads=2, head_dim=64)  # the real widths, 2 layers
     with pytest.raises(NotImplementedError, match="bias"):
         calc.estimate(spec, _qlora(), device="cpu")
+
+
+def test_fsdp2_keeps_each_ranks_inner_shards_and_gathers_their_bytes():
+    # torchao's fsdp_pre_all_gather hands FSDP2 quantized_scalers, quantization_factor and
+    # quantized_data; _init_sharded_param's torch.chunk (nf4_split) and new_zeros give each of
+    # 2 ranks half of each: for 4096 x 4096 in bf16, data 4,194,304 B, scalers 131,072 B,
+    # factor 512 x 2 = 1,024 B; scaler_mean and the table (512 B each) stay, shared.
+    from calc.compress.quant import existing
+    from calc.parallel.fsdp import Fsdp
+
+    tape = Tape()
+    qw = existing(tape, calc.Quant(method="nf4"), 4096, 4096, "bf16", 0, library="torchao")
+    values = next(t for t in qw.stored if t.name == "nf4.quantized_data")
+    tape.quantized[id(values.storage)] = qw
+    inputs, shapes, unpadded = nf4_torchao.fsdp_inputs(tape, [values], [(4096, 4096)])
+    assert sorted(t.name for t in inputs) == sorted(nf4_torchao.GATHERED)
+    fsdp = Fsdp(2, reshard_after_forward=True)
+    fsdp.install(tape, inputs, shapes, unpadded)
+    assert _live(tape) == 4_194_304 + 131_072 + 1_024 + 512 + 512
+    # the layer's all-gather output, as uint8: 2 ranks x (4,194,304 + 131,072 + 1,024) B
+    assert 2 * fsdp.groups[0].shard_bytes == 8_652_800
+
+
+def test_fsdp2_needs_every_inner_tensor_to_split_evenly():
+    # k and v of this llama: 64 x 256 = 16,384 elements, one quantization factor: torchao's
+    # nf4_split cannot give 2 ranks half of it
+    spec = scaled_spec("llama-3.1-8b", kv_heads=2, head_dim=32)
+    job = _qlora(loss="chunked-ce")
+    with pytest.raises(ValueError, match="the k projection"):
+        calc.estimate(spec, job, parallel=calc.Parallelism(dp=2, fsdp=True), device="cpu")
+    calc.estimate(spec, job, device="cpu")  # one GPU: fine
+
+
+def test_fsdp2_qlora_is_torchtunes_bitsandbytes_stays_refused():
+    spec = scaled_spec("llama-3.1-8b", kv_heads=4, head_dim=32)
+    fsdp = calc.Parallelism(dp=2, fsdp=True)
+    # torchtune's recipe is estimated (verify's dist-torchtune-fsdp2-qlora-2 measures it)
+    est = calc.estimate(spec, _qlora(loss="chunked-ce"), parallel=fsdp, device="cpu")
+    assert est.rank_peaks.keys() == {0, 1}
+    hf = calc.Training(micro_batch=1, seq_len=64, precision="bf16", lora=calc.LoRA(rank=8),
+                       quant=calc.Quant(method="nf4"))  # fmt: skip
+    with pytest.raises(NotImplementedError, match="torchtune"):
+        calc.estimate(spec, hf, parallel=fsdp, device="cpu")

@@ -193,12 +193,15 @@ def test_lora_derived_equals_the_hand_graph(lora: calc.LoRA, precision: str) -> 
     [
         # Phi-3 computes q, k and v in one qkv_proj: an adapter takes all three or none
         ({"model_type": "phi3", "pad_token_id": 0}, ("q", "v"), "qkv_proj"),
-        # Mixtral's MLP is its experts: no gate_proj/up_proj/down_proj linear to adapt; the
-        # message offers the attention projections it has
+        # Mixtral's MLP is its experts: no gate_proj/up_proj/down_proj linear to adapt, and
+        # nothing else chosen; the message offers the attention projections it has
         ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
-         ("q", "gate"), "['gate']"),
-        ({"model_type": "mixtral", "num_local_experts": 4, "num_experts_per_tok": 2},
-         ("q", "k", "v", "o", "gate", "up", "down"), "try LoRA(modules=('q', 'k', 'v', 'o'))"),
+         ("gate", "up", "down"), "try LoRA(modules=('q', 'k', 'v', 'o'))"),
+        # latent attention computes k and v in the same two linears
+        ({"model_type": "deepseek_v3", "n_routed_experts": 4, "num_experts_per_tok": 2,
+          "moe_intermediate_size": 32, "n_group": 1, "topk_group": 1, "q_lora_rank": 32,
+          "kv_lora_rank": 16, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16},
+         ("q", "k"), "kv_a_proj_with_mqa"),
     ],
 )  # fmt: skip
 def test_lora_on_linears_a_model_lacks_is_refused_by_name(

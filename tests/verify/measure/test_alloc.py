@@ -59,6 +59,27 @@ def test_tensor_literal_is_not_counted_anywhere() -> None:
     del scale, made, cast
 
 
+def test_a_kept_literal_counts_and_a_freed_one_at_its_address_does_not() -> None:
+    # a model built inside profiling: its torch.tensor() buffer (Gemma's embed_scale) is the
+    # model's, as StorageTracker.track(model) counts it; another literal does not count
+    meter = AllocationMeter()
+    with meter.profiling(baseline_bytes=0):
+        scale = torch.tensor(8.0, dtype=torch.bfloat16)  # 2 B -> 512, kept
+        other = torch.tensor([1.0, 2.0])  # 8 B: a literal, not kept
+        meter.keep(scale)
+    assert meter.result.peak_bytes == 512
+    del other
+    # the address of a literal freed inside profiling, reused by a kept one, counts once
+    meter = AllocationMeter()
+    with meter.profiling(baseline_bytes=0):
+        gone = torch.tensor(1.0)
+        del gone
+        scale = torch.tensor(8.0, dtype=torch.bfloat16)
+        meter.keep(scale)
+    assert meter.result.peak_bytes == 512
+    del scale
+
+
 def test_fsdp_storage_resize_counts_and_a_collectives_buffers_do_not() -> None:
     # FSDP2 grows the unsharded parameters' storages with storage.resize_ (no aten op) inside
     # its FSDP:: ranges; what a c10d collective allocates inside itself is never returned
