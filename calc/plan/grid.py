@@ -141,21 +141,23 @@ _TABLES: dict[tuple, StructureTable] = {}
 def _compile_table(
     model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions
 ) -> StructureTable:
-    try:
-        comp, _key = _estimate.compiled_for(model, job, device, opts)
+    try:  # a structure the replay refuses, or a size the programs cannot compute: its rows
+        comp, _key = _estimate.compiled_for(model, job, device, opts)  # say "not modelled"
+        tl = comp.timeline
+        programs = tuple(to_program(size) for size in tl.sizes)
+        grad_order = tuple(
+            (tag, to_program(numel), int(itemsize)) for _, tag, numel, itemsize in comp.grad_order
+        )
     except NotImplementedError as exc:
         return StructureTable(
             (), np.zeros((0, 0), np.int64), np.zeros((0, 0), np.int64), (), str(exc)
         )
-    tl = comp.timeline
     return StructureTable(
-        programs=tuple(to_program(size) for size in tl.sizes),
+        programs=programs,
         c0=np.asarray(tl.c0, dtype=np.int64),
         c1=np.asarray(tl.c1, dtype=np.int64),
         phases=tuple(c.phase for c in tl.candidates),
-        grad_order=tuple(
-            (tag, to_program(numel), int(itemsize)) for _, tag, numel, itemsize in comp.grad_order
-        ),
+        grad_order=grad_order,
     )
 
 

@@ -9,7 +9,8 @@ nothing is ever ``eval``-ed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 import numpy as np
@@ -30,7 +31,8 @@ def to_program(expr: sp.Basic) -> tuple:
     Operations: ``("int", n)``, ``("sym", name)``, ``("add", ...)``, ``("mul", ...)``,
     ``("pow", base, n)`` (n >= 1), ``("div", num, den)`` (floor division: exact where the
     expression is an integer), ``("ceil", num, den)``, ``("floor", num, den)``, ``("max", ...)``,
-    ``("min", ...)``. Rational parts are brought over one integer denominator
+    ``("min", ...)``, ``("ifeq", lhs, rhs, then, otherwise)`` (a ``Piecewise`` on equalities).
+    Rational parts are brought over one integer denominator
     (``sympy.fraction(sympy.together(...))``) so no step divides before the end.
     Raises ``NotImplementedError`` naming any other sympy function.
     """
@@ -48,6 +50,8 @@ def to_program(expr: sp.Basic) -> tuple:
     if isinstance(expr, sp.Max | sp.Min):
         op = "max" if isinstance(expr, sp.Max) else "min"
         return (op, *(to_program(a) for a in expr.args))
+    if isinstance(expr, sp.Piecewise):
+        return _piecewise(expr.args)
     num, den = sp.fraction(sp.together(expr))
     if den != 1:
         return ("div", to_program(num), to_program(den))
@@ -60,6 +64,23 @@ def to_program(expr: sp.Basic) -> tuple:
     raise NotImplementedError(f"plan_grid cannot evaluate {type(expr).__name__}: {expr}")
 
 
+def _piecewise(pieces: Sequence) -> tuple:
+    """``Piecewise`` whose conditions are equalities, the last ``True`` (a storage that differs
+    at one size, `calc.compress.nf4_torchao`): ``("ifeq", lhs, rhs, then, otherwise)``."""
+    (value, cond), rest = pieces[0], pieces[1:]
+    if cond is sp.true:
+        return to_program(value)
+    if not isinstance(cond, sp.Eq) or not rest:
+        raise NotImplementedError(f"plan_grid cannot evaluate the condition {cond}")
+    return ("ifeq", to_program(cond.lhs), to_program(cond.rhs), to_program(value),
+            _piecewise(rest))  # fmt: skip
+
+
+_FOLDS: dict[str, Callable[[Value, Value], Value]] = {
+    "add": operator.add, "mul": operator.mul, "max": np.maximum, "min": np.minimum,
+}  # fmt: skip
+
+
 def run_program(prog: Sequence, env: Mapping[str, Value]) -> Value:
     """Evaluate a ``to_program`` program; ``env`` maps symbol names to int64 values or arrays."""
     op = prog[0]
@@ -67,15 +88,11 @@ def run_program(prog: Sequence, env: Mapping[str, Value]) -> Value:
         return np.int64(prog[1])
     if op == "sym":
         return env[prog[1]]
-    if op == "add":
+    if op in _FOLDS:  # add, mul, max, min over two or more arguments
+        fold = _FOLDS[op]
         out = run_program(prog[1], env)
         for arg in prog[2:]:
-            out = out + run_program(arg, env)
-        return out
-    if op == "mul":
-        out = run_program(prog[1], env)
-        for arg in prog[2:]:
-            out = out * run_program(arg, env)
+            out = fold(out, run_program(arg, env))
         return out
     if op == "pow":
         return run_program(prog[1], env) ** int(prog[2])
@@ -83,12 +100,9 @@ def run_program(prog: Sequence, env: Mapping[str, Value]) -> Value:
         return run_program(prog[1], env) // run_program(prog[2], env)
     if op == "ceil":
         return -((-run_program(prog[1], env)) // run_program(prog[2], env))
-    if op in ("max", "min"):
-        fn = np.maximum if op == "max" else np.minimum
-        out = run_program(prog[1], env)
-        for arg in prog[2:]:
-            out = fn(out, run_program(arg, env))
-        return out
+    if op == "ifeq":
+        same = run_program(prog[1], env) == run_program(prog[2], env)
+        return np.where(same, run_program(prog[3], env), run_program(prog[4], env))
     raise ValueError(f"plan_grid: unknown program operation {op!r}")
 
 

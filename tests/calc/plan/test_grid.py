@@ -60,6 +60,16 @@ def test_program_floor_max_min_by_hand() -> None:
     assert _run(S.h**2 / 4, h=6) == 9
 
 
+def test_program_piecewise_on_an_equality_by_hand() -> None:
+    # torchao's quantization factor keeps h*h/64 elements at h*h = 16,384 (one scaler block),
+    # h*h/16,384 otherwise (calc.compress.nf4_torchao)
+    expr = sp.Piecewise((S.h**2 / 64, sp.Eq(S.h**2, 16384)), (S.h**2 / 16384, True))
+    assert _run(expr, h=128) == 256
+    assert _run(expr, h=256) == 4
+    env = {"h": np.array([128, 256, 512], dtype=np.int64)}
+    assert PP.run_program(PP.to_program(expr), env).tolist() == [256, 4, 16]
+
+
 def test_program_refuses_functions_it_does_not_know() -> None:
     with pytest.raises(NotImplementedError, match="cannot evaluate"):
         PP.to_program(sp.sin(S.b))
@@ -136,6 +146,22 @@ def test_not_modelled_structure_carries_the_cost_model_message(
     G.clear_memory_cache()
     table, fresh = G.structure_table(TINY, job)
     assert not fresh and "selective" in table.not_modelled
+
+
+def test_a_size_the_programs_cannot_compute_is_not_modelled(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a plan row says why rather than the whole plan failing
+    monkeypatch.setenv("VRAMPLAN_CACHE_DIR", str(tmp_path))
+    G.clear_memory_cache()
+
+    def refuse(expr: object) -> tuple:
+        raise NotImplementedError("plan_grid cannot evaluate Foo: foo(b)")
+
+    monkeypatch.setattr(G, "to_program", refuse)
+    table, _ = G.structure_table(TINY, calc.Training(micro_batch=1, seq_len=8), persist=False)
+    assert table.not_modelled == "plan_grid cannot evaluate Foo: foo(b)"
+    G.clear_memory_cache()
 
 
 def test_int64_path_agrees_with_the_float_path(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -349,6 +349,29 @@ def test_qlora_base_is_smaller_than_lora_base() -> None:
     assert peaks[1] < peaks[0]
 
 
+@pytest.mark.parametrize("gpu_count", [1, 2])
+def test_torchtune_qlora_plans_match_estimate(gpu_count: int) -> None:
+    # torchao's quantization-factor storage is a Piecewise of the size (one scaler block or
+    # more, calc.compress.nf4_torchao): the planner's integer programs evaluate it; on 2 GPUs
+    # the FSDP2 layouts shard the NF4 weights (hidden 512, k/v 128 x 512: 4 factor entries)
+    from verify.cases.scale import scaled_spec
+
+    model = scaled_spec("llama-3.1-8b", kv_heads=4, head_dim=32)
+    base = calc.Training(micro_batch=1, seq_len=8, precision="bf16", implementation="torchtune",
+                         loop="del-logits", lora=calc.LoRA(rank=8),
+                         quant=calc.Quant(method="nf4"))  # fmt: skip
+    p = P.plan(model, task="qlora", seq_len=8, global_batch=2, gpu=_gpu(1 << 40),
+               gpu_count=gpu_count, fixed={"recompute": ("none",)}, base=base,
+               report={"cases": []})  # fmt: skip
+    assert p.fitting
+    for e in p.fitting:
+        parallel = e.config.parallel if gpu_count > 1 else None
+        est = calc.estimate(model, e.config.job, parallel=parallel)
+        assert e.peak_bytes == est.peak_bytes
+    if gpu_count > 1:
+        assert any(e.config.parallel.fsdp for e in p.fitting)
+
+
 def test_qlora_group_size_that_does_not_divide_is_invalid() -> None:
     # int4's groups of 128 along a row: TINY's q projection has in_features 16
     base = calc.Training(micro_batch=1, seq_len=8, implementation="reference",
