@@ -223,7 +223,7 @@ def check_parallel(job: Training | Inference, parallel: Parallelism) -> None:
             "parameters with requires_grad=True and False')"
         )
     if parallel.shard_level == 3:  # fsdp=True or zero=3: both replay FSDP2 (calc.parallel.fsdp)
-        torchao = job.implementation == "torchtune" and parallel.fsdp_version == 2
+        torchao = quant.library_of(job) == "torchao" and parallel.fsdp_version == 2
         if job.quant is not None and not torchao:
             raise NotImplementedError(
                 "QLoRA with fsdp=True (or zero=3) is modelled for torchtune's recipe "

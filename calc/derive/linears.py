@@ -48,6 +48,15 @@ SITES: tuple[Site, ...] = (
 first, so a llama layer's order is its projections')."""
 
 
+MLP_NAMES: tuple[str, ...] = ("gate", "up", "down")
+"""The LoRA names of an MLP: in a mixture of experts, what its routed experts compute."""
+
+
+def has_experts(layer: object) -> bool:
+    """Whether a decoder ``layer`` routes its tokens to experts (transformers' ``mlp.experts``)."""
+    return getattr(getattr(layer, "mlp", None), "experts", None) is not None
+
+
 def parent_of(layer: object, path: tuple[str, ...]) -> object | None:
     """The module holding the last attribute of ``path`` in ``layer``, or ``None``."""
     node: object | None = layer

@@ -14,9 +14,10 @@ on ``qkv_proj`` when ``q``, ``k`` and ``v`` are all chosen, on ``gate_up_proj`` 
 and ``up`` are: peft adapts a linear whole; the target modules people give Phi-3 are
 ``qkv_proj, o_proj, gate_up_proj, down_proj``); latent attention's (``q`` on ``q_proj`` or
 ``q_a_proj`` and ``q_b_proj``, ``k`` and ``v`` together on ``kv_a_proj_with_mqa`` and
-``kv_b_proj``, the linears a peft target list naming them adapts) and shared experts' MLP. A chosen projection no layer has (GPT-2's ``Conv1D``) is refused by name, except
-a mixture of experts' ``gate``, ``up`` and ``down``: as with peft's ``target_modules``, its
-routed experts (3-D parameters) get no adapter, the shared experts and dense layers do.
+``kv_b_proj``, the linears a peft target list naming them adapts) and shared experts' MLP.
+A chosen projection no layer has (GPT-2's ``Conv1D``) is refused by name, except a mixture of
+experts' ``gate``, ``up`` and ``down``: as with peft's ``target_modules``, its routed experts
+(3-D parameters) get no adapter, the shared experts and dense layers do.
 
 torch is imported only inside these functions: ``calc`` imports without it.
 """
@@ -28,12 +29,10 @@ from typing import Any
 
 from calc.config.compression import LORA_MODULES, LoRA
 from calc.derive.book import DeriveError
-from calc.derive.linears import SITES, parent_of
+from calc.derive.linears import MLP_NAMES, SITES, has_experts, parent_of
 from calc.derive.quantized import quant_linear_class
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-MLP_NAMES = ("gate", "up", "down")
-"""The LoRA names of an MLP: a mixture of experts' routed experts compute them."""
 
 
 def _linear(layer: Any, path: tuple[str, ...]) -> tuple[Any, str] | None:
@@ -75,11 +74,6 @@ def _names_in(layer: Any) -> list[str]:
     return [n for n in LORA_MODULES if n in has]
 
 
-def _has_experts(layer: Any) -> bool:
-    """Whether ``layer`` routes its tokens to experts (transformers' ``mlp.experts``)."""
-    return getattr(getattr(layer, "mlp", None), "experts", None) is not None
-
-
 def check_found(layers: Any, lora: LoRA, model_type: str) -> None:
     """Refuse the LoRA names no layer of ``layers`` has a linear for, by name, offering the
     ones it has. A mixture of experts may leave ``gate``, ``up`` and ``down`` unmatched: its
@@ -88,7 +82,7 @@ def check_found(layers: Any, lora: LoRA, model_type: str) -> None:
     has: list[str] = []
     for layer in layers:
         has += [n for n in _names_in(layer) if n not in has]
-    moe = any(_has_experts(layer) for layer in layers)
+    moe = any(has_experts(layer) for layer in layers)
     missing = [n for n in lora.modules if n not in has]
     if moe:
         missing = [n for n in missing if n not in MLP_NAMES]

@@ -271,7 +271,8 @@ def quantize_head(model: Any, quant: Quant) -> None:
 def apply(model: Any, layers: Any, quant: Quant) -> None:
     """Replace every decoder linear of ``layers`` (`calc.derive.linears.SITES`: the
     llama-family projections, Phi-3's fused ones, latent attention's, shared experts'; routed
-    MoE experts are not ``nn.Linear``s and stay dense) with a ``QuantLinear``, in place (verify's ``compress.apply`` does the same);
+    MoE experts are not ``nn.Linear``s and stay dense) with a ``QuantLinear``, in place
+    (verify's ``compress.apply`` does the same);
     with ``lm_head`` left out of ``keep_16bit``, ``model``'s output linear too (Lightning's
     bitsandbytes plugin replaces every ``nn.Linear``; a tied head gets its own quantized copy,
     the embedding keeps the 16-bit matrix). Embeddings are ``nn.Embedding``, never quantized

@@ -4,16 +4,17 @@ replay of one GPU (`calc.estimate.core`) or of the most-loaded rank of a paralle
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from functools import partial
 
 from calc.compress.lora import check_parallel, trainable_numels
 from calc.compress.quant import check_fits, library_of, shards_of
+from calc.config.hf_config import hf_config_dict
 from calc.config.jobs import DEVICES, Inference, Training, check_choice
 from calc.config.model_spec import ModelSpec
 from calc.config.parallelism import Parallelism
 from calc.data.gpus import GPU, get_gpu
+from calc.derive.linears import MLP_NAMES
 from calc.derive.replay import (
     MOE_LORA_NOTE,
     check_cuda,
@@ -212,9 +213,8 @@ def lora_notes(model: ModelSpec, job: Training | Inference) -> tuple[str, ...]:
     """`MOE_LORA_NOTE` for LoRA on a mixture of experts' MLP names (`calc.derive.lora`)."""
     if not isinstance(job, Training) or job.lora is None or model.hf_config is None:
         return ()
-    config = json.loads(model.hf_config)
-    mlp = set(job.lora.modules) & {"gate", "up", "down"}
-    return (MOE_LORA_NOTE,) if mlp and isinstance(config, dict) and is_moe(config) else ()
+    mlp = set(job.lora.modules) & set(MLP_NAMES)
+    return (MOE_LORA_NOTE,) if mlp and is_moe(hf_config_dict(model)) else ()
 
 
 def job_notes(job: Training | Inference, device: str) -> tuple[str, ...]:

@@ -30,15 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from calc.derive.linears import SITES, Site, parent_of
+from calc.derive.linears import MLP_NAMES, SITES, Site, has_experts, parent_of
 from calc.derive.quantized import quant_linear_class, quantize_head
 from verify.models import torchao_nf4, torchtune_llama
 
 if TYPE_CHECKING:
     from calc.config.compression import LoRA, Quant
 
-MLP_NAMES = {"gate", "up", "down"}
-"""The LoRA names a mixture of experts' routed experts compute: no adapter there."""
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 QuantLinear = quant_linear_class()
 """`calc.derive.quantized`'s weight-only quantized linear (the recording builds the same)."""
@@ -106,13 +104,6 @@ def _targets(model: nn.Module) -> list[tuple[nn.Module, str, tuple[str, ...]]]:
     return out
 
 
-def _routes(model: nn.Module) -> bool:
-    """Whether a Hugging Face ``model``'s layers route tokens to experts (``mlp.experts``)."""
-    inner = getattr(model, "model", None)
-    layers = getattr(inner, "layers", ())
-    return any(getattr(getattr(b, "mlp", None), "experts", None) is not None for b in layers)
-
-
 def _adapted(parts: tuple[str, ...], lora: LoRA, model_type: str) -> bool:
     """Whether the linear computing ``parts`` gets an adapter: all of them chosen (none: no;
     some of a fused linear: refused)."""
@@ -141,7 +132,9 @@ def apply(model: nn.Module, quant: Quant | None, lora: LoRA | None, dtype: torch
     model_type = getattr(getattr(model, "config", None), "model_type", "the reference model")
     found = {part for *_, parts in targets for part in parts}
     if lora is not None:  # peft: routed experts (3-D parameters) are no target module
-        missing = set(lora.modules) - found - (MLP_NAMES if _routes(model) else set())
+        layers = getattr(getattr(model, "model", None), "layers", ())
+        routed = set(MLP_NAMES) if any(has_experts(b) for b in layers) else set()
+        missing = set(lora.modules) - found - routed
         if missing or not set(lora.modules) & found:
             raise NotImplementedError(f"LoRA modules {lora.modules}: {model_type} has {found}")
     torchtune = isinstance(model, torchtune_llama.TransformerDecoder)
