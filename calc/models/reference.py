@@ -299,27 +299,33 @@ def forward(
     """``ReferenceLM.forward(ids, targets)``; returns the loss tensor. ``head``/``held``:
     another loop or loss (`calc.models.head.finish`; the model's cross-entropy is
     ``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``)."""
-    n = sh.b * sh.s
     if head is not None and not head.default:
+        tp = sh.sp > 1 or sh.tp_vocab  # the head a tensor-parallel plan splits
+
+        def linear(t: Tape, x: Tensor, rows: Size, name: str) -> Tensor:
+            if tp:
+                return head_logits(t, sh, w, x)
+            return ops.linear(t, x, w.head, None, rows, sh.V, name)
+
         return finish(
-            tape, sh, head, hidden(tape, sh, w, cos, sin), None,
-            lambda t, x, rows, name: ops.linear(t, x, w.head, None, rows, sh.V, name),
-            lambda t, lg: _cross_entropy(t, sh, lg), [] if held is None else held,
+            tape, sh, head, hidden(tape, sh, w, cos, sin), None, linear,
+            lambda t, lg: cross_entropy(t, sh, lg), [] if held is None else held,
         )  # fmt: skip
     out = logits(tape, sh, w, cos, sin)
-    flat = ops.view(tape, out)
-    if sh.tp_vocab:  # loss_parallel's cross entropy over the vocabulary shards
-        loss = tensor_parallel.loss_parallel_cross_entropy(tape, flat, n, sh.V, out.itemsize)
-    else:
-        loss = ops.cross_entropy(tape, flat, n, sh.V, out.itemsize)
-    tape.drop(flat, out)
+    loss = cross_entropy(tape, sh, out)
+    tape.drop(out)
     return loss
 
 
-def _cross_entropy(tape: Tape, sh: Shape, logits: Tensor) -> Tensor:
-    """``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``."""
+def cross_entropy(tape: Tape, sh: Shape, logits: Tensor) -> Tensor:
+    """``F.cross_entropy(logits.flatten(0, 1), targets.flatten())``; on vocabulary-sharded
+    logits ``loss_parallel``'s (`calc.parallel.tensor.loss_parallel_cross_entropy`)."""
     flat = ops.view(tape, logits)
-    loss = ops.cross_entropy(tape, flat, sh.b * sh.s, sh.V, logits.itemsize)
+    n = sh.b * sh.s
+    if sh.tp_vocab:  # loss_parallel's cross entropy over the vocabulary shards
+        loss = tensor_parallel.loss_parallel_cross_entropy(tape, flat, n, sh.V, logits.itemsize)
+    else:
+        loss = ops.cross_entropy(tape, flat, n, sh.V, logits.itemsize)
     tape.drop(flat)
     return loss
 
@@ -344,24 +350,31 @@ def embed_no_grad(tape: Tape, sh: Shape, w: Weights) -> tuple[Tensor, Tensor | N
 def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
     """``F.linear(ReferenceLM.hidden_states(ids), head_weight())``: the logits ``[b*s, V]``
     (what ``forward`` feeds the loss; distillation's student, `calc.compress.distill`)."""
-    n = sh.b * sh.s
     hid = hidden(tape, sh, w, cos, sin)
+    out = head_logits(tape, sh, w, hid)
+    tape.drop(hid)
+    return out
+
+
+def head_logits(tape: Tape, sh: Shape, w: Weights, hid: Tensor) -> Tensor:
+    """The head called as a module on the final hidden states ``hid`` (kept: the caller drops
+    it): a plain linear, or the tensor-parallel plan's ``ColwiseParallel`` head, its logits
+    vocabulary-sharded for ``loss_parallel`` or all-gathered, its input all-gathered over the
+    sequence under sequence parallelism (``verify/dist/tp_plans.py``)."""
+    n = sh.b * sh.s
     if sh.sp > 1:  # ColwiseParallel(input_layouts=Shard(1)) head, logits all-gathered
         g = sequence_parallel.gather(tape, hid, n * sh.h, "sp.head_in", grad="reduce_scatter")
         if sh.tp_vocab:  # logits stay vocabulary-sharded for loss_parallel
             out = ops.linear(tape, g, w.head, None, n, sh.V, "logits")
-            tape.drop(hid, g)
+            tape.drop(g)
             return out
         part = ops.linear(tape, g, w.head, None, n, divide(sh.V, sh.sp), "logits.local")
         out = sequence_parallel.gather(tape, part, n * sh.V, "logits")
-        tape.drop(part, hid, g)
+        tape.drop(part, g)
         return out
     if sh.tp_vocab:  # ColwiseParallel head: logits [n, V / tp]
-        out = tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
-    else:
-        out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
-    tape.drop(hid)
-    return out
+        return tensor_parallel.column_linear(tape, hid, w.head, None, n, sh.V, "logits")
+    return ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
 
 
 def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:

@@ -184,7 +184,7 @@ def check_supported(
         )
     if job.distill is not None:
         distill.check(job)
-    _check_head(job, sh, path, tp_comm, dp is not None)
+    _check_head(job, sh, path, tp_comm, dp)
     if job.optimizer_in_backward and (
         dp is not None or tp_comm or job.grad_accum != 1
         or job.precision in ("amp-fp16", "bf16-master")
@@ -200,20 +200,34 @@ def check_supported(
 
 
 def _check_head(
-    job: Training, sh: reference.Shape, path: ForwardPath, tp_comm: bool, data_parallel: bool
+    job: Training, sh: reference.Shape, path: ForwardPath, tp_comm: bool, dp: ReplayPlan | None
 ) -> None:
     """Refuse the loops and losses (`calc.models.head`) where they are not modelled. Under data
     parallelism (DDP, ZeRO, FSDP2) they are verified on Hugging Face models, whose loop calls
     the wrapped model (verify's reference loops call its submodules, around the wrapper); the
-    chunked loss calls the base model around the wrapper too, and stays on one GPU."""
+    chunked loss calls the base model around the wrapper too, and stays on one GPU. Under tensor
+    parallelism (alone or in FSDP2's 2-D mesh) torchtitan's loop, ``del-logits`` with the
+    cross-entropy (``loss_parallel``'s on a vocabulary-sharded head): verify's 2-D root calls
+    the head as a module and returns the logits (``verify/dist/tp_plans.py``)."""
     if job.optimizer is None and tp_comm:
         raise NotImplementedError("optimizer=None is modelled on one GPU and under dp")
     if Head.of(job).default or path is ForwardPath.TORCHTUNE:  # the recipe's: torchtune.check
         return
     what = f"loop={job.loop!r} with loss={job.loss!r}"
-    if tp_comm or job.distill is not None or job.lora is not None or job.pruning is not None:
-        raise NotImplementedError(f"{what} is modelled without tp, distillation, LoRA and pruning")
-    if data_parallel and (path is not ForwardPath.HF or job.loss == "chunked-ce"):
+    if job.distill is not None or job.lora is not None or job.pruning is not None:
+        raise NotImplementedError(f"{what} is modelled without distillation, LoRA and pruning")
+    if tp_comm:
+        if (
+            job.loop != "del-logits"
+            or job.loss != "cross-entropy"
+            or (dp is not None and dp.shard_world > 1 and not dp.fsdp)
+        ):
+            raise NotImplementedError(
+                f"{what} with tp: tensor parallelism (alone or with FSDP2) is modelled with "
+                "torchtitan's loop, loop='del-logits' and loss='cross-entropy', or the default"
+            )
+        return
+    if dp is not None and (path is not ForwardPath.HF or job.loss == "chunked-ce"):
         raise NotImplementedError(
             f"{what} under dp (DDP, ZeRO, FSDP2) is modelled for implementation='hf' "
             "Llama-family models, with loss 'cross-entropy' or 'sum'"

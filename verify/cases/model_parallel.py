@@ -16,6 +16,7 @@ issue 4. The replay (what calc predicts) has no such hold, as on a GPU with NCCL
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from calc.config.parallelism import Parallelism
@@ -188,10 +189,26 @@ def _fsdp_tp(
     )  # fmt: skip
 
 
+MP_2D = Parallelism(dp=2, tp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
+"""torchtitan's 2-D layout: FSDP2 with its bf16/fp32 ``MixedPrecisionPolicy`` over dp, TP over tp."""
+
 CASES += (
     _fsdp_tp("fsdp2-tp2-dp2", Parallelism(dp=2, tp=2, fsdp=True)),
     _fsdp_tp("fsdp2-tp2-dp2-noreshard",
              Parallelism(dp=2, tp=2, fsdp=True, reshard_after_forward=False)),
+    _fsdp_tp("fsdp2-mp-tp2-dp2", MP_2D, precision="fp32"),
+    _fsdp_tp("fsdp2-tp2-dp2-sp-vocab", Parallelism(dp=2, tp=2, fsdp=True, sp=True,
+             vocab_parallel=True), scale={"vocab": 128}),
+    _fsdp_tp("fsdp2-tp2-dp2-vocab-dellogits", Parallelism(dp=2, tp=2, fsdp=True,
+             vocab_parallel=True), loop="del-logits"),
+    _fsdp_tp("fsdp2-mp-tp2-dp2-sp-vocab-dellogits-recompute",
+             replace(MP_2D, sp=True, vocab_parallel=True), scale={"vocab": 128},
+             precision="fp32", loop="del-logits", recompute="full"),
+)  # fmt: skip
+CASES += (
+    _tp("tp2-dellogits", TP2, loop="del-logits"),
+    _tp("tp2-vocab-parallel-dellogits", Parallelism(tp=2, vocab_parallel=True),
+        tags=("vocab",), loop="del-logits"),
 )  # fmt: skip
 
 

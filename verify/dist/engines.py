@@ -108,7 +108,7 @@ def zero1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
 _MP_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def _mp_policy(case: DistCase) -> dict[str, Any]:
+def mp_policy(case: DistCase) -> dict[str, Any]:
     """``mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype, cast_forward_inputs)`` from
     the case's ``fsdp_*`` fields (no policy when neither ``fsdp_param_dtype`` nor
     ``fsdp_output_dtype`` is set; the root adds ``output_dtype``)."""
@@ -131,7 +131,7 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
 
     model, loss_fn = case_model(case, spec, ctx)
     reshard = case.parallel.reshard_after_forward
-    kw = {"reshard_after_forward": reshard, **_mp_policy(case)}
+    kw = {"reshard_after_forward": reshard, **mp_policy(case)}
     layers = getattr(model, "blocks", None) or getattr(model, "layers", None) or model.model.layers
     for layer in layers:
         fully_shard(layer, mesh=ctx.mesh(), **kw)

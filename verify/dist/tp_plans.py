@@ -42,6 +42,7 @@ from torch.distributed.tensor.parallel import (
 
 from verify.cases.case import DistCase
 from verify.dist.engine import Built, RankContext, built_from, case_model, device_mesh
+from verify.dist.engines import mp_policy
 from verify.models.build import build_optimizer
 from verify.models.reference import ReferenceLM
 
@@ -166,7 +167,7 @@ def tp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     model, loss_fn = case_model(case, spec, ctx)
     mesh = device_mesh((par.tp,), ("tp",))
     tensor_parallel(model, mesh, sequence_parallel=par.sp, vocab_parallel=vocab)
-    if par.sp or vocab:
+    if par.sp or vocab or case.job.loop == "del-logits":
         fn = TensorParallelLM(model, vocab_parallel=vocab)
         loss_fn = fn
     built = built_from(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
@@ -175,22 +176,76 @@ def tp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     return built
 
 
+class HeadCallLM(torch.nn.Module):
+    """The root a 2-D run shards: a `ReferenceLM` whose forward calls its head as a module (the
+    plan's hooks run) and returns the logits (torchtitan's ``Transformer.forward``), or the
+    loss when given targets (the model's own cross-entropy, inside the root's forward)."""
+
+    def __init__(self, model: ReferenceLM) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        logits = self.model.lm_head(self.model.hidden_states(ids))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+class TitanLoop:
+    """``(ids, targets) -> loss`` around a sharded `HeadCallLM` root, under ``loss_parallel()``
+    when the head is vocabulary-sharded. ``loop="del-logits"`` is torchtitan's train step
+    (``pred = model(inputs); loss = loss_fn(pred, labels); del pred``); the default loop calls
+    the root with the targets (the loss inside its forward)."""
+
+    def __init__(self, root: HeadCallLM, *, vocab_parallel: bool, del_logits: bool) -> None:
+        self.root = root
+        self.vocab_parallel = vocab_parallel
+        self.del_logits = del_logits
+
+    def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        with self.backward_context():
+            if not self.del_logits:
+                return self.root(ids, targets)
+            logits = self.root(ids)
+            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+            del logits
+            return loss
+
+    def backward_context(self) -> contextlib.AbstractContextManager:
+        """``loss_parallel()`` for a vocabulary-sharded loss, else nothing."""
+        return loss_parallel() if self.vocab_parallel else contextlib.nullcontext()
+
+
 def fsdp_tp_engine(case: DistCase, spec: ModelSpec, ctx: RankContext) -> Built:
     """``fsdp-tp``: a 2-D ``[dp, tp]`` mesh (tp innermost, as `calc.config.parallelism.global_rank`):
-    the tensor-parallel plan over ``tp``, then FSDP2 ``fully_shard`` of every layer and the
-    root over ``dp`` (torchtitan's 2-D order: TP first, then FSDP on the DTensor weights)."""
+    the tensor-parallel plan over ``tp`` (sequence parallel and vocabulary-parallel head as the
+    case says), then FSDP2 ``fully_shard`` of every layer and the root over ``dp``, with the
+    case's ``MixedPrecisionPolicy`` (torchtitan's 2-D order: TP first, then FSDP on the DTensor
+    weights). With sequence parallelism, a vocabulary-parallel head or ``loop="del-logits"``
+    the root is a `HeadCallLM` and the loop `TitanLoop`."""
     from torch.distributed.fsdp import fully_shard
 
     par = case.parallel
     model, loss_fn = case_model(case, spec, ctx)
     mesh = device_mesh((par.dp, par.tp), ("dp", "tp"))
-    tensor_parallel(model, mesh["tp"])
+    vocab = bool(par.vocab_parallel)
+    tensor_parallel(model, mesh["tp"], sequence_parallel=par.sp, vocab_parallel=vocab)
+    kw = {"reshard_after_forward": par.reshard_after_forward, **mp_policy(case)}
     for layer in model.layers:
-        fully_shard(layer, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
-    fully_shard(model, mesh=mesh["dp"], reshard_after_forward=par.reshard_after_forward)
-    return built_from(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
+        fully_shard(layer, mesh=mesh["dp"], **kw)
+    root: torch.nn.Module = model
+    if par.sp or vocab or case.job.loop == "del-logits":
+        root = HeadCallLM(model)
+        loop = TitanLoop(root, vocab_parallel=vocab, del_logits=case.job.loop == "del-logits")
+        loss_fn = loop
+    fully_shard(root, mesh=mesh["dp"], **kw)
+    built = built_from(root, loss_fn, build_optimizer(root, case.job, device=ctx.device))
+    if vocab:
+        built.backward = lambda loss: _backward_in(loop, loss)
+    return built
 
 
-def _backward_in(fn: TensorParallelLM, loss: torch.Tensor) -> None:
+def _backward_in(fn: TensorParallelLM | TitanLoop, loss: torch.Tensor) -> None:
     with fn.backward_context():
         loss.backward()

@@ -70,10 +70,10 @@ def test_refusals_and_validation() -> None:
         calc.estimate(tiny_llama(), calc.Training(**JOB, loss="chunked-ce", loss_chunks=3))
     with pytest.raises(NotImplementedError, match="loss='sum' under autocast"):
         calc.estimate(tiny_llama(), calc.Training(**{**JOB, "precision": "amp-bf16"}, loss="sum"))
-    with pytest.raises(NotImplementedError, match="without tp"):
-        calc.estimate(
-            tiny_llama(n_heads=2), calc.Training(**JOB, loop="hold-output"), calc.Parallelism(tp=2)
-        )
+    # under tp: torchtitan's loop (del-logits, the cross-entropy) alone or in FSDP2's 2-D mesh
+    for loop, par in (("hold-output", TP2), ("del-logits", calc.Parallelism(dp=2, tp=2))):
+        with pytest.raises(NotImplementedError, match="with tp: tensor parallelism"):
+            calc.estimate(tiny_llama(n_heads=2), calc.Training(**JOB, loop=loop), par)
     # under dp the loops are verified on Hugging Face models: verify's reference loops call the
     # model's submodules around the wrapper, and the chunked loss calls the base model
     with pytest.raises(NotImplementedError, match="implementation='hf'"):
@@ -83,6 +83,7 @@ def test_refusals_and_validation() -> None:
 
 
 DDP2 = calc.Parallelism(dp=2)
+TP2 = calc.Parallelism(tp=2)
 FSDP2 = calc.Parallelism(dp=2, fsdp=True)
 HF_JOB = {**JOB, "implementation": "hf"}
 
@@ -121,6 +122,28 @@ def test_fsdp2_root_hooks_run_where_the_model_returns() -> None:
         return dict(calc.estimate(tiny_llama(), job, FSDP2, device="cpu").phases)["step1/forward"]
 
     assert forward_peak("drop-output") - forward_peak("del-logits") == 16896
+
+
+@pytest.mark.parametrize("vocab_parallel", [False, True])
+def test_torchtitan_loop_under_tensor_parallelism(vocab_parallel: bool) -> None:
+    # The reference model on tp=2 (tiny llama, 2 heads): its own loss runs the head and the
+    # cross-entropy (loss_parallel's on vocabulary shards) in the order the loop does, so
+    # del-logits is the plain step. In FSDP2's 2-D mesh (dp=2) the loop's loss runs after the
+    # root's post-forward, which frees the root's gathered embedding, head and norm and the last
+    # layer's all-gather output: a forward peak at the loss lower by those. Per tp rank, fp32:
+    # embedding and head [50, 16] (3,200 B -> 3,584 each; vocabulary-parallel [25, 16], 1,600 B
+    # -> 2,048), the norm (64 B -> 512), the layer's q, k, v, o [8, 16] and gate, up, down
+    # [12, 16] with its 2 norms (512 + 576 + 32 = 1,120 parameters, 4,480 B -> 4,608).
+    def forward_peak(loop: str, parallel: calc.Parallelism) -> int:
+        job = calc.Training(**{**JOB, "micro_batch": 8, "seq_len": 32}, loop=loop)
+        phases = calc.estimate(tiny_llama(n_heads=2), job, parallel, device="cpu").phases
+        return dict(phases)["step1/forward"]
+
+    tp = calc.Parallelism(tp=2, vocab_parallel=vocab_parallel)
+    assert forward_peak("del-logits", tp) == forward_peak("drop-output", tp)
+    two_d = calc.Parallelism(dp=2, tp=2, fsdp=True, vocab_parallel=vocab_parallel)
+    root = 2 * (2048 if vocab_parallel else 3584) + 512
+    assert forward_peak("drop-output", two_d) - forward_peak("del-logits", two_d) == root + 4608
 
 
 torch = pytest.importorskip("torch")
