@@ -196,7 +196,10 @@ def check_parallel(job: Training | Inference, parallel: Parallelism) -> None:
     adapters in the base's dtype) under FSDP2 ``fully_shard`` per layer and root: the frozen
     base is sharded and all-gathered with the adapters, and only the parameters with a gradient
     (the adapters) are reduce-scattered (``FSDPParamGroup.post_backward``,
-    ``fsdp_params_with_grad``; `calc.parallel.fsdp`).
+    ``fsdp_params_with_grad``; `calc.parallel.fsdp`). ZeRO-1/2 with sharded states (analytic,
+    as for full fine-tuning): each rank's share of the adapters' states (and, ZeRO-2, of their
+    gradients) is ``1/dp`` of each, DeepSpeed's flat partition (`calc.parallel.data.flat_share`);
+    the frozen base stays whole on every rank.
     """
     if not isinstance(job, Training):
         raise NotImplementedError("compressed inference on several GPUs is not modelled")
@@ -232,11 +235,3 @@ def check_parallel(job: Training | Inference, parallel: Parallelism) -> None:
                 "(replicated), as its FSDP support changes: use DDP (zero=0)"
             )
         return
-    if parallel.zero == 1 and parallel.zero_partition == "by-parameter":
-        return
-    if parallel.shard_level > 0:
-        raise NotImplementedError(
-            f"LoRA/QLoRA with zero={parallel.zero}, zero_partition={parallel.zero_partition!r} "
-            "is not modelled yet (DDP zero=0, ZeroRedundancyOptimizer zero=1 by-parameter, or "
-            "fsdp=True / zero=3 for LoRA)"
-        )

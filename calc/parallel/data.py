@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import sympy as sp
+
 from calc.config.parallelism import Parallelism
-from calc.parallel.fsdp import shard_numel
 from calc.replay.tape import Size, Tape, Tensor
 from calc.units import MIB
 
@@ -176,15 +177,29 @@ def prepare(
     shapes: Sequence[tuple],
 ) -> list[Tensor]:
     """Install ``plan``'s hooks; return what the optimizer steps (ZeRO-1/2 with sharded states:
-    a shard-sized view of each parameter, `calc.parallel.fsdp.shard_numel`)."""
+    a view of each parameter's share, `flat_share`)."""
     shard_of: dict[int, Size] = {}
     if plan.shard_states or plan.shard_grads:
         for p, shape in zip(params, shapes, strict=True):
-            shard_of[id(p.storage)] = shard_numel(shape, plan.shard_world)
+            shard_of[id(p.storage)] = flat_share(shape, plan.shard_world)
     install(tape, plan, shard_of)
     if plan.shard_states:
         return [tape.alias(p, numel=shard_of[id(p.storage)]) for p in opt_params]
     return list(opt_params)
+
+
+def flat_share(shape: Sequence[Size], n: int) -> Size:
+    """One rank's share of a parameter under ZeRO-1/2 with sharded states: ``ceil(numel / n)``
+    elements. DeepSpeed's stage 1 and 2 flatten a group's parameters into one buffer and give
+    each rank an equal contiguous slice (``DeepSpeedZeroOptimizer``,
+    ``deepspeed/runtime/zero/stage_1_and_2.py``: ``flatten_dense_tensors_aligned``, then
+    ``get_data_parallel_partitions``), so a parameter narrower than ``n`` rows (a LoRA ``A`` of
+    ``[r, in]`` with ``r < n``) costs ``1/n`` of it, not a padded row per rank as FSDP2's
+    dim-0 shards (`calc.parallel.fsdp.shard_numel`)."""
+    numel: Size = 1
+    for d in shape:
+        numel = numel * d
+    return -(-numel // n) if isinstance(numel, int) else sp.ceiling(numel / n)
 
 
 def optimizer_params(params: Sequence[Tensor], plan: ReplayPlan) -> list[Tensor]:

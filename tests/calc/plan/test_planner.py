@@ -372,6 +372,25 @@ def test_torchtune_qlora_plans_match_estimate(gpu_count: int) -> None:
         assert any(e.config.parallel.fsdp for e in p.fitting)
 
 
+def test_lora_zero_sharded_plans_match_estimate() -> None:
+    # DeepSpeed-style ZeRO-1/2 with LoRA and QLoRA (adapters' states split in flat shares) are
+    # planned on 2 GPUs, each row equal to calc.estimate
+    from verify.cases.scale import scaled_spec
+
+    model = scaled_spec("llama-3.1-8b", kv_heads=4, head_dim=32)
+    for quant in (None, calc.Quant(method="nf4")):
+        base = calc.Training(micro_batch=1, seq_len=8, precision="bf16",
+                             implementation="reference", lora=calc.LoRA(rank=8), quant=quant)  # fmt: skip
+        p = P.plan(model, task="qlora" if quant else "lora", seq_len=8, global_batch=2,
+                   gpu=_gpu(1 << 40), gpu_count=2, fixed={"recompute": ("none",)}, base=base,
+                   report={"cases": []})  # fmt: skip
+        zero = [e for e in p.fitting if e.config.parallel.zero in (1, 2)]
+        assert sorted(e.config.parallel.zero for e in zero) == [1, 2]
+        for e in zero:
+            est = calc.estimate(model, e.config.job, parallel=e.config.parallel)
+            assert e.peak_bytes == est.peak_bytes
+
+
 def test_qlora_group_size_that_does_not_divide_is_invalid() -> None:
     # int4's groups of 128 along a row: TINY's q projection has in_features 16
     base = calc.Training(micro_batch=1, seq_len=8, implementation="reference",
