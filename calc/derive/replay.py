@@ -43,7 +43,12 @@ from calc.derive.record import (
     trainable_numels,
 )
 from calc.derive.sharding import Shard
-from calc.models.attention import attention_kernel, check_cuda_kernel, cpu_backend
+from calc.models.attention import (
+    attention_kernel,
+    check_cuda_kernel,
+    compute_16bit_of,
+    cpu_backend,
+)
 from calc.replay.tape import Event, Tape, Tensor
 
 T = TypeVar("T")
@@ -277,13 +282,17 @@ def check_loss_chunks(job: Training) -> None:
         )
 
 
-def _backend(model: ModelSpec, job: Training | Inference, config: dict[str, Any]) -> str:
+def _backend(
+    model: ModelSpec, job: Training | Inference, config: dict[str, Any], shard: Rank | None = None
+) -> str:
     """The CPU attention path verify's hf cases take (``verify/run/step.py``, ``pins_for``),
-    less what the model cannot run (`attention_fallback`)."""
+    less what the model cannot run (`attention_fallback`); under an FSDP rank's bf16
+    mixed-precision policy (``shard``) the kernel of bf16 inputs."""
     dropout = config.get("attention_dropout", 0.0) if model.derived else model.attention_dropout
     if not isinstance(job, Training) or not isinstance(dropout, int | float):
         dropout = 0.0
-    backend = cpu_backend(attention_kernel(model, job), float(dropout))
+    mp16 = isinstance(shard, Shard) and compute_16bit_of(shard.param_itemsize)
+    backend = cpu_backend(attention_kernel(model, job, mp16), float(dropout))
     return attention_fallback(config, backend)[0]
 
 
@@ -430,7 +439,7 @@ def derived_stream(
         layers = layout.recorded_layers
     reg = _regime(job, config)
     traced = _traced_config(config, layers)
-    backend = _backend(model, job, config)
+    backend = _backend(model, job, config, shard)
     structure = {
         k: v for k, v in asdict(job).items() if k not in ("micro_batch", "seq_len", "batch")
     }

@@ -30,7 +30,7 @@ from calc.derive.native import Native, Rank
 from calc.derive.replay import derived_events, notes_of, regime_of
 from calc.derive.sharding import Shard
 from calc.estimate.result import Estimate
-from calc.models.attention import attention_kernel, flash_head_pad
+from calc.models.attention import attention_kernel, compute_16bit_of, flash_head_pad
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
 from calc.step.inference import replay_inference, replayed_new_tokens
@@ -178,7 +178,9 @@ def _structure_key(
         + _torchtune_fields(model, job),
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
-        attention_kernel=attention_kernel(model, job),
+        attention_kernel=attention_kernel(
+            model, job, opts.dp is not None and compute_16bit_of(opts.dp.param_itemsize)
+        ),
         flash_head_pad=flash_head_pad(model.head_dim),
         job=_job_structure(job),
     )

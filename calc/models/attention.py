@@ -26,6 +26,10 @@ efficient on fp32 GQA raises "No available kernel", and PyTorch warns "both fuse
 query, key and value to have the same num_heads". torchtune expands k/v before SDPA (no
 ``enable_gqa``), so efficient stays available there.
 
+The inputs' dtype is the forward's compute dtype: an fp32 model under FSDP's mixed-precision
+policy with ``param_dtype=bfloat16`` (torchtitan's recipe) computes in bf16, so CUDA runs flash
+there (`compute_16bit_of`).
+
 The CPU harness forces the same family (``torch.nn.attention.sdpa_kernel``): flash, efficient
 and cuDNN map to the CPU flash kernel, which has no dropout ("Both fused kernels do not support
 non-zero dropout", ``sdp_utils_cpp.h``): with attention dropout the CPU run takes math
@@ -49,14 +53,18 @@ def gqa_in_sdpa(model: ModelSpec, job: Training | Inference) -> bool:
     return model.n_kv_heads < model.n_heads and job.implementation not in EXPANDS_KV_IMPLEMENTATIONS
 
 
-def attention_kernel(model: ModelSpec, job: Training | Inference) -> str:
+def attention_kernel(
+    model: ModelSpec, job: Training | Inference, compute_16bit: bool = False
+) -> str:
     """The attention kernel the job runs on CUDA: ``flash``, ``efficient``, ``math`` or
     ``eager`` (softmax attention written out in the modeling code). Flash needs 16-bit inputs
     and a head dim up to 256; memory-efficient takes fp32 but not grouped key/value heads
-    (`gqa_in_sdpa`); math takes anything (module docstring)."""
+    (`gqa_in_sdpa`); math takes anything (module docstring). ``compute_16bit``: an fp32 job
+    whose forward runs in bf16 all the same (FSDP's mixed-precision policy casts the gathered
+    parameters, `compute_16bit_of`), so SDPA sees bf16 inputs."""
     if job.attention != "sdpa":
         return job.attention
-    sixteen_bit = job.precision != "fp32"
+    sixteen_bit = job.precision != "fp32" or compute_16bit
     head_ok = model.head_dim % 8 == 0 and model.head_dim <= 256
     if sixteen_bit and head_ok:
         return "flash"
@@ -102,14 +110,25 @@ def cpu_backend(kernel: str, attn_dropout: float = 0.0) -> str:
 
 
 def kernel_for(
-    model: ModelSpec, job: Training | Inference, device: str, attn_dropout: float
+    model: ModelSpec,
+    job: Training | Inference,
+    device: str,
+    attn_dropout: float,
+    compute_16bit: bool = False,
 ) -> str:
     """The kernel the replay runs on ``device``: `attention_kernel` on CUDA (dropout keeps the
     fused kernels, see the module docstring), `cpu_backend` of it on the CPU tracker."""
+    kernel = attention_kernel(model, job, compute_16bit)
     if device == "cuda":
         check_cuda_kernel(model, job)
-        return attention_kernel(model, job)
-    return cpu_backend(attention_kernel(model, job), attn_dropout)
+        return kernel
+    return cpu_backend(kernel, attn_dropout)
+
+
+def compute_16bit_of(param_itemsize: int) -> bool:
+    """Whether FSDP's mixed-precision policy (``param_dtype``, ``param_itemsize`` bytes; 0: no
+    policy) makes the forward of an fp32 model run in a 16-bit dtype."""
+    return param_itemsize == 2
 
 
 FLASH_HEAD_ROUNDING = ((128, 32), (256, 64))

@@ -17,7 +17,7 @@ from calc.compress.quant import library_of
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, reference, torchtune
-from calc.models.attention import flash_head_pad, kernel_for
+from calc.models.attention import compute_16bit_of, flash_head_pad, kernel_for
 from calc.models.head import Head
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
@@ -86,7 +86,15 @@ def replay_training(
     sh = shape_for(model, job, device, n_layers, tp_comm, tp_vocab, sp)
     if dp is not None and dp.param_itemsize:  # FSDP2 MixedPrecisionPolicy: bf16 compute
         _check_mixed_precision(job, dp)
-        sh = replace(sh, weight_itemsize=dp.param_itemsize, act_itemsize=dp.param_itemsize)
+        kernel = kernel_for(
+            model, job, device, sh.attn_dropout, compute_16bit_of(dp.param_itemsize)
+        )
+        sh = replace(
+            sh,
+            weight_itemsize=dp.param_itemsize,
+            act_itemsize=dp.param_itemsize,
+            attention=kernel,
+        )
     check_supported(model, job, sh, tp_comm, dp)
     setup = build_step(model, job, sh, device, dp)
     if grad_order is not None:

@@ -106,8 +106,9 @@ def _measure_case(case: DistCase, ctx: RankContext) -> dict[str, Any]:
     """Build and train ``case`` on this rank under the tracker; the rank's numbers."""
     spec = case.spec()
     job = case.job
-    pins = pins_for(spec, job, seed=case.seed, device=ctx.device)
     par = case.parallel
+    mp16 = par.shard_level == 3 and par.fsdp_param_dtype == "bf16"  # the policy's bf16 forward
+    pins = pins_for(spec, job, seed=case.seed, device=ctx.device, compute_16bit=mp16)
     data_rank = ctx.rank // (par.tp * par.pp * par.cp)  # mesh [dp, pp, cp, tp]: same batch per dp
     ids, targets = make_batch(
         spec, job.micro_batch, job.seq_len, seed=case.seed + 1000 * data_rank, device=ctx.device

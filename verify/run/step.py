@@ -79,9 +79,10 @@ class Pins:
         return asdict(self)
 
 
-def calc_kernel(spec: ModelSpec, job: Training | Inference) -> str:
-    """The attention kernel calc says CUDA runs (`calc.models.attention.attention_kernel`)."""
-    return attention_kernel(spec, job)
+def calc_kernel(spec: ModelSpec, job: Training | Inference, compute_16bit: bool = False) -> str:
+    """The attention kernel calc says CUDA runs (`calc.models.attention.attention_kernel`;
+    ``compute_16bit``: an fp32 model whose FSDP mixed-precision policy computes in bf16)."""
+    return attention_kernel(spec, job, compute_16bit)
 
 
 def sdpa_backend_for(kernel: str, device: str, dropout: float) -> tuple[str, str]:
@@ -98,9 +99,17 @@ def sdpa_backend_for(kernel: str, device: str, dropout: float) -> tuple[str, str
     return "flash", ""
 
 
-def pins_for(spec: ModelSpec, job: Training | Inference, *, seed: int, device: str) -> Pins:
-    """The pins of ``job`` on ``spec`` (the model as run, dropout applied)."""
-    kernel = calc_kernel(spec, job)
+def pins_for(
+    spec: ModelSpec,
+    job: Training | Inference,
+    *,
+    seed: int,
+    device: str,
+    compute_16bit: bool = False,
+) -> Pins:
+    """The pins of ``job`` on ``spec`` (the model as run, dropout applied; ``compute_16bit``:
+    see `calc_kernel`)."""
+    kernel = calc_kernel(spec, job, compute_16bit)
     training = hasattr(job, "optimizer")
     p_attn = spec.attention_dropout if training else 0.0  # inference runs in eval mode
     backend, note = sdpa_backend_for(kernel, device, p_attn)

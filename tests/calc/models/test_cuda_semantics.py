@@ -230,6 +230,22 @@ def test_gqa_fp32_training_runs_math_on_cuda() -> None:
     assert attention_kernel(mha, fp32) == "efficient"
 
 
+def test_fsdp_bf16_policy_runs_flash_on_an_fp32_model() -> None:
+    # FSDP2's MixedPrecisionPolicy(param_dtype=bf16) all-gathers bf16 parameters, so an fp32
+    # model's forward (torchtitan's recipe) hands SDPA bf16 query, key and value: flash
+    # (check_dtypes_flash_attention accepts them), which saves out and a logsumexp, never the
+    # s x s probabilities math saves ([14 heads, 4096, 4096] bf16 = 448 MiB a layer here).
+    gqa = calc.load_card("qwen2.5-0.5b")
+    job = calc.Training(micro_batch=1, seq_len=4096, precision="fp32", implementation="hf")
+    assert attention_kernel(gqa, job, compute_16bit=True) == "flash"
+    policy = calc.Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
+    plain = calc.estimate(gqa, job, calc.Parallelism(dp=2, fsdp=True))
+    mixed = calc.estimate(gqa, job, policy)
+    assert "attention kernel: math" in plain.notes and "attention kernel: flash" in mixed.notes
+    assert plain.breakdown["activations/layers/attn.probs"] > 0
+    assert "activations/layers/attn.probs" not in mixed.breakdown
+
+
 def test_kernels_cuda_cannot_run_are_refused_with_the_field() -> None:
     gqa = calc.load_card("qwen2.5-0.5b")
     with pytest.raises(ValueError, match="attention='flash' with precision='fp32'"):
