@@ -145,7 +145,9 @@ TRAINING: tuple[FormField, ...] = (
               choices=jobs.OPTIMIZER_IMPLS, section="advanced"),
     FormField(task="train", name="implementation", label="modeling code", kind="choice",
               default=_default(T, "implementation"), choices=jobs.IMPLEMENTATIONS,
-              section="advanced", help="hf = Hugging Face transformers; reference = verify's"),
+              section="advanced",
+              help="hf = Hugging Face transformers; reference = verify's plain PyTorch; "
+              "torchtune / torchtitan = their own Llama and loss step (loop del-logits)"),
     FormField(task="train", name="grad_accum", label="gradient accumulation", kind="int",
               default=_default(T, "grad_accum"), high=1 << 16, section="advanced",
               help="micro-batches per optimizer step"),

@@ -23,7 +23,7 @@ Optimizer = Literal[
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full", "op"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
-Implementation = Literal["hf", "reference", "derived", "torchtune"]
+Implementation = Literal["hf", "reference", "derived", "torchtune", "torchtitan"]
 InferenceImplementation = Literal["hf", "reference", "derived"]
 ZeroGrad = Literal["after_step", "before_backward"]
 Loop = Literal["drop-output", "hold-output", "del-logits"]
@@ -93,7 +93,10 @@ class Training:
     ``derived``: transformers' code with the replay recorded from it (`calc.derive`) instead of
     the hand-written graph (the default for model types that have none); ``torchtune``
     (training): torchtune's Llama (fp32 RMSNorm and RoPE, logits upcast or chunked) and its
-    recipe's loss step, with ``loop="del-logits"`` (`calc.models.torchtune`)."""
+    recipe's loss step, with ``loop="del-logits"`` (`calc.models.torchtune`); ``torchtitan``
+    (training): torchtitan 0.2.2's Llama 3 (``nn.RMSNorm``, fp32 complex RoPE, SDPA with
+    ``enable_gqa``) and its trainer's loss step (the logits upcast, ``reduction="sum"`` over
+    the count of valid tokens), with ``loop="del-logits"`` (`calc.models.torchtitan`)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0
@@ -120,7 +123,8 @@ class Training:
     the model returns logits, the loop computes the loss and ``del``s them before backward)."""
     loss: Loss = "cross-entropy"
     """``cross-entropy`` (the model's own: Hugging Face's ``ForCausalLMLoss``, the reference
-    model's ``F.cross_entropy``; under ``del-logits`` torchtitan's upcast-then-CE);
+    model's ``F.cross_entropy``, on the logits as they are; ``implementation="torchtitan"``:
+    its trainer's, on the logits upcast to fp32);
     ``chunked-ce`` (torchtune's ``CEWithChunkedOutputLoss`` style: the head's logits in
     ``loss_chunks`` chunks over the sequence, each upcast and reduced in turn); ``sum`` (a
     plain ``logits.sum()``, as benchmark scripts do)."""

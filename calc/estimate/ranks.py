@@ -282,8 +282,9 @@ def _rank_replay(
         # One DeviceMesh per fully_shard call holds its ranks as a CPU int64 tensor
         # (``init_device_mesh``: ``torch.arange(world_size)``); on a GPU run it stays in host
         # memory, under the CPU tracker it counts (measured: one 512 B block per group). With
-        # a 2-D layout the dp mesh is built once, before the model (none per call).
-        groups = local.n_layers + 1
+        # a 2-D layout the dp mesh is built once, before the model (none per call); torchtitan
+        # builds its one dp mesh before its apply_fsdp (one block).
+        groups = 1 if job.implementation == "torchtitan" else local.n_layers + 1
         extras.append(("fsdp/device_mesh_cpu", groups * 512, groups * 512))
         notes.append(f"CPU only: {groups} DeviceMesh rank tensors of 512 B")
     return RankReplay(rc, local, job, opts, parallel, tuple(extras), tuple(notes))

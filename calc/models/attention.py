@@ -61,13 +61,18 @@ def attention_kernel(
     and a head dim up to 256; memory-efficient takes fp32 but not grouped key/value heads
     (`gqa_in_sdpa`); math takes anything (module docstring). ``compute_16bit``: an fp32 job
     whose forward runs in bf16 all the same (FSDP's mixed-precision policy casts the gathered
-    parameters, `compute_16bit_of`), so SDPA sees bf16 inputs."""
+    parameters, `compute_16bit_of`), so SDPA sees bf16 inputs. torchtitan allows cuDNN, flash
+    and math only (``sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, MATH])``,
+    torchtitan/models/attention.py ``ScaledDotProductAttentionWrapper``): 16-bit inputs run cuDNN
+    or flash, whose saved tensors are the same (output and fp32 log-sum-exp), fp32 ones math."""
     if job.attention != "sdpa":
         return job.attention
     sixteen_bit = job.precision != "fp32" or compute_16bit
     head_ok = model.head_dim % 8 == 0 and model.head_dim <= 256
     if sixteen_bit and head_ok:
         return "flash"
+    if job.implementation == "torchtitan":
+        return "math"
     if head_ok and not (isinstance(job, Training) and gqa_in_sdpa(model, job)):
         return "efficient"  # inference: see `check_cuda_kernel`
     return "math"

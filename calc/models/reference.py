@@ -6,6 +6,8 @@ in order, and the moment each Python local dies. Change the model, change this f
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from calc.models import attention_core
 from calc.models.head import Head, finish
 from calc.models.shape import Shape
@@ -377,6 +379,27 @@ def head_logits(tape: Tape, sh: Shape, w: Weights, hid: Tensor) -> Tensor:
     return ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
 
 
+def layers(
+    tape: Tape, sh: Shape, weights: list[dict], x: Tensor, run: Callable[[Tensor, dict], Tensor]
+) -> Tensor:
+    """The decoder layers on ``x`` (``run(x, layer_weights)`` replays one), each its own tape
+    segment, each checkpointed whole (non-reentrant ``torch.utils.checkpoint``) under
+    ``recompute="full"``; each input dies as the next layer's output is bound to its name."""
+    for j, lw in enumerate(weights):
+        tape.segment = j
+        if sh.recompute == "full":
+
+            def one(x: Tensor = x, lw: dict = lw) -> Tensor:
+                return run(x, lw)
+
+            x_next = tape.checkpoint(one, [x])
+        else:
+            x_next = run(x, lw)
+        tape.drop(x)
+        x = x_next
+    return x
+
+
 def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | None) -> Tensor:
     """``ReferenceLM.hidden_states(ids)``: the final norm's output (this rank's rows)."""
     n = sh.b * sh.s
@@ -408,18 +431,7 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor | None, sin: Tensor | 
         x = sequence_parallel.local_slice(tape, full, sh.local_rows * sh.h, "sp.embed_local")
         tape.drop(full)
     x = _maybe_dropout(tape, sh, x, sh.embed_dropout, "embed.drop")
-    for j, lw in enumerate(w.layers):
-        tape.segment = j
-        if sh.recompute == "full":
-
-            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
-                return block(tape, sh, x, lw, cos, sin)
-
-            x_next = tape.checkpoint(run, [x])
-        else:
-            x_next = block(tape, sh, x, lw, cos, sin)
-        tape.drop(x)
-        x = x_next
+    x = layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, cos, sin))
     tape.segment = "head"
     hid = norm(tape, sh, x, w.norm, w.norm_b, sh.local_rows)
     tape.drop(x)

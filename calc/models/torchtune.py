@@ -127,7 +127,7 @@ def rms_norm(tape: Tape, sh: Shape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     """``F.rms_norm(x.float(), (h,), weight=w, eps=eps).to(x.dtype)``."""
     xf = ops.to_dtype(tape, x, FP32, "norm.float")
     if sh.device == "cuda" and w.itemsize == FP32:  # fp32 input and weight: the fused kernel
-        y = _fused_rms_norm(tape, xf, w, rows)
+        y = fused_rms_norm(tape, xf, w, rows)
     else:  # the composite: eps added in place to the mean (no allocation)
         p = ops.pow2(tape, xf, "norm.pow")
         m = ops.mean_last(tape, p, rows, "norm.mean")
@@ -142,7 +142,7 @@ def rms_norm(tape: Tape, sh: Shape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     return out
 
 
-def _fused_rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
+def fused_rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     """CUDA's ``_fused_rms_norm``: output and fp32 ``rstd`` [rows]; saves input, weight and
     ``rstd``; backward ``_fused_rms_norm_backward``: the input's then the weight's gradient."""
 
@@ -269,18 +269,7 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cache: Tensor, ids: Tensor) -> Ten
     if tape.offload is not None:
         tape.offload.active = True
     x = ops.embedding(tape, w.embed, sh.b * sh.s, sh.h, "embed_out", indices=ids)
-    for j, lw in enumerate(w.layers):
-        tape.segment = j
-        if sh.recompute == "full":
-
-            def run(x: Tensor = x, lw: dict = lw) -> Tensor:
-                return block(tape, sh, x, lw, cache)
-
-            x_next = tape.checkpoint(run, [x])
-        else:
-            x_next = block(tape, sh, x, lw, cache)
-        tape.drop(x)
-        x = x_next
+    x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, cache))
     tape.segment = "head"
     hid = rms_norm(tape, sh, x, w.norm, sh.b * sh.s)
     tape.drop(x)

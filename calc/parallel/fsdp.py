@@ -32,6 +32,13 @@ without or with a ``MixedPrecisionPolicy`` (last item):
   sharded gradients are views. ``cast_forward_inputs`` (``_fsdp_state.py`` l. 312) casts the
   reference model's fp32 RoPE tables at each layer's entry (the replay casts them in the
   attention, as ``rope[0].to(q.dtype)`` does: same bytes, measured exact).
+* torchtitan's units (``own_units``; torchtitan 0.2.2 ``apply_fsdp``): ``fully_shard`` on the
+  embedding, on each block, on ``[norm, output]`` with ``reshard_after_forward=False``, then on
+  a root that holds no parameter. The embedding is gathered for its forward and resharded
+  after it, gathered again on the prefetch of the first block's pre-backward, and reduced in
+  the final callback (its input, the token ids, needs no gradient); the head unit stays
+  unsharded from its forward through its backward, and its pre-backward prefetches the last
+  block.
 
 **ZeRO-1/2 with sharded states** (Rajbhandari et al. 2020, §5.1-5.2; analytic, no PyTorch engine
 runs it): the optimizer steps each parameter's dim-0 shard (states ``1/N``); with ZeRO-2 each
@@ -111,6 +118,20 @@ class Fsdp:
     """``MixedPrecisionPolicy(reduce_dtype=...)``: the reduce-scatter's bytes per element (0:
     the gradients')."""
     shards: dict = field(default_factory=dict)  # leaf storage id -> fp32 shard (mixed)
+    own_units: bool = False
+    """torchtitan's layout (``apply_fsdp``): the embedding (tag ``"embed"``) and the final norm
+    with the head (tag ``"head"``, ``fully_shard([norm, output])``, never resharded after
+    forward) are units of their own; the root holds no parameter (module docstring)."""
+
+    def _group_tag(self, tag: object) -> object:
+        """The unit a parameter tagged ``tag`` belongs to."""
+        if isinstance(tag, int) or (self.own_units and tag in ("embed", "head")):
+            return tag
+        return "root"
+
+    def _unit(self, tag: object) -> bool:
+        """Whether ``tag`` is a unit other than the root (a layer, or an own unit)."""
+        return tag != "root" and tag in self.groups
 
     # ------------------------------------------------------------------ setup
 
@@ -123,7 +144,7 @@ class Fsdp:
         ``unpadded``: storage ids of all-gather inputs that split evenly over the ranks with
         no padding (a torchao ``NF4Tensor``'s inner tensors, `calc.compress.nf4_torchao`)."""
         for p, shape in zip(params, shapes, strict=True):
-            tag = p.storage.tag if isinstance(p.storage.tag, int) else "root"
+            tag = self._group_tag(p.storage.tag)
             g = self.groups.setdefault(tag, Group(tag, [], [], p.itemsize))
             numel = shard_numel(shape, self.n)
             g.leaves.append(p)
@@ -154,8 +175,7 @@ class Fsdp:
             return [self.shards[id(p.storage)] for p in params]
         out = []
         for p in params:
-            tag = p.storage.tag if isinstance(p.storage.tag, int) else "root"
-            g = self.groups[tag]
+            g = self.groups[self._group_tag(p.storage.tag)]
             out.append(tape.alias(p, numel=g.shard_numels[g.leaves.index(p)]))
         return out
 
@@ -201,8 +221,8 @@ class Fsdp:
                 tape.hide(self.pads[id(p.storage)], f"pad:{p.name}")
         self.unsharded.discard(g.tag)
 
-    def _unshard(self, tape: Tape, g: Group, forward: bool) -> None:
-        if g.tag in self.unsharded:
+    def _unshard(self, tape: Tape, g: Group | None, forward: bool) -> None:
+        if g is None or g.tag in self.unsharded:
             return
         if g.ag_out is None:
             self._all_gather(tape, g)
@@ -213,7 +233,9 @@ class Fsdp:
         if tag not in self.unsharded and g.ag_out is None:
             self._all_gather(tape, g)
 
-    def _post_backward(self, tape: Tape, g: Group) -> None:
+    def _post_backward(self, tape: Tape, g: Group | None) -> None:
+        if g is None:  # torchtitan's root: no parameter of its own
+            return
         self.reduced.add(g.tag)
         grads = [tape.grads.pop(id(p.storage), None) for p in g.leaves]
         self._reshard(tape, g)
@@ -252,21 +274,21 @@ class Fsdp:
         """Layer boundaries: pre/post-forward in the forward, pre/post-backward in the backward
         (the engine runs a layer's nodes together; its post-backward node runs right after)."""
         if tape.phase.endswith("/forward") and tape.grad_enabled:
-            if isinstance(old, int):
+            if self._unit(old) and old != "head":  # the head unit stays unsharded
                 if self.reshard_after_forward:
                     self._reshard(tape, self.groups[old])
             if new == "embed" and "root" not in self.unsharded:
-                self._unshard(tape, self.groups["root"], forward=True)
-            if isinstance(new, int):
+                self._unshard(tape, self.groups.get("root"), forward=True)
+            if self._unit(new):
                 if new not in self.order:
                     self.order.append(new)
                 self._unshard(tape, self.groups[new], forward=True)
             return
         if not tape.phase.endswith("/backward") or tape.grad_enabled:
             return  # the optimizer step tags its allocations with layers: no hooks there
-        if isinstance(old, int):
+        if self._unit(old):
             self._post_backward(tape, self.groups[old])
-        if isinstance(new, int):
+        if self._unit(new):
             self._unshard(tape, self.groups[new], forward=False)
             i = self.order.index(new)
             if i > 0:
@@ -274,7 +296,7 @@ class Fsdp:
 
     def end_forward(self, tape: Tape) -> None:
         """The root's post-forward: reshard it, then free the last all-gather output."""
-        if self.reshard_after_forward:
+        if self.reshard_after_forward and "root" in self.groups:
             self._reshard(tape, self.groups["root"])
         if self.kept_ag is not None:
             tape.drop(self.kept_ag)
@@ -283,9 +305,10 @@ class Fsdp:
     def start_backward(self, tape: Tape) -> None:
         """The root's pre-backward: unshard it, prefetch the last layer's all-gather."""
         self.reduced = set()
-        self._unshard(tape, self.groups["root"], forward=False)
-        if self.order:
-            self._prefetch(tape, self.order[-1])
+        self._unshard(tape, self.groups.get("root"), forward=False)
+        layers = [tag for tag in self.order if isinstance(tag, int)]
+        if layers:  # under own units, the head's pre-backward prefetches the last layer
+            self._prefetch(tape, layers[-1])
 
     def end_backward(self, tape: Tape) -> None:
         """The final callback (``_root_post_backward_final_callback``): in ``named_modules()``
@@ -293,7 +316,7 @@ class Fsdp:
         own did not run: the root, and a layer whose forward inputs needed no gradient (the
         first layer under LoRA: a frozen embedding's output); then the last reduce-scatter
         input is freed."""
-        self._post_backward(tape, self.groups["root"])
+        self._post_backward(tape, self.groups.get("root"))
         for tag in self.order:
             if tag not in self.reduced:
                 self._post_backward(tape, self.groups[tag])

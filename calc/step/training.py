@@ -16,7 +16,7 @@ from calc.compress.lora import LINEAR_KEYS, compress_weights
 from calc.compress.quant import library_of
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.models import hf, hf_gpt2, reference, torchtune
+from calc.models import hf, hf_gpt2, reference, torchtitan, torchtune
 from calc.models.attention import compute_16bit_of, flash_head_pad, kernel_for
 from calc.models.head import Head
 from calc.parallel import data as data_parallel
@@ -121,6 +121,8 @@ def _check_mixed_precision(job: Training, dp: ReplayPlan) -> None:
 def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
     if job.implementation == "torchtune":
         return ForwardPath.TORCHTUNE
+    if job.implementation == "torchtitan":
+        return ForwardPath.TORCHTITAN
     if job.implementation != "hf":
         return ForwardPath.REFERENCE
     return ForwardPath.HF_GPT2 if model.model_type == "gpt2" else ForwardPath.HF
@@ -154,6 +156,26 @@ def _check_torchtune(sh: reference.Shape, job: Training, dp: ReplayPlan | None) 
         nf4_torchao.check_job(sh, job)
 
 
+def _check_implementation(
+    path: ForwardPath, sh: reference.Shape, job: Training, dp: ReplayPlan | None
+) -> None:
+    """The checks of the forward path's own replay (GPT-2, torchtune, torchtitan), and
+    activation offloading, which only torchtune's replay covers by hand."""
+    if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
+        hf_gpt2.check(sh)
+    if path is ForwardPath.TORCHTUNE:
+        _check_torchtune(sh, job, dp)
+    elif path is ForwardPath.TORCHTITAN:
+        torchtitan.check(sh, job, dp)
+    elif job.offload_activations:
+        raise NotImplementedError(
+            f"offload_activations with implementation={job.implementation!r}: transformers' "
+            "activation_checkpointing_enable(offload=True) is recorded from its code "
+            "(implementation 'hf' or 'derived'), torchtune's hooks replayed by hand "
+            "(implementation='torchtune')"
+        )
+
+
 def check_supported(
     model: ModelSpec, job: Training, sh: reference.Shape, tp_comm: bool, dp: ReplayPlan | None
 ) -> None:
@@ -163,17 +185,7 @@ def check_supported(
     _check_recorded_only(job)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
-    if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
-        hf_gpt2.check(sh)
-    if path is ForwardPath.TORCHTUNE:
-        _check_torchtune(sh, job, dp)
-    elif job.offload_activations:
-        raise NotImplementedError(
-            f"offload_activations with implementation={job.implementation!r}: transformers' "
-            "activation_checkpointing_enable(offload=True) is recorded from its code "
-            "(implementation 'hf' or 'derived'), torchtune's hooks replayed by hand "
-            "(implementation='torchtune')"
-        )
+    _check_implementation(path, sh, job, dp)
     if path is ForwardPath.HF:
         if job.recompute == "selective":
             raise NotImplementedError(
@@ -219,8 +231,8 @@ def _check_head(
     the head as a module and returns the logits (``verify/dist/tp_plans.py``)."""
     if job.optimizer is None and tp_comm:
         raise NotImplementedError("optimizer=None is modelled on one GPU and under dp")
-    if Head.of(job).default or path is ForwardPath.TORCHTUNE:  # the recipe's: torchtune.check
-        return
+    if Head.of(job).default or path in (ForwardPath.TORCHTUNE, ForwardPath.TORCHTITAN):
+        return  # the recipes' own loops: torchtune.check, torchtitan.check
     what = f"loop={job.loop!r} with loss={job.loss!r}"
     if job.distill is not None or job.lora is not None or job.pruning is not None:
         raise NotImplementedError(f"{what} is modelled without distillation, LoRA and pruning")
@@ -258,6 +270,8 @@ class ForwardPath(Enum):
     """Hugging Face ``GPT2LMHeadModel``, `calc.models.hf_gpt2`."""
     TORCHTUNE = "torchtune"
     """torchtune's Llama and its recipe's loss step, `calc.models.torchtune`."""
+    TORCHTITAN = "torchtitan"
+    """torchtitan's Llama 3 and its trainer's loss step, `calc.models.torchtitan`."""
 
 
 @dataclass
@@ -289,10 +303,9 @@ def build_step(
     """The tape with the weights, pruning masks, teacher, adapters, inputs and RoPE tables, and
     the parameters the optimizer steps (sharded by ``dp``/FSDP2 when given)."""
     path = _forward_path(model, job)
-    hf_path = path in (ForwardPath.HF, ForwardPath.HF_GPT2)
     tape = Tape(inplace_accumulate=device == "cuda")
-    tt = path is ForwardPath.TORCHTUNE
-    w = torchtune.Weights(tape, sh) if tt else reference.Weights(tape, sh)
+    own_order = path in (ForwardPath.TORCHTUNE, ForwardPath.TORCHTITAN)
+    w = torchtune.Weights(tape, sh) if own_order else reference.Weights(tape, sh)
     if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
         prune_replay.install(tape, sh, w, job.pruning, model)
     teacher = None
@@ -303,17 +316,7 @@ def build_step(
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if job.offload_activations:  # the recipe's context, made once (calc.replay.offload)
         tape.offload = Offload()
-    if path is ForwardPath.HF:  # LlamaRotaryEmbedding's inv_freq, original_inv_freq: fp32 [d/2]
-        tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
-        tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
-    rope = model.model_type != "gpt2"
-    rope = rope and not hf_path and not tt  # HF computes cos/sin inside each forward
-    if tt:  # the RoPE module's fp32 buffers, the recipe's ignore_labels_cache [b, 1]
-        cache = torchtune.buffers(tape, sh, model.max_positions)
-        tape.existing(sh.b, INDEX_ITEMSIZE, "ignore_labels_cache", "input")
-    buf = 4 if dp is not None and dp.param_itemsize else sh.weight_itemsize  # fp32 under MP
-    cos = tape.existing(sh.s * sh.d, buf, "rope_cos", "buffer") if rope else None
-    sin = tape.existing(sh.s * sh.d, buf, "rope_sin", "buffer") if rope else None
+    cos, sin = _rope_buffers(tape, sh, model, path, dp)
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
     opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
     if dp is not None and dp.optimizer_params is not None:
@@ -323,7 +326,8 @@ def build_step(
     fsdp = None
     if dp is not None and dp.fsdp:
         fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
-                    mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize)  # fmt: skip
+                    mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize,
+                    own_units=path is ForwardPath.TORCHTITAN)  # fmt: skip
         if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
             base, base_shapes = w.parameters(), w.shapes(sh)
             unpadded: frozenset[int] = frozenset()
@@ -334,9 +338,31 @@ def build_step(
             fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)
     sliding = sh.n_layers if model.sliding_window is not None else 0
-    if tt:
-        cos = cache  # torchtune's one RoPE table
     return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp, ids)
+
+
+def _rope_buffers(
+    tape: Tape, sh: reference.Shape, model: ModelSpec, path: ForwardPath, dp: ReplayPlan | None
+) -> tuple[Tensor | None, Tensor | None]:
+    """The RoPE tables the forward reads, as ``(cos, sin)``: the reference model's fp32 (under
+    FSDP2's policy) or model-dtype [s, d] tables; torchtune's one fp32 cache (``cos``, with its
+    ``theta`` and the recipe's ``ignore_labels_cache``); torchtitan's complex64 ``freqs_cis``
+    (``cos``); none for Hugging Face models, which compute cos/sin in each forward from their
+    fp32 ``inv_freq`` and ``original_inv_freq`` [d/2] buffers (llama-style), and for GPT-2."""
+    if path is ForwardPath.TORCHTUNE:
+        cache = torchtune.buffers(tape, sh, model.max_positions)
+        tape.existing(sh.b, INDEX_ITEMSIZE, "ignore_labels_cache", "input")
+        return cache, None
+    if path is ForwardPath.TORCHTITAN:
+        return torchtitan.buffers(tape, sh), None
+    if path is ForwardPath.HF:
+        tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
+        tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
+    if path is not ForwardPath.REFERENCE or model.model_type == "gpt2":
+        return None, None
+    buf = 4 if dp is not None and dp.param_itemsize else sh.weight_itemsize  # fp32 under MP
+    cos = tape.existing(sh.s * sh.d, buf, "rope_cos", "buffer")
+    return cos, tape.existing(sh.s * sh.d, buf, "rope_sin", "buffer")
 
 
 def _head(setup: StepSetup, job: Training) -> Head:
@@ -367,6 +393,9 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         one = job.micro_batch == 1
         return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one,
                                  setup.ids, root=setup.fsdp)  # fmt: skip
+    if setup.path is ForwardPath.TORCHTITAN:  # an fp32 model, FSDP2's policy or none
+        assert setup.cos is not None
+        return torchtitan.forward(tape, sh, w, setup.cos, setup.ids, root=setup.fsdp)
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
     if setup.teacher is None:

@@ -29,6 +29,12 @@ TT_RECIPE: dict[str, Any] = {
 }  # fmt: skip
 """torchtune's distributed recipes as configured for Llama-3.1-8B: its Llama in pure bf16,
 layer checkpointing, the chunked loss, the recipe's ``del logits``."""
+TITAN_RECIPE: dict[str, Any] = {
+    "card": LLAMA3, "implementation": "torchtitan", "loop": "del-logits", "precision": "fp32",
+}  # fmt: skip
+"""torchtitan's Llama 3 and its trainer's loss step: an fp32 model (FSDP2's policy casts)."""
+MP_BF16: dict[str, Any] = {"fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}
+"""torchtitan's ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``."""
 GLOO_ACCUM_PCT = 5.0
 GLOO_ACCUM_NOTE = (
     "5 %: gloo's late release (the 3 % note) with two micro-batches, whose reduce-scatters "
@@ -315,6 +321,24 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-qlora-ddp-fp32-adapters-2", "ddp", Parallelism(dp=2), precision="bf16",
           lora=LoRA(rank=16, adapter_dtype="fp32"), quant=Quant(method="nf4"),
           note="QLoRA as peft sets it up: fp32 adapters, fp32 buckets over a bf16 model"),
+    # torchtitan's Llama 3 and its trainer's loss step under FSDP2 as its apply_fsdp wraps it
+    # (the embedding, each block, [norm, output] never resharded after forward, the root), with
+    # its bf16/fp32 policy
+    _case("dist-torchtitan-fsdp2-mp-2", "fsdp2", Parallelism(dp=2, fsdp=True, **MP_BF16),
+          **TITAN_RECIPE, tolerance_pct=GLOO_ASYNC_PCT, tags=Q,
+          note="torchtitan full training, FSDP2 mixed precision. " + GLOO_ASYNC_NOTE),
+    _case("dist-torchtitan-fsdp2-mp-recompute-gqa2-2", "fsdp2",
+          Parallelism(dp=2, fsdp=True, **MP_BF16), **TITAN_RECIPE, recompute="full",
+          scale={"kv_heads": 2}, tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtitan full training, FSDP2 mixed precision, full activation "
+          "checkpointing. " + GLOO_ASYNC_NOTE),
+    _case("dist-torchtitan-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TITAN_RECIPE,
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtitan full training, FSDP2 in fp32. " + GLOO_ASYNC_NOTE),
+    _case("dist-torchtitan-fsdp2-mp-accum2-2", "fsdp2", Parallelism(dp=2, fsdp=True, **MP_BF16),
+          **TITAN_RECIPE, grad_accum=2, tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtitan full training, FSDP2 mixed precision, 2 micro-batches per step. "
+          + GLOO_ASYNC_NOTE),
     # torchtune's distributed recipes (full_finetune_distributed, lora_finetune_distributed):
     # its Llama in pure bf16, fully_shard per layer and root, layer checkpointing, the chunked
     # loss on the logits the wrapped model returns

@@ -1,7 +1,8 @@
 """Cases of the implementations users run (`calc.Training`'s ``implementation``): torchtune's
 Llama (``tt-*``, a faithful copy of its model code, `verify.models.torchtune_llama`) in fp32 and
-pure bf16, with its recipe's losses, layer recomputation and optimizer in backward, on the CPU
-tracker."""
+pure bf16, with its recipe's losses, layer recomputation and optimizer in backward; torchtitan's
+Llama 3 (``ttn-*``, `verify.models.torchtitan_llama`) in fp32 with its trainer's loss step (its
+bf16 runs are FSDP2's policy: verify/cases/distributed.py); on the CPU tracker."""
 
 from __future__ import annotations
 
@@ -97,11 +98,24 @@ TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
 """torchtune: name, card, the job's fields (``tags``: extra tags)."""
 
 
+TITAN = {"impl": "torchtitan", "loop": "del-logits"}
+TORCHTITAN: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("ttn-fp32-llama3", LLAMA3, {}),
+    ("ttn-fp32-gqa2-llama3", LLAMA3, GQA2),
+    ("ttn-fp32-recompute-llama3", LLAMA3, {"recompute": "full"}),
+    ("ttn-fp32-mha-recompute-llama", LLAMA, {"recompute": "full", "micro_batch": 1}),
+    ("ttn-fp32-accum2-gqa2-mistral", MISTRAL, {**GQA2, "grad_accum": 2, "seq_len": 48}),
+)
+"""torchtitan: name, card, the job's fields."""
+
+
 def recipe_cases() -> list[Case]:
-    """The `TORCHTUNE` cases, tagged ``implementation``."""
+    """The `TORCHTUNE` and `TORCHTITAN` cases, tagged ``implementation``."""
     out = []
     for name, card, fields in TORCHTUNE:
         kw = dict(fields)
         tags = (*kw.pop("tags", ()), "implementation")
         out.append(_train(name, card, tags=tags, **TT, **kw))
+    for name, card, fields in TORCHTITAN:
+        out.append(_train(name, card, tags=("implementation",), **TITAN, **fields))
     return out

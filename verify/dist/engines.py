@@ -126,22 +126,38 @@ def mp_policy(case: DistCase) -> dict[str, Any]:
 
 
 def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
-    """``fully_shard`` on each layer and on the root; the optimizer over the DTensor shards."""
+    """``fully_shard`` on each layer and on the root; the optimizer over the DTensor shards.
+    torchtitan's models as its ``apply_fsdp`` (torchtitan 0.2.2, models/llama3/infra/
+    parallelize.py) wraps them: the embedding, each block, then ``[norm, output]`` with
+    ``reshard_after_forward=False``, then the root (``disable_fsdp_gradient_division`` is left
+    out: it changes the reduce-scatter's scaling, not its buffers)."""
+    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     model, loss_fn = case_model(case, spec, ctx)
     reshard = case.parallel.reshard_after_forward
     kw = {"reshard_after_forward": reshard, **mp_policy(case)}
     layers = getattr(model, "blocks", None) or getattr(model, "layers", None) or model.model.layers
+    titan = case.impl == "torchtitan"
+    mesh = ctx.mesh
+    if titan:  # torchtitan's apply_fsdp over its one dp mesh (ParallelDims.build_mesh)
+        one = ctx.mesh() or init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        mesh = lambda: one  # noqa: E731
+        fully_shard(model.tok_embeddings, mesh=mesh(), **kw)  # the embedding, its own unit
+        layers = layers.values()
     for layer in layers:
-        fully_shard(layer, mesh=ctx.mesh(), **kw)
+        fully_shard(layer, mesh=mesh(), **kw)
+    if titan:  # [norm, output] one unit, kept unsharded after forward (its "default" policy)
+        fully_shard([model.norm, model.output], mesh=mesh(),
+                    **{**kw, "reshard_after_forward": False})  # fmt: skip
     if case.parallel.fsdp_output_dtype != "none":  # the root's outputs only
         policy = replace(kw["mp_policy"], output_dtype=_MP_DTYPES[case.parallel.fsdp_output_dtype])
         kw = {**kw, "mp_policy": policy}
-    fully_shard(model, mesh=ctx.mesh(), **kw)
+    fully_shard(model, mesh=mesh(), **kw)
     bundle = build_optimizer(model, case.job, device=ctx.device)
-    # torchtune's recipe loss calls the model itself, which fully_shard wrapped in place
-    call = loss_fn if case.impl == "torchtune" else _call(model, case, model)
+    # torchtune's recipe loss and torchtitan's loss step call the model itself, which
+    # fully_shard wrapped in place
+    call = loss_fn if case.impl in ("torchtune", "torchtitan") else _call(model, case, model)
     return built_from(model, call, bundle)
 
 

@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from verify.models import compress, distill, loops, pruning, sac, torchtune_llama
+from verify.models import (
+    compress,
+    distill,
+    loops,
+    pruning,
+    sac,
+    torchtitan_llama,
+    torchtune_llama,
+)
 from verify.models import hf as hf_model
 from verify.models import offload as offloading
 from verify.models.reference import ReferenceLM
@@ -74,6 +82,10 @@ def build_model(
         if lora is not None:  # the recipe's LoRA model: adapters in the model's dtype
             compress.apply(tt, job.quant, lora, WEIGHT_DTYPE[job.precision])
         return tt, torchtune_llama.RecipeLoss(tt, job)
+    if job.implementation == "torchtitan":  # a copy of torchtitan's Llama 3 and its loss step
+        with torch.device(device):
+            titan = torchtitan_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
+        return titan, torchtitan_llama.TrainerLoss(titan)
     attention = "eager" if job.attention == "eager" else "sdpa"
     if job.implementation in ("hf", "derived"):  # derived: the hf model, calc derives
         if not hf_model.available():

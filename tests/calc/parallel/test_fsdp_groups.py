@@ -29,3 +29,29 @@ def test_a_bf16_base_and_fp32_adapters_gather_as_bytes() -> None:
     assert _live(tape) == 278_528 + 2 * 278_528
     fsdp._copy_out(tape, group, keep=False)  # the unsharded parameters; the output freed
     assert _live(tape) == 278_528 + 2 * 262_144 + 2 * 8_192 + 2 * 8_192
+
+
+def test_torchtitan_units_free_the_embedding_and_keep_the_head() -> None:
+    # torchtitan's apply_fsdp on 2 ranks, fp32: embedding [1024, 64] (a unit), one layer
+    # [64, 64], the final norm [64] with the head [1024, 64] (one unit, kept unsharded after
+    # forward); the root holds no parameter. Shards: 131,072 + 8,192 + 512 (128 B) + 131,072
+    # = 270,848 B at rest.
+    tape = Tape()
+    embed = tape.existing(1024 * 64, 4, "embed", "weight", True, "embed")
+    layer = tape.existing(64 * 64, 4, "wq", "weight", True, 0)
+    norm = tape.existing(64, 4, "norm", "weight", True, "head")
+    head = tape.existing(1024 * 64, 4, "output", "weight", True, "head")
+    fsdp = Fsdp(2, reshard_after_forward=True, own_units=True)
+    shapes = [(1024, 64), (64, 64), (64,), (1024, 64)]
+    fsdp.install(tape, [embed, layer, norm, head], shapes)
+    assert set(fsdp.groups) == {"embed", 0, "head"}
+    assert _live(tape) == 270_848
+    tape.phase = "step1/forward"
+    tape.segment = "embed"  # all-gather output 262,144 and the unsharded embedding 262,144
+    assert _live(tape) == 270_848 + 2 * 262_144
+    tape.segment = 0  # the embedding resharded, its all-gather output freed at the copy-out;
+    assert _live(tape) == 270_848 + 16_384 + 16_384  # the layer's output and parameters
+    tape.segment = "head"  # layer resharded; norm + head gathered: 2 x 131,200 -> 262,656
+    assert _live(tape) == 270_848 + 262_656 + 512 + 262_144
+    fsdp.end_forward(tape)  # the all-gather output freed; norm and head stay unsharded
+    assert _live(tape) == 270_848 + 512 + 262_144

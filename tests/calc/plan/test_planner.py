@@ -611,3 +611,24 @@ def test_a_derived_training_job_is_evaluated_with_its_proxy() -> None:
     forward = 2 * (m + c) + 2 * 64 * 512
     factor = (3 * forward + 2 * (m + c)) / (3 * forward)
     assert row.throughput_proxy == pytest.approx(128 / (128 + 1024) / factor)
+
+
+def test_torchtitan_plans_match_estimate() -> None:
+    # torchtitan's model under its FSDP2 units (the embedding, each block, [norm, output]) is
+    # planned on 2 GPUs: every fitting row equals calc.estimate; its data parallelism is FSDP2
+    # alone (DDP and ZeRO-1/2 rows are not modelled)
+    from verify.cases.scale import scaled_spec
+
+    model = scaled_spec("llama-3.1-8b", kv_heads=2)
+    base = calc.Training(micro_batch=1, seq_len=8, precision="fp32", implementation="torchtitan",
+                         loop="del-logits")  # fmt: skip
+    p = P.plan(model, task="full-finetune", seq_len=8, global_batch=2, gpu=_gpu(1 << 40),
+               gpu_count=2,
+               fixed={"recompute": ("none", "full"), "precision": ("fp32",)}, base=base,
+               report={"cases": []})  # fmt: skip
+    assert p.fitting
+    for e in p.fitting:
+        assert e.config.job.implementation == "torchtitan"
+        est = calc.estimate(model, e.config.job, parallel=e.config.parallel)
+        assert e.peak_bytes == est.peak_bytes
+    assert any(e.config.parallel.fsdp for e in p.fitting)

@@ -1,0 +1,95 @@
+"""torchtitan's Llama 3 (`calc.models.torchtitan`): its buffer and its loss step by hand, and
+what it refuses. The whole step is checked against the CPU tracker by the ``ttn-*`` and
+``dist-torchtitan-*`` verify cases (torchtitan 0.2.2's model code, copied in
+verify/models/torchtitan_llama.py and compared with the library in
+tests/verify/models/test_torchtitan_llama.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import calc
+from calc.models import torchtitan
+from calc.replay.tape import Tape
+from calc.step.training import shape_for
+from tests.specs import tiny_llama
+
+JOB = {"micro_batch": 1, "seq_len": 8, "precision": "fp32", "implementation": "torchtitan",
+       "loop": "del-logits"}  # fmt: skip
+
+
+def _estimate(model: calc.ModelSpec | None = None, parallel: calc.Parallelism | None = None,
+              **kw: object) -> calc.Estimate:  # fmt: skip
+    job = calc.Training(**{**JOB, **kw})  # type: ignore[arg-type]
+    return calc.estimate(model or tiny_llama(), job, parallel, device="cpu")
+
+
+def _live(tape: Tape) -> list[int]:
+    return [sum(key[3] * count for key, count in e.live) for e in tape.events]
+
+
+def test_freqs_cis_is_complex64_over_the_training_sequence() -> None:
+    # One complex64 freqs_cis [seq_len, head_dim / 2] on the root, its rows the training
+    # sequence length (update_from_config): 8 x 4 x 8 B = 256 B -> one 512-B block; at 64
+    # tokens 64 x 4 x 8 = 2,048 B. The tiny llama's max_positions (64) plays no part.
+    assert _estimate().breakdown["buffers"] == 512
+    assert _estimate(seq_len=64).breakdown["buffers"] == 2048
+
+
+@pytest.mark.parametrize(("itemsize", "peak_over_base"), [(2, 9216), (4, 5632)])
+def test_loss_upcasts_16_bit_logits_beside_the_log_probabilities(
+    itemsize: int, peak_over_base: int
+) -> None:
+    # 16 rows x 64 classes. bf16 logits (2,048 B) and the 0-d count (512): the fp32 copy
+    # (4,096) and the fp32 log-probabilities (4,096) live together, with nll_loss's two 0-d
+    # outputs (512 each): 9,216 B over the base, the copy gone before the division. fp32
+    # logits are their own ``.float()``: the log-probabilities and the 0-d loss, weight and
+    # quotient (the loss dies after the division): 4,096 + 3 x 512 = 5,632 B.
+    job = calc.Training(**{**JOB, "micro_batch": 2})  # type: ignore[arg-type]
+    sh = dataclasses.replace(shape_for(tiny_llama(), job, "cpu", 2), b=2, s=8, V=64)
+    tape = Tape()
+    pred = tape.existing(16 * 64, itemsize, "pred", "act", leaf=True)  # needs grad
+    count = tape.existing(1, 8, "count", "input")
+    base = sum(st.size for st in tape.live.values())
+    assert base == 16 * 64 * itemsize + 512
+    torchtitan.trainer_loss(tape, sh, pred, count)
+    assert max(_live(tape)) - base == peak_over_base
+
+
+@pytest.mark.parametrize(
+    ("change", "parallel", "words"),
+    [
+        ({"precision": "bf16"}, None, "MixedPrecisionPolicy"),
+        ({"precision": "amp-bf16"}, None, "autocast"),
+        ({"loop": "drop-output"}, None, "loop='drop-output'"),
+        ({"loss": "chunked-ce"}, None, "loss='chunked-ce'"),
+        ({"recompute": "selective"}, None, "whole-block"),
+        ({"lora": calc.LoRA(rank=4)}, None, "LoRA"),
+        ({}, calc.Parallelism(dp=2), "dp_replicate"),
+        ({}, calc.Parallelism(tp=2), "tensor parallelism"),
+    ],
+)
+def test_refuses_what_torchtitan_does_not_run(
+    change: dict, parallel: calc.Parallelism | None, words: str
+) -> None:
+    with pytest.raises(NotImplementedError, match=words):
+        _estimate(parallel=parallel, **change)
+
+
+def test_refuses_biases_and_tied_embeddings() -> None:
+    with pytest.raises(NotImplementedError, match="no biases"):
+        _estimate(tiny_llama(model_type="qwen2", qkv_bias=True))
+    with pytest.raises(NotImplementedError, match="tied"):
+        _estimate(tiny_llama(tied_embeddings=True))
+
+
+def test_fsdp2_policy_runs_flash_and_fp32_alone_runs_math_on_cuda() -> None:
+    # torchtitan allows cuDNN, flash and math (no memory-efficient kernel): an fp32 model
+    # alone runs math, whose probabilities the estimate notes; under the bf16 policy, flash.
+    job = calc.Training(**{**JOB, "seq_len": 64})  # type: ignore[arg-type]
+    alone = calc.estimate(tiny_llama(n_kv_heads=2), job, calc.Parallelism(dp=2, fsdp=True))
+    assert "attention kernel: math" in alone.notes
+    mp = calc.Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
+    assert "attention kernel: flash" in calc.estimate(tiny_llama(), job, mp).notes
