@@ -24,9 +24,10 @@ library where it imports); this file follows that copy line by line:
   by the count, ``del pred``.
 
 The parameters are torchtitan's, in its order (torchtune's order: `calc.models.torchtune.Weights`).
-torchtitan trains an fp32 model: alone or under DDP in fp32 (its ``mixed_precision_param`` is
-for FSDP's policy; alone it would run autocast, not modelled here), under FSDP2 with or without
-the ``MixedPrecisionPolicy`` (`check`).
+torchtitan trains an fp32 model: under FSDP2 with or without its ``MixedPrecisionPolicy``, or
+alone under autocast (``maybe_enable_amp``: ``precision="amp-bf16"``; the linears' bf16
+outputs meet the fp32 residual stream, so every norm runs on fp32 input, as CUDA's autocast
+would make it) or in fp32 (`check`).
 """
 
 from __future__ import annotations
@@ -60,11 +61,12 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         raise NotImplementedError(f"{what} is modelled for full training (no LoRA, QLoRA, pruning)")
     if job.distill is not None:
         raise NotImplementedError(f"{what} with distillation is not modelled")
-    if job.precision != "fp32":
+    if job.precision not in ("fp32", "amp-bf16") or (dp is not None and job.precision != "fp32"):
         raise NotImplementedError(
-            f"{what} with precision={job.precision!r}: torchtitan keeps an fp32 model; its bf16 "
-            "training is FSDP2's MixedPrecisionPolicy (precision='fp32', fsdp=True, "
-            "fsdp_param_dtype='bf16'); its autocast on one GPU is not modelled yet"
+            f"{what} with precision={job.precision!r}: torchtitan keeps an fp32 model, trained "
+            "in bf16 by FSDP2's MixedPrecisionPolicy (precision='fp32', fsdp=True, "
+            "fsdp_param_dtype='bf16') or, on one GPU, by autocast (precision='amp-bf16', its "
+            "maybe_enable_amp)"
         )
     if sh.recompute not in ("none", "full"):
         raise NotImplementedError(

@@ -393,11 +393,13 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         one = job.micro_batch == 1
         return torchtune.forward(tape, sh, setup.w, setup.cos, job.loss, job.loss_chunks, one,
                                  setup.ids, root=setup.fsdp)  # fmt: skip
-    if setup.path is ForwardPath.TORCHTITAN:  # an fp32 model, FSDP2's policy or none
-        assert setup.cos is not None
-        return torchtitan.forward(tape, sh, w, setup.cos, setup.ids, root=setup.fsdp)
     if sh.autocast_itemsize:
         tape.autocast_enter(sh.autocast_itemsize)
+    if setup.path is ForwardPath.TORCHTITAN:  # an fp32 model: FSDP2's policy, autocast or none
+        assert setup.cos is not None
+        loss = torchtitan.forward(tape, sh, w, setup.cos, setup.ids, root=setup.fsdp)
+        tape.autocast_exit()
+        return loss
     if setup.teacher is None:
         loss = reference.forward(tape, sh, w, setup.cos, setup.sin, head, held)
     else:

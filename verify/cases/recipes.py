@@ -105,6 +105,14 @@ TORCHTITAN: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("ttn-fp32-recompute-llama3", LLAMA3, {"recompute": "full"}),
     ("ttn-fp32-mha-recompute-llama", LLAMA, {"recompute": "full", "micro_batch": 1}),
     ("ttn-fp32-accum2-gqa2-mistral", MISTRAL, {**GQA2, "grad_accum": 2, "seq_len": 48}),
+    # one GPU: maybe_enable_amp's autocast over the fp32 model, the forward and the loss
+    ("ttn-amp-bf16-llama3", LLAMA3, {"precision": "amp-bf16"}),
+    (
+        "ttn-amp-bf16-gqa2-recompute-llama3",
+        LLAMA3,
+        {"precision": "amp-bf16", "recompute": "full", **GQA2},
+    ),
+    ("ttn-amp-bf16-accum2-mha-llama", LLAMA, {"precision": "amp-bf16", "grad_accum": 2}),
 )
 """torchtitan: name, card, the job's fields."""
 

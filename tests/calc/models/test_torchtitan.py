@@ -62,7 +62,7 @@ def test_loss_upcasts_16_bit_logits_beside_the_log_probabilities(
     ("change", "parallel", "words"),
     [
         ({"precision": "bf16"}, None, "MixedPrecisionPolicy"),
-        ({"precision": "amp-bf16"}, None, "autocast"),
+        ({"precision": "amp-bf16"}, calc.Parallelism(dp=2, fsdp=True), "autocast"),
         ({"loop": "drop-output"}, None, "loop='drop-output'"),
         ({"loss": "chunked-ce"}, None, "loss='chunked-ce'"),
         ({"recompute": "selective"}, None, "whole-block"),
