@@ -213,8 +213,8 @@ def launch(cases: Sequence[DistCase], nproc: int, out: Path) -> str:
         f"--nproc_per_node={nproc}", "-m", "verify.dist.launch",
         "--cases", ",".join(c.name for c in cases), "--out", str(out),
     ]  # fmt: skip
-    # its own session, so that a launch past the limit is killed with its workers: killing
-    # torchrun alone left both ranks running, unseen, for as long as their step took
+    # its own session, so that a launch past the limit is killed with its workers (`_kill`):
+    # killing torchrun alone left both ranks running, unseen, for as long as their step took
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
@@ -222,14 +222,39 @@ def launch(cases: Sequence[DistCase], nproc: int, out: Path) -> str:
     try:
         output, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill(proc.pid)
         output, _ = proc.communicate()
         output += (
             f"\ntorchrun killed with its workers after {LAUNCH_TIMEOUT_S} s "
             "(VRAMPLAN_DIST_TIMEOUT_S raises the limit)"
         )
     return output[-4000:]
+
+
+def _kill(torchrun: int) -> None:
+    """Kill a torchrun launch: each worker first, then torchrun's own group. torch's elastic
+    agent starts every worker in a session of its own (``SubprocessHandler``:
+    ``start_new_session=True``), so torchrun's process group does not hold them; they are
+    found as its children in ``/proc``."""
+    for pid in _children(torchrun):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(torchrun, signal.SIGKILL)
+
+
+def _children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (``/proc/<pid>/stat``: state, then ppid after
+    the command's closing parenthesis)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == parent:
+            found.append(int(stat.parent.name))
+    return found
 
 
 def read_ranks(out: Path, case: DistCase) -> dict[int, dict[str, Any]]:
