@@ -1,5 +1,6 @@
 """torchtitan's Llama 3 (``implementation="torchtitan"``) as a replay: the reference graph
-(`calc.models.reference`) with the ops where torchtitan 0.2.2's code differs.
+(`calc.models.reference`) with the ops where torchtitan 0.2.2's code differs (its last release
+whose language models run SDPA; 0.3.0 runs flex attention, which needs ``torch.compile``).
 
 verify runs a faithful copy of torchtitan's model code and trainer step
 (``verify/models/torchtitan_llama.py``, which cites each upstream line and is compared with the
@@ -42,53 +43,46 @@ from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
 
 FP32 = 4
-COMPLEX64 = 8
 BOOL = 1
 INT64 = 8
-VERSION = "0.2.2"
-"""The torchtitan release whose code the replay follows (its last with SDPA for language
-models: 0.3.0 runs flex attention, which needs ``torch.compile``)."""
-
-
 WHAT = "implementation='torchtitan'"
 
 
 def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
     """Raise ``NotImplementedError`` for what the torchtitan replay does not model."""
     _check_model(sh)
-    what = WHAT
     if job.lora is not None or job.quant is not None or job.pruning is not None:
-        raise NotImplementedError(f"{what} is modelled for full training (no LoRA, QLoRA, pruning)")
+        raise NotImplementedError(f"{WHAT} is modelled for full training (no LoRA, QLoRA, pruning)")
     if job.distill is not None:
-        raise NotImplementedError(f"{what} with distillation is not modelled")
+        raise NotImplementedError(f"{WHAT} with distillation is not modelled")
     if job.precision not in ("fp32", "amp-bf16") or (dp is not None and job.precision != "fp32"):
         raise NotImplementedError(
-            f"{what} with precision={job.precision!r}: torchtitan keeps an fp32 model, trained "
+            f"{WHAT} with precision={job.precision!r}: torchtitan keeps an fp32 model, trained "
             "in bf16 by FSDP2's MixedPrecisionPolicy (precision='fp32', fsdp=True, "
             "fsdp_param_dtype='bf16') or, on one GPU, by autocast (precision='amp-bf16', its "
             "maybe_enable_amp)"
         )
     if sh.recompute not in ("none", "full"):
         raise NotImplementedError(
-            f"{what} with recompute={sh.recompute!r}: modelled with whole-block checkpointing "
+            f"{WHAT} with recompute={sh.recompute!r}: modelled with whole-block checkpointing "
             "(recompute='full', torchtitan's activation_checkpoint.mode='full') or none"
         )
     if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
-        raise NotImplementedError(f"{what}: torchtitan's Llama 3 has no dropout (use dropout=0)")
+        raise NotImplementedError(f"{WHAT}: torchtitan's Llama 3 has no dropout (use dropout=0)")
     if sh.tp_comm or sh.sp > 1:
-        raise NotImplementedError(f"{what} with tensor parallelism is not modelled yet")
+        raise NotImplementedError(f"{WHAT} with tensor parallelism is not modelled yet")
     if job.loop != "del-logits" or job.loss != "cross-entropy":
         raise NotImplementedError(
-            f"{what} with loop={job.loop!r}, loss={job.loss!r}: its trainer's loop is "
+            f"{WHAT} with loop={job.loop!r}, loss={job.loss!r}: its trainer's loop is "
             "loop='del-logits' (``del pred``) with loss='cross-entropy'"
         )
     if job.optimizer_in_backward or job.offload_activations:
         raise NotImplementedError(
-            f"{what} without optimizer_in_backward and offload_activations (torchtune's)"
+            f"{WHAT} without optimizer_in_backward and offload_activations (torchtune's)"
         )
     if dp is not None and (not dp.fsdp or dp.offload != "none"):
         raise NotImplementedError(
-            f"{what} under data parallelism is modelled as FSDP2 (fsdp=True, torchtitan's "
+            f"{WHAT} under data parallelism is modelled as FSDP2 (fsdp=True, torchtitan's "
             "dp_shard) without CPU offload; its DDP (dp_replicate) is not"
         )
 
