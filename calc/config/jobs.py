@@ -80,7 +80,8 @@ class Training:
     """Activation recomputation: none, ``selective`` (attention core), ``full`` (every layer) or
     ``op``: torchtitan's op-level selective checkpointing (``selective_ac_option="op"``) on
     every decoder layer: the outputs of SDPA and of every other ``mm`` kept, the rest
-    recomputed (recorded from transformers' code: implementation 'hf' or 'derived')."""
+    recomputed (recorded from transformers' code: implementation 'hf' or 'derived'; on
+    torchtitan's own model: implementation 'torchtitan')."""
     recompute_every: int = 1
     """With ``recompute="full"``: checkpoint every n-th decoder layer only (layers 0, n, 2n,
     ...), the others keep their activations (transformers'

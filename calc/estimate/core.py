@@ -401,10 +401,22 @@ def compiled_for(
             f"{plan.recorded_only}: recorded from torch's code (implementation='derived'), not "
             "written into the hand graphs"
         )
+    opts = replay_options(job, opts)
     key = _structure_key(model, job, opts)
     _EXEMPLAR.setdefault(key, (model, job, opts))
     branch = model.n_layers if opts.exact_layers else _branch(model.n_layers)
     return _compile(key, device, branch), key
+
+
+def replay_options(job: Training | Inference, opts: ReplayOptions) -> ReplayOptions:
+    """``opts`` with every layer replayed where the layers differ in a way the five-layer
+    generalisation cannot carry: torchtitan checkpointing every n-th block only
+    (``recompute_every``, `calc.models.torchtitan`; the recording's periodic units,
+    `calc.derive.period`, do that for transformers' code)."""
+    if isinstance(job, Training) and job.implementation == "torchtitan":
+        if job.recompute_every != 1 and not opts.exact_layers:
+            return replace(opts, exact_layers=True)
+    return opts
 
 
 def _device_terms(job: Training | Inference, device: str) -> tuple[int, tuple[str, ...]]:

@@ -15,7 +15,7 @@ from calc.parallel import sequence as sequence_parallel
 from calc.parallel import tensor as tensor_parallel
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
-from calc.replay.tape import Size, Tape, Tensor, divide
+from calc.replay.tape import SavePolicy, Size, Tape, Tensor, divide
 
 
 def _col(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, n: Size, out: Size,
@@ -380,19 +380,29 @@ def head_logits(tape: Tape, sh: Shape, w: Weights, hid: Tensor) -> Tensor:
 
 
 def layers(
-    tape: Tape, sh: Shape, weights: list[dict], x: Tensor, run: Callable[[Tensor, dict], Tensor]
+    tape: Tape,
+    sh: Shape,
+    weights: list[dict],
+    x: Tensor,
+    run: Callable[[Tensor, dict], Tensor],
+    early_stop: bool = True,
+    policy: SavePolicy | None = None,
+    checkpointed: Callable[[int], bool] = lambda j: True,
 ) -> Tensor:
     """The decoder layers on ``x`` (``run(x, layer_weights)`` replays one), each its own tape
-    segment, each checkpointed whole (non-reentrant ``torch.utils.checkpoint``) under
-    ``recompute="full"``; each input dies as the next layer's output is bound to its name."""
+    segment, each checkpointed (non-reentrant ``torch.utils.checkpoint``, with ``early_stop``)
+    under ``recompute="full"`` (the layers ``j`` that ``checkpointed(j)`` says), and by op with
+    ``policy`` under ``recompute="op"``; each input dies as the next layer's output is bound
+    to its name."""
     for j, lw in enumerate(weights):
         tape.segment = j
-        if sh.recompute == "full":
+        if sh.recompute == "op" or (sh.recompute == "full" and checkpointed(j)):
 
             def one(x: Tensor = x, lw: dict = lw) -> Tensor:
                 return run(x, lw)
 
-            x_next = tape.checkpoint(one, [x])
+            by_op = policy if sh.recompute == "op" else None
+            x_next = tape.checkpoint(one, [x], early_stop, by_op)
         else:
             x_next = run(x, lw)
         tape.drop(x)

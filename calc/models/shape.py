@@ -47,7 +47,10 @@ class Shape:
     attention: str = "flash"
     """The attention kernel that runs: ``flash``/``efficient``/``math`` (SDPA) or ``eager``."""
     recompute: str = "none"
-    """``none``, ``selective`` (attention core checkpointed) or ``full`` (every layer)."""
+    """``none``, ``selective`` (attention core checkpointed), ``full`` (every layer) or ``op``
+    (torchtitan's op-level policy)."""
+    recompute_every: int = 1
+    """With ``full``: torchtitan checkpoints every n-th block only (`calc.models.torchtitan`)."""
     attn_dropout: float = 0.0
     hidden_dropout: float = 0.0
     embed_dropout: float = 0.0

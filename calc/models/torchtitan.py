@@ -62,10 +62,16 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
             "fsdp_param_dtype='bf16') or, on one GPU, by autocast (precision='amp-bf16', its "
             "maybe_enable_amp)"
         )
-    if sh.recompute not in ("none", "full"):
+    if sh.recompute not in ("none", "full", "op"):
         raise NotImplementedError(
             f"{WHAT} with recompute={sh.recompute!r}: modelled with whole-block checkpointing "
-            "(recompute='full', torchtitan's activation_checkpoint.mode='full') or none"
+            "(recompute='full', torchtitan's activation_checkpoint.mode='full'), by op "
+            "(recompute='op', selective_ac_option='op') or none"
+        )
+    if sh.recompute == "op" and job.precision != "fp32":
+        raise NotImplementedError(
+            f"{WHAT} with recompute='op' is modelled for precision='fp32' (alone or with "
+            "FSDP2's MixedPrecisionPolicy), not under autocast"
         )
     if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
         raise NotImplementedError(f"{WHAT}: torchtitan's Llama 3 has no dropout (use dropout=0)")
@@ -183,11 +189,33 @@ def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, freqs: Tensor) -> Tensor:
     return out
 
 
+def op_policy(op: str, n: int) -> bool:
+    """``_apply_op_sac``'s ``_custom_policy`` (distributed/activation_checkpoint.py) with
+    llama3's ``_op_sac_save_list``: a fused SDPA kernel's outputs kept, and the n-th ``mm`` of
+    the block's pass for odd n (every second one recomputed); the rest is recomputed. Of the
+    list, Llama 3's block runs ``mm`` and the SDPA kernels (the math kernel is a composite:
+    its ``bmm`` and softmax are recomputed)."""
+    return op == "sdpa" or (op == "mm" and n % 2 == 1)
+
+
+def layer_checkpointed(sh: Shape, j: int) -> bool:
+    """Whether block ``j`` (from 0) is checkpointed under ``recompute="full"``: every block, or
+    with ``recompute_every=n`` (``selective_ac_option="n"``, ``_apply_layer_sac``) those whose
+    count from 1 in ``apply_ac``'s loop is a multiple of n: blocks n-1, 2n-1, ... (its counter
+    is global to the process; torchtitan builds one model per process)."""
+    return (j + 1) % sh.recompute_every == 0
+
+
 def hidden(tape: Tape, sh: Shape, w: ref.Weights, freqs: Tensor, ids: Tensor) -> Tensor:
-    """``Transformer.forward`` up to the final norm's output."""
+    """``Transformer.forward`` up to the final norm's output; checkpointing as ``apply_ac``
+    wraps each block (``ptd_checkpoint_wrapper`` with the config's ``early_stop=False``: the
+    recomputation runs the whole block)."""
     tape.segment = "embed"
     x = ops.embedding(tape, w.embed, sh.b * sh.s, sh.h, "embed_out", indices=ids)
-    x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, freqs))
+    x = ref.layers(
+        tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, freqs),
+        early_stop=False, policy=op_policy, checkpointed=lambda j: layer_checkpointed(sh, j),
+    )  # fmt: skip
     tape.segment = "head"
     hid = rms_norm(tape, sh, x, w.norm, sh.b * sh.s)
     tape.drop(x)

@@ -112,7 +112,7 @@ def structure_id(
 ) -> StructureKey:
     """What decides the compiled structure of ``(model, job)`` replayed with ``opts``: jobs
     with equal ids differ only in sizes and share one ``StructureTable``."""
-    return _estimate._structure_key(model, job, opts)
+    return _estimate._structure_key(model, job, _estimate.replay_options(job, opts))
 
 
 def _branch_of(model: ModelSpec, opts: ReplayOptions) -> int:
@@ -177,6 +177,7 @@ def structure_table(
 
     Raises ``ValueError`` for a job ``calc.Training``/``calc.Inference`` rejects (they validate
     on construction, so this only re-checks the device)."""
+    opts = _estimate.replay_options(job, opts)
     key = _estimate._structure_key(model, job, opts)
     branch = _branch_of(model, opts)
     mem_key = (key, device, branch)

@@ -307,6 +307,19 @@ class Region:
     done: bool = False
     offloaded: list = field(default_factory=list)
     """Inputs the frame saved through activation offloading (`calc.replay.offload.Packed`)."""
+    early_stop: bool = True
+    """The recomputation stops once every saved tensor is back; False: it runs ``fn`` to the
+    end (``checkpoint(early_stop=False)``, torchtitan's wrapper)."""
+    policy: SavePolicy | None = None
+    """Op-level selective checkpointing (``context_fn=create_selective_checkpoint_contexts``):
+    which op outputs the forward keeps for the recomputation (`Tape.op_outputs`)."""
+    calls: Counter = field(default_factory=Counter)
+    cache: dict = field(default_factory=dict)  # op -> [outputs of one call], first call first
+
+
+SavePolicy = Callable[[str, int], bool]
+"""``policy(op, n)``: whether the n-th call (from 1, counted per op, apart in the forward and the
+recomputation) of aten ``op`` (``"mm"``, ``"sdpa"``, ...) is ``MUST_SAVE``."""
 
 
 def _dependencies(fn: Node) -> Counter:
@@ -519,7 +532,7 @@ class Tape:
             for t in saves:
                 t.storage.saved += 1
                 reg.recomputed.append(t.storage)
-            if len(reg.recomputed) >= reg.n_saved:
+            if reg.early_stop and len(reg.recomputed) >= reg.n_saved:
                 # Inputs are packed before the op runs, outputs after: the ops call node()
                 # before allocating outputs they do not save and after those they save, so
                 # stopping here leaves exactly what PyTorch has made.
@@ -541,17 +554,27 @@ class Tape:
         return t
 
     # -- activation checkpointing -----------------------------------------------------------
-    def checkpoint(self, fn: Callable[[], Tensor], inputs: Sequence[Tensor]) -> Tensor:
-        """``torch.utils.checkpoint(fn, *inputs, use_reentrant=False)``.
+    def checkpoint(
+        self,
+        fn: Callable[[], Tensor],
+        inputs: Sequence[Tensor],
+        early_stop: bool = True,
+        policy: SavePolicy | None = None,
+    ) -> Tensor:
+        """``torch.utils.checkpoint(fn, *inputs, use_reentrant=False, early_stop=...)``.
 
         Forward: ``fn`` runs with saved tensors replaced by placeholders (nothing kept); the
         checkpoint frame holds ``inputs``. Backward: the first node of the region to run
-        triggers the recomputation of ``fn``, which keeps every tensor it saves and stops as soon
-        as the last one is made (``_StopRecomputationError``, early stop on by default); each
-        recomputed tensor is then released by the node that saved it, as usual
-        (``torch/utils/checkpoint.py``, ``_checkpoint_hook``, ``unpack_hook``).
+        triggers the recomputation of ``fn``, which keeps every tensor it saves and, with
+        ``early_stop`` (torch's default), stops as soon as the last one is made
+        (``_StopRecomputationError``); each recomputed tensor is then released by the node that
+        saved it, as usual (``torch/utils/checkpoint.py``, ``_checkpoint_hook``,
+        ``unpack_hook``). ``policy``: op-level selective checkpointing (`op_outputs`).
         """
+        if policy is not None and early_stop:
+            raise NotImplementedError("op-level checkpointing is replayed without early stop")
         reg = Region(fn, [self.alias(t) for t in inputs], self.autocast_itemsize)
+        reg.early_stop, reg.policy = early_stop, policy
         off = self.offload
         if off is not None and off.active and self.region is None:
             kept = []
@@ -572,7 +595,35 @@ class Tape:
         reg.pending = {id(n) for n, _ in reg.placeholders}
         if not reg.pending:
             self.drop(*reg.inputs)
+            for outputs in reg.cache.values():  # the frame and its policy's storage go
+                for kept in outputs:
+                    self.drop(*kept)
+            reg.cache.clear()
         return out
+
+    def op_outputs(self, op: str, make: Callable[[], list[Tensor | None]]) -> list[Tensor | None]:
+        """The outputs of one call of aten ``op``, which ``make`` allocates.
+
+        Under op-level selective checkpointing (``Region.policy``) a ``MUST_SAVE`` call's
+        outputs are also kept by the policy's storage through the forward (a detached alias
+        each, ``_CachingTorchDispatchMode``); the recomputation pops them instead of running the
+        op, so ``make`` allocates nothing then (``_CachedTorchDispatchMode``,
+        ``torch/utils/checkpoint.py``). Every other call runs ``make``."""
+        reg = self.region if self.region is not None else self.recomputing
+        if reg is None or reg.policy is None:
+            return make()
+        recomputing = self.region is None
+        reg.calls[recomputing, op] += 1
+        if not reg.policy(op, reg.calls[recomputing, op]):
+            return make()
+        if recomputing:
+            outs = reg.cache[op].pop(0)
+            self._made.extend(t for t in outs if t is not None)
+            return outs
+        outs = make()
+        kept = [None if t is None else Tensor(t.storage, t.numel, t.itemsize) for t in outs]
+        reg.cache.setdefault(op, []).append(kept)
+        return outs
 
     def keep_after_recompute(self, t: Tensor) -> None:
         """``t``, made during a recomputation, is held beyond it (a module attribute a forward

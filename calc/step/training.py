@@ -58,7 +58,7 @@ def shape_for(
         norm_bias=model.norm_bias, qk_norm=model.qk_norm, tied=model.tied_embeddings,
         weight_itemsize=w, act_itemsize=w,
         autocast_itemsize=AUTOCAST_ITEMSIZE.get(job.precision, 0),
-        attention=kernel, recompute=job.recompute,
+        attention=kernel, recompute=job.recompute, recompute_every=job.recompute_every,
         attn_dropout=p_attn, hidden_dropout=p_hidden, embed_dropout=p_embed, device=device,
         flash_head_pad=flash_head_pad(model.head_dim),
         gqa=model.n_kv_heads != model.n_heads, tp_comm=tp_comm, tp_vocab=tp_vocab, sp=sp,
@@ -129,22 +129,25 @@ def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
 
 
 def _check_recorded_only(job: Training) -> None:
-    """What only the replay recorded from transformers' code models (`calc.derive`)."""
+    """What only the replay recorded from transformers' code models (`calc.derive`), and
+    torchtitan's replay its op-level checkpointing."""
     if job.compile != "none":
         raise NotImplementedError(
             f"compile={job.compile!r} on the hand-written graph: torch.compile's step is "
             "recorded from Inductor's own generated code (implementation 'hf' or 'derived')"
         )
-    if job.recompute == "op":
+    if job.recompute == "op" and job.implementation != "torchtitan":
         raise NotImplementedError(
             "recompute='op' on the hand-written graph: torchtitan's op-level selective "
-            "checkpointing is recorded from transformers' code (implementation 'hf' or 'derived')"
+            "checkpointing is recorded from transformers' code (implementation 'hf' or "
+            "'derived') and replayed on torchtitan's model (implementation='torchtitan')"
         )
-    if job.recompute_every != 1:
+    if job.recompute_every != 1 and job.implementation != "torchtitan":
         raise NotImplementedError(
             f"recompute_every={job.recompute_every} on the hand-written graph: checkpointing "
             "some layers only is recorded from transformers' code (implementation 'hf' or "
-            "'derived', every_n_layers)"
+            "'derived', every_n_layers) and replayed on torchtitan's model "
+            "(implementation='torchtitan')"
         )
 
 

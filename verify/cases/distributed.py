@@ -332,6 +332,15 @@ CASES: tuple[DistCase, ...] = (
           scale={"kv_heads": 2}, tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtitan full training, FSDP2 mixed precision, full activation "
           "checkpointing. " + GLOO_ASYNC_NOTE),
+    _case("dist-torchtitan-fsdp2-mp-op-sac-2", "fsdp2", Parallelism(dp=2, fsdp=True, **MP_BF16),
+          **TITAN_RECIPE, recompute="op", tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtitan full training, FSDP2 mixed precision, op-level selective "
+          "checkpointing (its Llama 3 8B recipe's). " + GLOO_ASYNC_NOTE),
+    _case("dist-torchtitan-fsdp2-mp-every2-2", "fsdp2", Parallelism(dp=2, fsdp=True, **MP_BF16),
+          **TITAN_RECIPE, recompute="full", recompute_every=2, scale={"layers": 4},
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtitan full training, FSDP2 mixed precision, every 2nd block checkpointed "
+          "(its default selective_ac_option='2'). " + GLOO_ASYNC_NOTE),
     _case("dist-torchtitan-fsdp2-2", "fsdp2", Parallelism(dp=2, fsdp=True), **TITAN_RECIPE,
           tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtitan full training, FSDP2 in fp32. " + GLOO_ASYNC_NOTE),

@@ -99,6 +99,7 @@ TORCHTUNE: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 
 TITAN = {"impl": "torchtitan", "loop": "del-logits"}
+WIDE = {"hidden": 256, "vocab": 64}
 TORCHTITAN: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("ttn-fp32-llama3", LLAMA3, {}),
     ("ttn-fp32-gqa2-llama3", LLAMA3, GQA2),
@@ -113,6 +114,40 @@ TORCHTITAN: tuple[tuple[str, str, dict[str, Any]], ...] = (
         {"precision": "amp-bf16", "recompute": "full", **GQA2},
     ),
     ("ttn-amp-bf16-accum2-mha-llama", LLAMA, {"precision": "amp-bf16", "grad_accum": 2}),
+    # op-level selective checkpointing (selective_ac_option="op"): SDPA's and every other mm's
+    # outputs kept; the recomputation runs the whole block (early_stop=False), its kept outputs
+    # taken from the policy's storage
+    ("ttn-fp32-op-sac-llama3", LLAMA3, {"recompute": "op"}),
+    ("ttn-fp32-op-sac-mha-llama", LLAMA, {"recompute": "op", "micro_batch": 1}),
+    (
+        "ttn-fp32-op-sac-accum2-gqa2-mistral",
+        MISTRAL,
+        {**GQA2, "recompute": "op", "grad_accum": 2, "seq_len": 48},
+    ),
+    # layer-frequency checkpointing (selective_ac_option="n"): blocks n-1, 2n-1, ... only
+    (
+        "ttn-fp32-recompute-every2-llama3",
+        LLAMA3,
+        {"recompute": "full", "recompute_every": 2, "scale": {"layers": 4}},
+    ),
+    (
+        "ttn-fp32-recompute-every3-gqa2-mistral",
+        MISTRAL,
+        {"recompute": "full", "recompute_every": 3, "scale": {**GQA2["scale"], "layers": 5}},
+    ),
+    (
+        "ttn-amp-bf16-recompute-every2-llama",
+        LLAMA,
+        {
+            "precision": "amp-bf16",
+            "recompute": "full",
+            "recompute_every": 2,
+            "scale": {"layers": 3},
+        },
+    ),
+    # wide blocks, a small vocabulary: the blocks, not the logits, weigh in the backward
+    ("ttn-fp32-recompute-wide-llama3", LLAMA3, {"recompute": "full", "scale": WIDE}),
+    ("ttn-fp32-op-sac-wide-llama3", LLAMA3, {"recompute": "op", "scale": WIDE}),
 )
 """torchtitan: name, card, the job's fields."""
 

@@ -35,15 +35,20 @@ model.py`` unless named):
 
 Parameters are registered in torchtitan's order (``tok_embeddings``; per layer ``attention.
 wq, wk, wv, wo``, ``feed_forward.w1, w2, w3``, ``attention_norm``, ``ffn_norm``; ``norm``,
-``output``). Activation checkpointing (``recompute="full"``) wraps each block as
-``apply_ac`` does in full mode (``ptd_checkpoint_wrapper``: non-reentrant
-``torch.utils.checkpoint``). The labels are the protocol's targets (torchtitan's dataloader
+``output``). Activation checkpointing checkpoints each block as ``apply_ac`` does
+(distributed/activation_checkpoint.py): ``ptd_checkpoint_wrapper`` is non-reentrant
+``torch.utils.checkpoint`` with the ``ActivationCheckpoint`` config's arguments, whose
+``early_stop`` is False (config/job_config.py): the recomputation runs the whole block again.
+``recompute="full"`` is its ``mode="full"``, with ``recompute_every=n`` its ``mode=
+"selective"``, ``selective_ac_option="n"`` (``_apply_layer_sac``: blocks n-1, 2n-1, ...);
+``recompute="op"`` its ``selective_ac_option="op"`` (`op_context`). The labels are the protocol's targets (torchtitan's dataloader
 shifts them; the bytes are the same).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -142,11 +147,14 @@ class TransformerBlock(nn.Module):
 class Transformer(nn.Module):
     """torchtitan's Llama 3 ``Transformer``: returns the logits."""
 
-    def __init__(self, spec: ModelSpec, max_seq_len: int, recompute: str = "none") -> None:
+    def __init__(
+        self, spec: ModelSpec, max_seq_len: int, recompute: str = "none", every: int = 1
+    ) -> None:
         super().__init__()
         if spec.model_type not in ("llama", "mistral") or spec.qk_norm or spec.qkv_bias:
             raise ValueError(f"model_type={spec.model_type!r}: the copy has torchtitan's Llama 3")
         self.recompute = recompute
+        self.every = every
         self.tok_embeddings = nn.Embedding(spec.vocab, spec.hidden)
         freqs = precompute_freqs_cis(spec.head_dim, max_seq_len, spec.rope_theta or 10000.0)
         self.register_buffer("freqs_cis", freqs, persistent=False)
@@ -156,23 +164,89 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens)
-        for layer in self.layers.values():
-            if self.recompute == "full" and self.training:
-                h = checkpoint(layer, h, self.freqs_cis, use_reentrant=False)
+        for count, layer in enumerate(self.layers.values(), 1):
+            if self.training and self.checkpointed(count):
+                h = checkpoint(layer, h, self.freqs_cis, **checkpoint_kwargs(self.recompute))
             else:
                 h = layer(h, self.freqs_cis)
         h = self.norm(h)
         return self.output(h)
 
+    def checkpointed(self, count: int) -> bool:
+        """``apply_ac``'s choice for the ``count``-th block (from 1): every block in full and
+        op modes; with a layer frequency n (``_apply_layer_sac``) the blocks whose count is a
+        multiple of n (its counter is global to the process, and each case runs one model)."""
+        if self.recompute == "none":
+            return False
+        return self.recompute == "op" or count % self.every == 0
+
+
+def checkpoint_kwargs(recompute: str) -> dict[str, Any]:
+    """``ptd_checkpoint_wrapper``'s arguments in ``_apply_full_ac`` and ``_apply_op_sac``: the
+    ``ActivationCheckpoint`` defaults (``preserve_rng_state=True``, ``determinism_check=
+    "default"``, ``early_stop=False``, ``debug=False``), non-reentrant; by op, the policy's
+    contexts."""
+    kwargs: dict[str, Any] = {
+        "use_reentrant": False,
+        "preserve_rng_state": True,
+        "determinism_check": "default",
+        "early_stop": False,
+        "debug": False,
+    }
+    if recompute == "op":
+        kwargs["context_fn"] = op_context
+    return kwargs
+
+
+def _save_list() -> set[Any]:
+    """llama3/infra/parallelize.py ``_op_sac_save_list`` (the ops this torch has), and CPU
+    SDPA's flash kernel standing for CUDA's: a CPU run of torchtitan's list recomputes it, a GPU
+    run keeps its flash output, and calc models the GPU recipe (as `calc.derive.sac` does)."""
+    aten = torch.ops.aten
+    ops = {
+        aten.mm.default,
+        aten._scaled_dot_product_efficient_attention.default,
+        aten._scaled_dot_product_flash_attention.default,
+        aten._scaled_dot_product_cudnn_attention.default,
+        aten._scaled_dot_product_attention_math.default,
+        aten._scaled_dot_product_fused_attention_overrideable.default,
+        torch.ops._c10d_functional.reduce_scatter_tensor.default,
+        aten.max.default,
+        torch._higher_order_ops.flex_attention,
+    }
+    return ops | {aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+
+def op_context() -> tuple[Any, Any]:
+    """``selective_checkpointing_context_fn`` of ``_apply_op_sac``: a fresh ``meta`` count per
+    checkpointed call; ``_custom_policy`` keeps the outputs of the save list's ops but every
+    second ``mm`` (counted apart in the forward and the recomputation), recomputes the rest.
+    Its two other rules do not apply: no GPU-to-host ``_to_copy`` in the block, and no
+    ``nn.Linear`` matches ``per_op_sac_force_recompute_mm_shapes_by_fqns`` (``moe.router.gate``)
+    in Llama 3."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    save = _save_list()
+    meta: dict[str, int] = defaultdict(int)
+
+    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
+        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
+        if func == torch.ops.aten.mm.default:
+            meta[key] += 1
+        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
 
 def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> Transformer:
     """The model with parameters in ``dtype`` and a complex64 ``freqs_cis`` of ``job.seq_len``
     rows (``update_from_config``); ``Module.to`` leaves complex buffers as they are."""
-    if job.recompute not in ("none", "full"):
-        raise ValueError("the copy checkpoints whole blocks: recompute='full' or 'none'")
+    if job.recompute not in ("none", "full", "op"):
+        raise ValueError("the copy checkpoints blocks whole or by op: recompute='full' or 'op'")
     if spec.tied_embeddings:
         raise ValueError("torchtitan's Llama 3 has no tied embeddings")
-    model = Transformer(spec, job.seq_len, job.recompute)
+    model = Transformer(spec, job.seq_len, job.recompute, job.recompute_every)
     if dtype != torch.float32:
         model.to(dtype)
     return model

@@ -44,7 +44,8 @@ def sdpa_flash(
     cuda: CudaFlash | None = None,
 ) -> Tensor:  # fmt: skip
     """Flash-style SDPA: output like q, fp32 logsumexp (``lse_numel`` elements; 0: none);
-    saves q, k, v, out, lse. ``cuda``: the CUDA flash kernel's own tensors (`CudaFlash`).
+    saves q, k, v, out, lse. ``cuda``: the CUDA flash kernel's own tensors (`CudaFlash`). The
+    outputs are one call of a fused ``sdpa`` kernel's (`Tape.op_outputs`).
 
     Backward allocates dq, dk, dv (``_scaled_dot_product_flash_attention_for_cpu_backward``,
     ``_flash_attention_backward``), then ``cuda.backward_temps``, freed before it returns.
@@ -64,15 +65,20 @@ def sdpa_flash(
         tape.drop(*temps)
         return out_grads
 
-    out = tape.new(q.numel, q.itemsize, name)
-    lse = tape.new(lse_numel, 4, f"{name}.lse") if lse_numel != 0 else None
-    rng: list[Tensor] = []
-    if cuda is not None:
-        first = tape.new(2, RNG_ITEMSIZE, f"{name}.rng_state")
-        rng = [first, tape.new(1, RNG_ITEMSIZE, f"{name}.rng_unused")]
-        if cuda.dropout:  # rng_state = at::empty({2}, ...) again: the first one is released
-            rng[0] = tape.new(2, RNG_ITEMSIZE, f"{name}.rng_state")
-            tape.drop(first)
+    def make() -> list[Tensor | None]:
+        out = tape.new(q.numel, q.itemsize, name)
+        lse = tape.new(lse_numel, 4, f"{name}.lse") if lse_numel != 0 else None
+        rng: list[Tensor] = []
+        if cuda is not None:
+            first = tape.new(2, RNG_ITEMSIZE, f"{name}.rng_state")
+            rng = [first, tape.new(1, RNG_ITEMSIZE, f"{name}.rng_unused")]
+            if cuda.dropout:  # rng_state = at::empty({2}, ...) again: the first one is released
+                rng[0] = tape.new(2, RNG_ITEMSIZE, f"{name}.rng_state")
+                tape.drop(first)
+        return [out, lse, *rng]
+
+    out, lse, *rng = tape.op_outputs("sdpa", make)
+    assert out is not None
     n = tape.node("SDPA", rule, [q, k, v], saved=[q, k, v, out, lse, *rng])
     tape.drop(lse, *rng)
     return tape.output(out, n)

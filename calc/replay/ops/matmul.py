@@ -15,6 +15,7 @@ def linear(
     Saves the input (for the weight's gradient) and the weight (for the input's gradient).
     Backward allocates the weight gradient, the input gradient and the bias gradient
     (``grad.sum(0)``); ``mm_mat2_backward`` gives the weight gradient in the weight's layout.
+    The output is an ``mm`` (``addmm`` with a bias) call's (`Tape.op_outputs`).
     A weight with a hook (LoRA-adapted or quantized: `calc.compress.lora`,
     `calc.compress.quant`) runs the hook instead; under autocast, `_linear_autocast`.
     """
@@ -43,7 +44,10 @@ def linear(
     n = tape.node(
         "Linear", rule, [x, w, bias], saved=[x if need_w else None, w if need_x else None]
     )
-    return tape.output(tape.new(rows * out_features, x.itemsize, name), n)
+    op = "mm" if bias is None else "addmm"
+    (out,) = tape.op_outputs(op, lambda: [tape.new(rows * out_features, x.itemsize, name)])
+    assert out is not None
+    return tape.output(out, n)
 
 
 def _linear_autocast(

@@ -11,10 +11,10 @@ import dataclasses
 import pytest
 
 import calc
-from calc.models import torchtitan
+from calc.models import reference, torchtitan
 from calc.replay.tape import Tape
 from calc.step.training import shape_for
-from tests.specs import tiny_llama
+from tests.specs import tiny_llama, tiny_llama64
 
 JOB = {"micro_batch": 1, "seq_len": 8, "precision": "fp32", "implementation": "torchtitan",
        "loop": "del-logits"}  # fmt: skip
@@ -66,6 +66,7 @@ def test_loss_upcasts_16_bit_logits_beside_the_log_probabilities(
         ({"loop": "drop-output"}, None, "loop='drop-output'"),
         ({"loss": "chunked-ce"}, None, "loss='chunked-ce'"),
         ({"recompute": "selective"}, None, "whole-block"),
+        ({"recompute": "op", "precision": "amp-bf16"}, None, "not under autocast"),
         ({"lora": calc.LoRA(rank=4)}, None, "LoRA"),
         ({}, calc.Parallelism(dp=2), "dp_replicate"),
         ({}, calc.Parallelism(tp=2), "tensor parallelism"),
@@ -93,3 +94,60 @@ def test_fsdp2_policy_runs_flash_and_fp32_alone_runs_math_on_cuda() -> None:
     assert "attention kernel: math" in alone.notes
     mp = calc.Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
     assert "attention kernel: flash" in calc.estimate(tiny_llama(), job, mp).notes
+
+
+def test_op_policy_keeps_sdpa_and_every_other_mm() -> None:
+    # A Llama 3 block runs seven mm in this order: wq, wk, wv, wo, w1, w3, w2. The policy
+    # keeps the odd ones (wq, wv, w1, w2) and every fused SDPA call, recomputes the rest.
+    block = ["wq", "wk", "wv", "wo", "w1", "w3", "w2"]
+    kept = [name for n, name in enumerate(block, 1) if torchtitan.op_policy("mm", n)]
+    assert kept == ["wq", "wv", "w1", "w2"]
+    assert torchtitan.op_policy("sdpa", 1) and torchtitan.op_policy("sdpa", 2)
+    assert not torchtitan.op_policy("addmm", 1)
+
+
+def _forward_end_bytes(recompute: str, attention: str = "sdpa", every: int = 1) -> int:
+    fields = {**JOB, "recompute": recompute, "attention": attention, "recompute_every": every}
+    job = calc.Training(**fields)  # type: ignore[arg-type]
+    sh = dataclasses.replace(
+        shape_for(tiny_llama64(n_layers=4), job, "cpu", 4),
+        b=1, s=8, h=64, a=4, k=4, d=16, f=128, V=64,
+    )  # fmt: skip
+    tape = Tape()
+    w = reference.Weights(tape, sh)
+    freqs = torchtitan.buffers(tape, sh)
+    ids = tape.existing(8, 8, "ids", "input")
+    torchtitan.hidden(tape, sh, w, freqs, ids)
+    return sum(st.size for st in tape.live.values())
+
+
+@pytest.mark.parametrize(("attention", "kept_per_block"), [("sdpa", 10_240), ("flash", 12_800)])
+def test_op_checkpointing_keeps_every_other_mm_and_the_fused_sdpa_outputs(
+    attention: str, kept_per_block: int
+) -> None:
+    # tiny_llama64 (MHA), 1 x 8 tokens, fp32: per block the kept mm outputs are wq's [8, 64]
+    # (2,048 B), wv's [8, 64] (2,048), w1's [8, 128] (4,096) and w2's [8, 64] (2,048):
+    # 10,240 B. An fp32 torchtitan model runs SDPA's math kernel (a composite: nothing kept);
+    # the flash kernel adds its output [8, 64] (2,048) and logsumexp [1, 4, 8] fp32 (128 B ->
+    # 512): 12,800 B. Four blocks, beyond what whole-block checkpointing keeps.
+    extra = _forward_end_bytes("op", attention) - _forward_end_bytes("full", attention)
+    assert extra == 4 * kept_per_block
+
+
+def test_layer_frequency_checkpoints_blocks_n_minus_1_2n_minus_1() -> None:
+    # _apply_layer_sac counts the blocks from 1 and wraps those whose count is a multiple of
+    # n: with n = 2 blocks 1 and 3 (from 0), with n = 3 block 2 of five.
+    job = calc.Training(**{**JOB, "recompute": "full", "recompute_every": 2})  # type: ignore[arg-type]
+    sh = shape_for(tiny_llama(), job, "cpu", 4)
+    assert [torchtitan.layer_checkpointed(sh, j) for j in range(4)] == [False, True, False, True]
+    every3 = dataclasses.replace(sh, recompute_every=3)
+    assert [torchtitan.layer_checkpointed(every3, j) for j in range(5)] == [0, 0, 1, 0, 0]
+
+
+def test_every_second_block_checkpointed_keeps_half_the_difference() -> None:
+    # The blocks are alike: each block left whole keeps the same activations beyond the input
+    # a checkpointed one keeps, so checkpointing two blocks of four keeps exactly half of what
+    # no checkpointing keeps beyond full checkpointing.
+    full, none = _forward_end_bytes("full"), _forward_end_bytes("none")
+    assert none > full
+    assert _forward_end_bytes("full", every=2) - full == (none - full) // 2

@@ -434,6 +434,20 @@ def test_checkpoint_forward_keeps_no_saved_tensor() -> None:
     assert _trace(ckpt) == [("+x", 2 * K), ("+u", 3 * K), ("+v", 4 * K), ("-u", 3 * K)]
 
 
+_AFTER_RECOMPUTATION = [
+    ("+dv.0", 6 * K),
+    ("-u", 5 * K),
+    ("+du.0", 6 * K),
+    ("-dv.0", 5 * K),
+    ("-x", 4 * K),
+    ("+dx.0", 5 * K),
+    ("-du.0", 4 * K),
+    ("-grad_seed", 3 * K),
+]
+"""The backward of `_checkpoint_graph`'s region from 5K, u held (kept, recomputed or saved)
+and no second v: S2's formula, the release of u, S1's, the frame's x, then A and the seed."""
+
+
 def test_checkpoint_backward_recomputes_saved_tensors_and_frees_them() -> None:
     # Backward of the checkpointed graph (forward end: w, x, v = 3K):
     #   +grad_seed                                                         4K
@@ -444,34 +458,94 @@ def test_checkpoint_backward_recomputes_saved_tensors_and_frees_them() -> None:
     #       -dv.0 5K; the region's last node done: the frame drops x -> -x 4K
     #   A: +dx.0 (grad of w) 5K, -du.0 4K; AccumulateGrad steals dx.0; -grad_seed 3K
     tape, v, log = _checkpoint_graph(checkpointed=True)
+    assert _backward_trace(tape, v) == [("+grad_seed", 4 * K), ("+u", 5 * K), *_AFTER_RECOMPUTATION]
+    assert log == ["v", "u", "x"]  # each node's backward once, recomputation included
+    assert _live(tape) == 3 * K  # w, v, grad:w
+
+
+def test_checkpoint_without_early_stop_recomputes_the_whole_function() -> None:
+    # checkpoint(early_stop=False) (torchtitan's wrapper): after S2's node saves u (2 of 2)
+    # the recomputation goes on: +v (the recomputed output) 6K, the function returns, and its
+    # leftover v dies -> -v 5K; the rest is the early-stop trace.
+    tape = Tape()
+    log: list[str] = []
+    w = _leaf(tape)
+    x = _op(tape, "x", [w], log=log)
+    v = tape.checkpoint(lambda: _region(tape, x, log), [x], early_stop=False)
+    tape.drop(x)
+    assert _live(tape) == 3 * K
     assert _backward_trace(tape, v) == [
         ("+grad_seed", 4 * K),
         ("+u", 5 * K),
-        ("+dv.0", 6 * K),
-        ("-u", 5 * K),
-        ("+du.0", 6 * K),
-        ("-dv.0", 5 * K),
-        ("-x", 4 * K),
-        ("+dx.0", 5 * K),
-        ("-du.0", 4 * K),
-        ("-grad_seed", 3 * K),
+        ("+v", 6 * K),
+        ("-v", 5 * K),
+        *_AFTER_RECOMPUTATION,
     ]
-    assert log == ["v", "u", "x"]  # each node's backward once, recomputation included
+
+
+def _mm(tape: Tape, name: str, inputs: list[Tensor], saves: tuple[Tensor, ...]) -> Tensor:
+    """`_op` whose output is an ``mm`` call's (`Tape.op_outputs`)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(x.numel, x.itemsize, f"d{name}.{i}") for i, x in enumerate(inputs)]
+
+    node = tape.node(name, rule, inputs, saved=list(saves))
+    (out,) = tape.op_outputs("mm", lambda: [tape.new(N, FP32, name)])
+    assert out is not None
+    return tape.output(out, node)
+
+
+def _op_checkpoint_graph() -> tuple[Tape, Tensor]:
+    """w leaf; x = A(w); v = region(x) checkpointed by op, keeping the first mm's output:
+    u = mm(x) saving x, v = mm(u) saving u, u dropped by the function; then Python drops x."""
+    tape = Tape()
+    w = _leaf(tape)
+    x = _op(tape, "x", [w])
+
+    def region() -> Tensor:
+        u = _mm(tape, "u", [x], saves=(x,))
+        v = _mm(tape, "v", [u], saves=(u,))
+        tape.drop(u)
+        return v
+
+    v = tape.checkpoint(region, [x], early_stop=False, policy=lambda op, n: n == 1)
+    tape.drop(x)
+    return tape, v
+
+
+def test_op_checkpoint_keeps_the_saved_ops_outputs_through_the_forward() -> None:
+    # The policy's storage keeps u (MUST_SAVE) after the function drops it: w, x (the frame's
+    # input), u, v = 4K, where the whole-function checkpoint ends with 3K.
+    tape, _ = _op_checkpoint_graph()
+    assert _trace(tape) == [("+x", 2 * K), ("+u", 3 * K), ("+v", 4 * K)]
+    assert _live(tape) == 4 * K
+
+
+def test_op_checkpoint_recomputation_takes_the_kept_output() -> None:
+    # +grad_seed 5K; the recomputation's first mm takes u from the policy's storage (no
+    # event; S1 saves x), the second runs: +v 6K (S2 saves u), the leftover v dies -> -v 5K;
+    # then as after a whole-function recomputation: +dv.0 6K, u released -> -u 5K, +du.0 6K,
+    # -dv.0 5K, the frame's x -> -x 4K, +dx.0 5K, -du.0 4K, -grad_seed 3K.
+    tape, v = _op_checkpoint_graph()
+    assert _backward_trace(tape, v) == [
+        ("+grad_seed", 5 * K),
+        ("+v", 6 * K),
+        ("-v", 5 * K),
+        *_AFTER_RECOMPUTATION,
+    ]
     assert _live(tape) == 3 * K  # w, v, grad:w
+
+
+def test_op_checkpoint_needs_the_whole_recomputation() -> None:
+    # An early stop would leave kept outputs the recomputation never took: refused.
+    tape = Tape()
+    x = _leaf(tape)
+    with pytest.raises(NotImplementedError, match="early stop"):
+        tape.checkpoint(lambda: x, [x], policy=lambda op, n: True)
 
 
 def test_plain_backward_of_the_same_graph_for_contrast() -> None:
     # Forward end w, x, u, v (4K); +grad_seed 5K; S2: +dv.0 6K, release u -> -u 5K;
     # S1: +du.0 6K, -dv.0 5K, release x -> -x 4K; A: +dx.0 5K, -du.0 4K; -grad_seed 3K.
     tape, v, _ = _checkpoint_graph(checkpointed=False)
-    assert _backward_trace(tape, v) == [
-        ("+grad_seed", 5 * K),
-        ("+dv.0", 6 * K),
-        ("-u", 5 * K),
-        ("+du.0", 6 * K),
-        ("-dv.0", 5 * K),
-        ("-x", 4 * K),
-        ("+dx.0", 5 * K),
-        ("-du.0", 4 * K),
-        ("-grad_seed", 3 * K),
-    ]
+    assert _backward_trace(tape, v) == [("+grad_seed", 5 * K), *_AFTER_RECOMPUTATION]

@@ -19,8 +19,8 @@ from verify.models import torchtitan_llama  # noqa: E402
 SEQ = 32
 
 
-def _pair(kv_heads: int):
-    spec = scaled_spec("llama-3.1-8b", kv_heads=kv_heads)
+def _pair(kv_heads: int, layers: int = 2):
+    spec = scaled_spec("llama-3.1-8b", kv_heads=kv_heads, layers=layers)
     job = Training(micro_batch=2, seq_len=SEQ, precision="fp32", implementation="torchtitan",
                    loop="del-logits")  # fmt: skip
     torch.manual_seed(0)
@@ -40,16 +40,22 @@ def _pair(kv_heads: int):
     return spec, ours, theirs
 
 
-def _step_peak(model, ids) -> int:
+def _step_bytes(model, ids) -> tuple[int, int]:
+    """(bytes live once the loss is made, the peak through backward) on the CPU tracker."""
     tracker = StorageTracker(scan_baseline=False, count_late=False)
     with tracker as tr:
         tr.track(ids)
         tr.classify(model=model, inputs=[ids])
         tr.reset_peak()
         loss = torchtitan_llama.TrainerLoss(model)(ids, ids)
+        after_forward = tr.live_bytes
         loss.backward()
         del loss
-    return tr.peak_bytes
+    return after_forward, tr.peak_bytes
+
+
+def _step_peak(model, ids) -> int:
+    return _step_bytes(model, ids)[1]
 
 
 @pytest.mark.parametrize("kv_heads", [1, 2, 4])
@@ -67,3 +73,37 @@ def test_copy_matches_torchtitan(kv_heads: int) -> None:
     assert peaks[0] == peaks[1]
     for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("mode", ["full", "every2", "op"])
+def test_checkpointing_matches_torchtitans_apply_ac(mode: str) -> None:
+    # torchtitan's own apply_ac on its model (mode="full"; mode="selective" with
+    # selective_ac_option="2", or "op" and llama3's save list) against the copy's
+    # checkpointing: the same gradients, the same bytes once the loss is made and the same
+    # peak. The copy's list adds CPU SDPA's flash kernel (standing for CUDA's): torchtitan's is
+    # given the same. Its layer counter is global: reset, as in a fresh process.
+    ac = pytest.importorskip("torchtitan.distributed.activation_checkpoint")
+    config = pytest.importorskip("torchtitan.config.job_config")
+    llama3 = pytest.importorskip("torchtitan.models.llama3.infra.parallelize")
+    # MHA: CPU SDPA's flash kernel (math with GQA); three blocks: every 2nd is block 1 alone
+    spec, _, theirs = _pair(kv_heads=4, layers=3)
+    every = 2 if mode == "every2" else 1
+    job = Training(micro_batch=2, seq_len=SEQ, precision="fp32", implementation="torchtitan",
+                   loop="del-logits", recompute="full" if every == 2 else mode,
+                   recompute_every=every)  # fmt: skip
+    torch.manual_seed(0)
+    ours = torchtitan_llama.build(spec, job, torch.float32)
+    cpu_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    if mode == "full":
+        ac_config = config.ActivationCheckpoint(mode="full")
+    else:
+        option = "2" if mode == "every2" else "op"
+        ac_config = config.ActivationCheckpoint(mode="selective", selective_ac_option=option)
+    ac._layer_sac_count = 0
+    ac.apply_ac(theirs, ac_config, op_sac_save_list=llama3._op_sac_save_list | {cpu_flash})
+    ids = torch.randint(0, spec.vocab, (2, SEQ))
+    kept = [_step_bytes(m, ids) for m in (ours, theirs)]  # what the forward keeps, the peak
+    assert kept[0] == kept[1]
+    grads = [[p.grad for p in m.parameters()] for m in (ours, theirs)]
+    for g, h in zip(*grads, strict=True):
+        torch.testing.assert_close(g, h, rtol=0, atol=0)
