@@ -573,8 +573,10 @@ class Tape:
         """
         if policy is not None and early_stop:
             raise NotImplementedError("op-level checkpointing is replayed without early stop")
-        reg = Region(fn, [self.alias(t) for t in inputs], self.autocast_itemsize)
-        reg.early_stop, reg.policy = early_stop, policy
+        reg = Region(
+            fn, [self.alias(t) for t in inputs], self.autocast_itemsize,
+            early_stop=early_stop, policy=policy,
+        )  # fmt: skip
         off = self.offload
         if off is not None and off.active and self.region is None:
             kept = []

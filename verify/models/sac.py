@@ -17,9 +17,16 @@ KEPT = (
     _ATEN._scaled_dot_product_efficient_attention.default,
     _ATEN._scaled_dot_product_flash_attention.default,
     _ATEN._scaled_dot_product_flash_attention_for_cpu.default,
+    _ATEN._scaled_dot_product_cudnn_attention.default,
+    _ATEN._scaled_dot_product_attention_math.default,
+    _ATEN._scaled_dot_product_fused_attention_overrideable.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
     _ATEN.max.default,
+    torch._higher_order_ops.flex_attention,
 )
+"""llama3/infra/parallelize.py's ``_op_sac_save_list`` (torchtitan 0.2.2), plus the CPU flash
+kernel. On the CPU the cuDNN, overrideable and flex kernels never run and the math kernel is a
+composite (its ops reach the policy, not it): only ``mm`` and the flash kernel decide."""
 
 
 class _BlockPolicy:

@@ -41,19 +41,21 @@ wq, wk, wv, wo``, ``feed_forward.w1, w2, w3``, ``attention_norm``, ``ffn_norm``;
 ``early_stop`` is False (config/job_config.py): the recomputation runs the whole block again.
 ``recompute="full"`` is its ``mode="full"``, with ``recompute_every=n`` its ``mode=
 "selective"``, ``selective_ac_option="n"`` (``_apply_layer_sac``: blocks n-1, 2n-1, ...);
-``recompute="op"`` its ``selective_ac_option="op"`` (`op_context`). The labels are the protocol's targets (torchtitan's dataloader
-shifts them; the bytes are the same).
+``recompute="op"`` its ``selective_ac_option="op"``, whose ``_custom_policy`` with llama3's
+save list is `verify.models.sac`'s. The labels are the protocol's targets (torchtitan's
+dataloader shifts them; the bytes are the same).
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from verify.models import sac
 
 if TYPE_CHECKING:
     from calc.config.jobs import Training
@@ -194,49 +196,8 @@ def checkpoint_kwargs(recompute: str) -> dict[str, Any]:
         "debug": False,
     }
     if recompute == "op":
-        kwargs["context_fn"] = op_context
+        kwargs["context_fn"] = sac.block_contexts
     return kwargs
-
-
-def _save_list() -> set[Any]:
-    """llama3/infra/parallelize.py ``_op_sac_save_list`` (the ops this torch has), and CPU
-    SDPA's flash kernel standing for CUDA's: a CPU run of torchtitan's list recomputes it, a GPU
-    run keeps its flash output, and calc models the GPU recipe (as `calc.derive.sac` does)."""
-    aten = torch.ops.aten
-    ops = {
-        aten.mm.default,
-        aten._scaled_dot_product_efficient_attention.default,
-        aten._scaled_dot_product_flash_attention.default,
-        aten._scaled_dot_product_cudnn_attention.default,
-        aten._scaled_dot_product_attention_math.default,
-        aten._scaled_dot_product_fused_attention_overrideable.default,
-        torch.ops._c10d_functional.reduce_scatter_tensor.default,
-        aten.max.default,
-        torch._higher_order_ops.flex_attention,
-    }
-    return ops | {aten._scaled_dot_product_flash_attention_for_cpu.default}
-
-
-def op_context() -> tuple[Any, Any]:
-    """``selective_checkpointing_context_fn`` of ``_apply_op_sac``: a fresh ``meta`` count per
-    checkpointed call; ``_custom_policy`` keeps the outputs of the save list's ops but every
-    second ``mm`` (counted apart in the forward and the recomputation), recomputes the rest.
-    Its two other rules do not apply: no GPU-to-host ``_to_copy`` in the block, and no
-    ``nn.Linear`` matches ``per_op_sac_force_recompute_mm_shapes_by_fqns`` (``moe.router.gate``)
-    in Llama 3."""
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
-
-    save = _save_list()
-    meta: dict[str, int] = defaultdict(int)
-
-    def policy(ctx: Any, func: Any, *args: Any, **kwargs: Any) -> Any:
-        key = f"{'recompute' if ctx.is_recompute else 'forward'}_mm_count"
-        if func == torch.ops.aten.mm.default:
-            meta[key] += 1
-        keep = func in save and not (func == torch.ops.aten.mm.default and meta[key] % 2 == 0)
-        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
-
-    return create_selective_checkpoint_contexts(policy)
 
 
 def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> Transformer:
