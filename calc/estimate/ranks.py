@@ -35,6 +35,7 @@ from calc.estimate.core import (
 from calc.estimate.fallback import compiled_or_derived, derived_fallback
 from calc.estimate.result import Estimate
 from calc.estimate.stages import stage_results
+from calc.models import torchtitan
 from calc.parallel import data as dpm
 from calc.parallel.context import rank_job, ring_kv_bytes
 from calc.parallel.layout import RankClass, rank_classes
@@ -89,6 +90,7 @@ def estimate_parallel(
     """The most-loaded rank of ``job`` run under ``parallel`` (see the module docstring)."""
     if not isinstance(job, Training):
         raise NotImplementedError("parallel layouts are modelled for training only")
+    parallel = implementation_parallel(job, parallel)
     results: list[tuple[RankClass, Estimate]] = []
     if parallel.pp > 1:  # one replay per pipeline stage (calc.step.pipeline)
         check_divisibility(model, parallel)
@@ -140,6 +142,15 @@ def _bucket_extra(grads: Sequence[tuple[int, int]], parallel: Parallelism) -> tu
     return ("ddp/gradient_buckets", first, later), note
 
 
+def implementation_parallel(job: Training, parallel: Parallelism) -> Parallelism:
+    """``parallel`` with the defaults of the job's implementation filled in: torchtitan's DDP
+    buckets of 100 MiB (`calc.models.torchtitan.ddp_parallel`) where PyTorch's default is
+    left."""
+    if job.implementation == "torchtitan":
+        return torchtitan.ddp_parallel(parallel)
+    return parallel
+
+
 def _rank_job(job: Training, parallel: Parallelism) -> Training:
     if parallel.cp > 1:  # analytic: each rank runs s / cp tokens (calc.parallel.context)
         return rank_job(job, parallel)
@@ -155,6 +166,7 @@ def rank_replays(
     ``NotImplementedError`` for what the cost model does not cover."""
     if parallel.pp > 1:
         raise NotImplementedError("rank_replays: pipeline stages are calc.step.pipeline's")
+    parallel = implementation_parallel(job, parallel)
     if parallel.tp > 1 and is_derived(model, job):
         return [_native_replay(model, job, parallel)]
     if parallel.expert_parallel:

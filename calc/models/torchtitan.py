@@ -26,14 +26,18 @@ library where it imports); this file follows that copy line by line:
 
 The parameters are torchtitan's, in its order (torchtune's order: `calc.models.torchtune.Weights`).
 torchtitan trains an fp32 model: under FSDP2 with or without its ``MixedPrecisionPolicy``, or
-alone under autocast (``maybe_enable_amp``: ``precision="amp-bf16"``; the linears' bf16
-outputs meet the fp32 residual stream, so every norm runs on fp32 input, as CUDA's autocast
-would make it) or in fp32 (`check`).
+alone or under its DDP (``replicate`` with 100 MiB buckets: `ddp_parallel`) under autocast
+(``maybe_enable_amp``: ``precision="amp-bf16"``; the linears' bf16 outputs meet the fp32
+residual stream, so every norm runs on fp32 input, as CUDA's autocast would make it) or in fp32
+(`check`).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from calc.config.jobs import Training
+from calc.config.parallelism import Parallelism
 from calc.models import attention_core, torchtune
 from calc.models import reference as ref
 from calc.models.head import RootHooks, divide_by_count, root_pre_backward
@@ -42,6 +46,11 @@ from calc.parallel.data import ReplayPlan
 from calc.replay import ops
 from calc.replay.tape import Size, Tape, Tensor
 
+RECOMPUTES: tuple[str, ...] = ("none", "full", "op")
+"""The recomputations `check` accepts: none, ``apply_ac``'s whole blocks and its op policy."""
+DDP_BUCKET_MIB = 100
+"""``apply_ddp``'s ``replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)`` (torchtitan 0.2.2,
+models/llama3/infra/parallelize.py)."""
 FP32 = 4
 BOOL = 1
 INT64 = 8
@@ -55,14 +64,15 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         raise NotImplementedError(f"{WHAT} is modelled for full training (no LoRA, QLoRA, pruning)")
     if job.distill is not None:
         raise NotImplementedError(f"{WHAT} with distillation is not modelled")
-    if job.precision not in ("fp32", "amp-bf16") or (dp is not None and job.precision != "fp32"):
+    sharded = dp is not None and dp.fsdp
+    if job.precision not in ("fp32", "amp-bf16") or (sharded and job.precision != "fp32"):
         raise NotImplementedError(
             f"{WHAT} with precision={job.precision!r}: torchtitan keeps an fp32 model, trained "
             "in bf16 by FSDP2's MixedPrecisionPolicy (precision='fp32', fsdp=True, "
-            "fsdp_param_dtype='bf16') or, on one GPU, by autocast (precision='amp-bf16', its "
-            "maybe_enable_amp)"
+            "fsdp_param_dtype='bf16') or, on one GPU or under DDP, by autocast "
+            "(precision='amp-bf16', its maybe_enable_amp)"
         )
-    if sh.recompute not in ("none", "full", "op"):
+    if sh.recompute not in RECOMPUTES:
         raise NotImplementedError(
             f"{WHAT} with recompute={sh.recompute!r}: modelled with whole-block checkpointing "
             "(recompute='full', torchtitan's activation_checkpoint.mode='full'), by op "
@@ -86,11 +96,29 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         raise NotImplementedError(
             f"{WHAT} without optimizer_in_backward and offload_activations (torchtune's)"
         )
-    if dp is not None and (not dp.fsdp or dp.offload != "none"):
+    if dp is not None:
+        _check_data_parallel(dp)
+
+
+def _check_data_parallel(dp: ReplayPlan) -> None:
+    """torchtitan's data parallelism: FSDP2 over ``dp_shard`` (``apply_fsdp``) or DDP over
+    ``dp_replicate`` (``apply_ddp``: ``replicate(..., bucket_cap_mb=100)``, no other option),
+    without ZeRO-1/2 or CPU offload."""
+    ddp_only = not dp.fsdp and (dp.grads_in_buckets or dp.shard_states or dp.shard_grads)
+    if dp.offload != "none" or dp.optimizer_params is not None or ddp_only:
         raise NotImplementedError(
             f"{WHAT} under data parallelism is modelled as FSDP2 (fsdp=True, torchtitan's "
-            "dp_shard) without CPU offload; its DDP (dp_replicate) is not"
+            "dp_shard) without CPU offload, or as its DDP (dp_replicate: zero=0, "
+            "gradient_as_bucket_view=False)"
         )
+
+
+def ddp_parallel(parallel: Parallelism) -> Parallelism:
+    """``parallel`` with torchtitan's bucket cap (`DDP_BUCKET_MIB`) where it leaves DDP's
+    ``bucket_cap_mb`` to the default (None); a cap that is set stays."""
+    if parallel.ddp_bucket_mib is not None:
+        return parallel
+    return replace(parallel, ddp_bucket_mib=DDP_BUCKET_MIB)
 
 
 def _check_model(sh: Shape) -> None:

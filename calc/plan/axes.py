@@ -26,6 +26,7 @@ from calc.config.jobs import (
     Inference,
     Training,
 )
+from calc.models import torchtitan
 from calc.plan.layouts import default_layout, layout_of, layouts
 from calc.plan.throughput import communication_factor
 
@@ -45,6 +46,9 @@ class Context:
     """Sequences per optimizer step over all GPUs, or sequences served at once."""
     gpu_count: int
     """GPUs of the request."""
+    implementations: tuple[str, ...] = ()
+    """The implementations the grid's jobs run (the recomputations depend on them); empty:
+    not known."""
 
     @property
     def per_gpu_batch(self) -> int:
@@ -118,6 +122,15 @@ class Axis:
             fields["batch"] = value
 
 
+def recomputes(ctx: Context) -> tuple[str, ...]:
+    """The recomputations the grid takes: torchtitan's own when every job runs torchtitan's
+    model (`calc.models.torchtitan.RECOMPUTES`: whole blocks or by op, no ``selective``),
+    else those the hand graphs replay (``op`` of another model is recorded, seconds a job)."""
+    if ctx.implementations and set(ctx.implementations) == {"torchtitan"}:
+        return torchtitan.RECOMPUTES
+    return HAND_RECOMPUTES
+
+
 def _training_or_inference(train: tuple, infer: tuple) -> Callable[[Context], tuple]:
     return lambda ctx: train if ctx.kind == TRAINING else infer
 
@@ -136,7 +149,7 @@ AXES: tuple[Axis, ...] = (
         values=_training_or_inference(PRECISIONS, INFERENCE_PRECISIONS),
     ),
     Axis(name="optimizer", kinds=(TRAINING,), values=lambda ctx: OPTIMIZERS),
-    Axis(name="recompute", kinds=(TRAINING,), values=lambda ctx: HAND_RECOMPUTES),
+    Axis(name="recompute", kinds=(TRAINING,), values=lambda ctx: recomputes(ctx)),
     Axis(
         name="optimizer_impl",
         kinds=(TRAINING,),

@@ -169,6 +169,9 @@ def axis_values(
     axes = axes_for(kind)
     names = {a.name: a for a in axes}
     fixed = dict(fixed or {})
+    impls = fixed.get("implementation", base_fields.get("implementation", "hf"))
+    listed = impls if isinstance(impls, tuple | list) else (impls,)
+    ctx = replace(ctx, implementations=tuple(str(x) for x in listed))
     for name in fixed:
         if name not in names:
             raise ValueError(f"fixed: {name!r} is not an axis of {kind}; axes: {', '.join(names)}")
@@ -191,7 +194,24 @@ def axis_values(
         else:
             values = (axis.current(make_job(kind, base_fields, ctx)),)
         out.append((axis, values))
-    return out
+    return _policy_layouts_with_fp32(out, fixed, ctx.gpu_count)
+
+
+def _policy_layouts_with_fp32(
+    out: list[tuple[Axis, tuple]], fixed: Mapping[str, object], gpu_count: int
+) -> list[tuple[Axis, tuple]]:
+    """``out`` without the layouts of FSDP2's ``MixedPrecisionPolicy`` (``fsdp-mp``: it casts
+    an fp32 model) where the grid takes no ``precision="fp32"``, unless ``fixed`` names the
+    layouts."""
+    precisions = next((v for a, v in out if a.name == "precision"), ())
+    if "parallel" in fixed or "fp32" in precisions:
+        return out
+    return [
+        (a, tuple(x for x in v if layout_of(x, gpu_count).fsdp_param_dtype == "none"))
+        if a.name == "parallel"
+        else (a, v)
+        for a, v in out
+    ]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,8 +5,11 @@ the value of the planner's ``parallel`` axis (``calc.plan.axes``). For ``n`` GPU
 enumerates, for each tensor-parallel degree ``tp`` dividing ``n`` (at most ``MAX_TP``, one
 node's NVLink domain) with ``dp = n / tp``:
 
-* ``dp > 1``: DDP (``zero0``), ZeRO-1, ZeRO-2, ZeRO-3, FSDP2 (``fsdp``) and ZeRO-3 with the
-  optimizer on the CPU (``zero3-offload``, ZeRO-Offload, Ren et al. 2021);
+* ``dp > 1``: DDP (``zero0``), ZeRO-1, ZeRO-2, ZeRO-3, FSDP2 (``fsdp``), FSDP2 with the
+  ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` that FSDP2 recipes (torchtitan's
+  among them) put over an fp32 model (``fsdp-mp``: bf16 gathers, fp32 shards, gradients and
+  states) and ZeRO-3 with the optimizer on the CPU (``zero3-offload``, ZeRO-Offload, Ren et
+  al. 2021);
 * ``dp == 1``: tensor parallelism alone.
 
 Pipeline parallelism is not enumerated: ``calc.step.pipeline`` models it for ``grad_accum == 1``
@@ -38,6 +41,7 @@ _SHARDINGS: tuple[tuple[str, dict], ...] = (
     ("zero2", {"zero": 2}),
     ("zero3", {"zero": 3}),
     ("fsdp", {"fsdp": True}),
+    ("fsdp-mp", {"fsdp": True, "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}),
     ("zero3-offload", {"zero": 3, "offload": "optimizer"}),
 )
 

@@ -348,6 +348,22 @@ CASES: tuple[DistCase, ...] = (
           **TITAN_RECIPE, grad_accum=2, tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtitan full training, FSDP2 mixed precision, 2 micro-batches per step. "
           + GLOO_ASYNC_NOTE),
+    # torchtitan's DDP (dp_replicate alone): apply_ddp's replicate(bucket_cap_mb=100) over the
+    # fp32 model, trained in bf16 by maybe_enable_amp's autocast or in fp32
+    _case("dist-torchtitan-ddp-amp-2", "ddp", Parallelism(dp=2),
+          **{**TITAN_RECIPE, "precision": "amp-bf16"},
+          note="torchtitan full training, DDP (replicate, built in the first forward) under "
+          "autocast"),
+    _case("dist-torchtitan-ddp-2", "ddp", Parallelism(dp=2), **TITAN_RECIPE,
+          note="torchtitan full training, DDP in fp32"),
+    _case("dist-torchtitan-ddp-amp-recompute-2", "ddp", Parallelism(dp=2, ddp_bucket_mib=1),
+          **{**TITAN_RECIPE, "precision": "amp-bf16"}, recompute="full", scale=MID,
+          note="torchtitan DDP under autocast, whole-block checkpointing; 1 MiB buckets (in "
+          "place of torchtitan's 100) so that the rebuilt buckets follow its gradients' order"),
+    _case("dist-torchtitan-ddp-op-sac-accum2-2", "ddp", Parallelism(dp=2), **TITAN_RECIPE,
+          recompute="op", grad_accum=2,
+          note="torchtitan DDP in fp32, op-level selective checkpointing, 2 micro-batches "
+          "(each backward all-reduces: torchtitan's loop has no no_sync)"),
     # torchtune's distributed recipes (full_finetune_distributed, lora_finetune_distributed):
     # its Llama in pure bf16, fully_shard per layer and root, layer checkpointing, the chunked
     # loss on the logits the wrapped model returns

@@ -2,7 +2,8 @@
 
 * ``replicas``: no wrapper, no communication (a control: every rank is a single-GPU run);
 * ``ddp``: ``DistributedDataParallel`` (``bucket_cap_mb``, ``gradient_as_bucket_view`` from the
-  case's `calc.Parallelism`);
+  case's `calc.Parallelism`); torchtitan's models under torch's composable ``replicate``, as
+  its ``apply_ddp`` wraps them;
 * ``zero1``: DDP plus ``torch.distributed.optim.ZeroRedundancyOptimizer`` (optimizer states
   sharded over ranks: ZeRO stage 1);
 * ``fsdp2``: ``fully_shard`` on every layer, then on the root (ZeRO-3 sharding), with
@@ -27,7 +28,7 @@ from typing import Any
 import torch
 
 from verify.cases.case import DistCase
-from verify.dist.engine import Built, RankContext, built_from, case_model
+from verify.dist.engine import Built, RankContext, built_from, case_model, device_mesh
 from verify.models import loops
 from verify.models.build import LEARNING_RATE, SGD_MOMENTUM, build_optimizer, impl_kwargs
 
@@ -63,11 +64,38 @@ def _call(wrapped: torch.nn.Module, case: DistCase, model: torch.nn.Module) -> A
 
 
 def ddp(case: DistCase, spec: Any, ctx: RankContext) -> Built:
-    """``DistributedDataParallel`` around the model; the optimizer over its parameters."""
-    model, _ = case_model(case, spec, ctx)
+    """``DistributedDataParallel`` around the model; the optimizer over its parameters.
+    torchtitan's models as its ``apply_ddp`` replicates them (`_replicate`)."""
+    model, loss_fn = case_model(case, spec, ctx)
+    if case.impl == "torchtitan":
+        _replicate(case, model)
+        return built_from(model, loss_fn, build_optimizer(model, case.job, device=ctx.device))
     wrapped = _ddp(case, model)
     bundle = build_optimizer(model, case.job, device=ctx.device)
     return built_from(wrapped, _call(wrapped, case, model), bundle)
+
+
+TITAN_BUCKET_MIB = 100
+"""torchtitan 0.2.2's ``apply_ddp`` (models/llama3/infra/parallelize.py):
+``replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100)``."""
+
+
+def _replicate(case: DistCase, model: torch.nn.Module) -> None:
+    """torchtitan's ``apply_ddp``: the composable ``replicate`` in place, over the 1-D
+    ``dp_replicate`` mesh (built outside the tracker, as torchtitan builds its meshes before the
+    model; a GPU run keeps the mesh's rank tensor on the host). torch 2.13's ``replicate``
+    (distributed/_composable/replicate.py) builds ``DistributedDataParallel`` over a
+    ``ParameterList`` of the model's parameters in its first forward pre-hook: the broadcast of
+    the parameters and the buckets come in step 1's forward. The case's ``ddp_bucket_mib``, if
+    set, replaces torchtitan's 100 (to exercise several buckets on a small model)."""
+    from torch.distributed._composable.replicate import replicate
+
+    par = case.parallel
+    if par.gradient_as_bucket_view:
+        raise ValueError(f"{case.name}: torchtitan's apply_ddp keeps gradient_as_bucket_view=False")
+    mesh = device_mesh((torch.distributed.get_world_size(),), ("dp_replicate",))
+    cap = TITAN_BUCKET_MIB if par.ddp_bucket_mib is None else par.ddp_bucket_mib
+    replicate(model, device_mesh=mesh, bucket_cap_mb=cap)
 
 
 _OPTIM_CLASSES = {

@@ -68,7 +68,9 @@ def test_loss_upcasts_16_bit_logits_beside_the_log_probabilities(
         ({"recompute": "selective"}, None, "whole-block"),
         ({"recompute": "op", "precision": "amp-bf16"}, None, "not under autocast"),
         ({"lora": calc.LoRA(rank=4)}, None, "LoRA"),
-        ({}, calc.Parallelism(dp=2), "dp_replicate"),
+        ({}, calc.Parallelism(dp=2, gradient_as_bucket_view=True), "dp_replicate"),
+        ({}, calc.Parallelism(dp=2, zero=1), "dp_replicate"),
+        ({}, calc.Parallelism(dp=2, zero=1, offload="optimizer"), "CPU offload"),
         ({}, calc.Parallelism(tp=2), "tensor parallelism"),
     ],
 )
@@ -84,6 +86,37 @@ def test_refuses_biases_and_tied_embeddings() -> None:
         _estimate(tiny_llama(model_type="qwen2", qkv_bias=True))
     with pytest.raises(NotImplementedError, match="tied"):
         _estimate(tiny_llama(tied_embeddings=True))
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16"])
+def test_ddp_holds_one_fp32_bucket_of_every_gradient_in_step_1(precision: str) -> None:
+    # apply_ddp replicates the fp32 model (maybe_enable_amp's autocast, or fp32): the tiny
+    # llama's parameters are 50 x 16 (embedding) + 2 x (4 x 16 x 16 + 3 x 16 x 24 + 2 x 16)
+    # + 16 + 50 x 16 (output) = 6,032 fp32 elements, 24,128 B: one bucket of 48 blocks of
+    # 512 B in step 1, beside .grad (gradient_as_bucket_view=False); under 100 MiB, one
+    # bucket again after the rebuild.
+    est = _estimate(parallel=calc.Parallelism(dp=2), precision=precision)
+    assert est.breakdown["ddp/gradient_buckets"] == 48 * 512
+    assert "DDP gradient buckets: 1 bucket in step 1, 1 after the rebuild (plus .grad)" in est.notes
+
+
+def test_ddp_buckets_are_torchtitans_100_mib_unless_a_cap_is_given() -> None:
+    # apply_ddp: replicate(model, device_mesh=dp_mesh, bucket_cap_mb=100) (torchtitan 0.2.2,
+    # models/llama3/infra/parallelize.py); PyTorch's own default is 25 MiB after a 1 MiB
+    # first bucket. Llama-3.1-8B's w1, w2, w3 (224 MiB in fp32) each close a bucket at
+    # either cap, but 25 MiB also splits the rest of every block: more buckets.
+    assert torchtitan.ddp_parallel(calc.Parallelism(dp=8)).ddp_bucket_mib == 100
+    assert torchtitan.ddp_parallel(calc.Parallelism(dp=8, ddp_bucket_mib=25)).ddp_bucket_mib == 25
+    model = calc.load_card("llama-3.1-8b")
+    job = calc.Training(**{**JOB, "seq_len": 1024})  # type: ignore[arg-type]
+
+    def buckets(parallel: calc.Parallelism) -> str:
+        notes = calc.estimate(model, job, parallel).notes
+        return next(n for n in notes if n.startswith("DDP gradient buckets"))
+
+    default = buckets(calc.Parallelism(dp=8))
+    assert default == buckets(calc.Parallelism(dp=8, ddp_bucket_mib=100))
+    assert default != buckets(calc.Parallelism(dp=8, ddp_bucket_mib=25))
 
 
 def test_fsdp2_policy_runs_flash_and_fp32_alone_runs_math_on_cuda() -> None:

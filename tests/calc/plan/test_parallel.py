@@ -66,6 +66,12 @@ def _check_rows(p: P.Plan, device: str) -> set[str]:
     return seen
 
 
+def _layouts(gpu_count: int, fp32: bool) -> set[str]:
+    """The layouts of ``gpu_count`` GPUs; FSDP2's mixed-precision policy (``fsdp-mp``) only
+    with precision fp32 in the grid."""
+    return {x for x in layouts(gpu_count) if fp32 or "-fsdp-mp" not in x}
+
+
 @pytest.mark.parametrize(
     ("device", "fixed"),
     [
@@ -75,14 +81,16 @@ def _check_rows(p: P.Plan, device: str) -> set[str]:
     ],
 )  # fmt: skip
 def test_every_two_gpu_row_equals_estimate(device: str, fixed: dict) -> None:
-    # 7 layouts (DDP, ZeRO-1/2/3, FSDP2, ZeRO-3 + offload, tp2) x 4 combinations of the fixed
-    # axes x micro-batches {1, 2, 4} of the per-GPU batch 4 (grad_accum 4, 2, 1)
+    # 7 layouts (DDP, ZeRO-1/2/3, FSDP2, ZeRO-3 + offload, tp2), 8 with FSDP2's bf16/fp32
+    # policy where precision fp32 is in the grid, x 4 combinations of the fixed axes x
+    # micro-batches {1, 2, 4} of the per-GPU batch 4 (grad_accum 4, 2, 1)
     p = _plan(2, 8, fixed, device)
     combos = 1
     for values in fixed.values():
         combos *= len(values)
-    assert p.n_configurations == 7 * combos * 3
-    assert _check_rows(p, device) == set(layouts(2))
+    fp32 = "fp32" in fixed["precision"]
+    assert p.n_configurations == (8 if fp32 else 7) * combos * 3
+    assert _check_rows(p, device) == _layouts(2, fp32)
     assert p.compiled_now > 0
     # a new process: tables from the persistent cache (memory forgotten), the same rows
     plan_grid.clear_memory_cache()
@@ -99,7 +107,7 @@ def test_every_four_gpu_row_equals_estimate() -> None:
     fixed = {"precision": ("bf16",), "optimizer": ("adamw",), "recompute": ("none",)}
     p = _plan(4, 8, fixed)
     assert p.n_configurations == 13 * 2
-    assert _check_rows(p, "cuda") == set(layouts(4))
+    assert _check_rows(p, "cuda") == _layouts(4, fp32=False)
     tp4 = [e for e in p.excluded if e.config.choices["parallel"] == "tp4"]
     assert len(tp4) == 2 and all(e.reason.startswith("invalid:") for e in tp4)
 
@@ -115,7 +123,7 @@ def test_precompile_on_two_gpus_fills_the_cache_for_the_plan() -> None:
     plan_grid.clear_memory_cache()
     p = _plan(2, 4, fixed)
     assert p.compiled_now == 0 and p.n_configurations == 14
-    assert _check_rows(p, "cuda") == set(layouts(2))
+    assert _check_rows(p, "cuda") == _layouts(2, fp32=False)
 
 
 def test_grid_extras_split_step_one_from_later_by_hand() -> None:

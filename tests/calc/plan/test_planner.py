@@ -632,3 +632,30 @@ def test_torchtitan_plans_match_estimate() -> None:
         est = calc.estimate(model, e.config.job, parallel=e.config.parallel)
         assert e.peak_bytes == est.peak_bytes
     assert any(e.config.parallel.fsdp for e in p.fitting)
+
+
+def test_fsdp_mixed_precision_layout_is_planned_for_an_fp32_model() -> None:
+    # FSDP2's MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32) casts an fp32 model:
+    # the grid takes the layout where it takes precision fp32 (each row the estimate of that
+    # layout) and refuses it under autocast; without fp32 in the grid the layout is left out
+    # (the two-GPU test above: 7 layouts).
+    p = _plan(1 << 40, gpu_count=2, fixed={"recompute": ("none",),
+                                           "precision": ("fp32", "amp-bf16")})  # fmt: skip
+    rows = [e for e in (*p.fitting, *p.excluded) if e.config.choices["parallel"] == "dp2-fsdp-mp"]
+    assert len(rows) == 4  # 2 precisions x micro-batches {1, 2}
+    mp = calc.Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="fp32")
+    for e in rows:
+        if e.config.job.precision == "fp32":
+            assert e.fits and e.peak_bytes == calc.estimate(TINY, e.config.job, mp).peak_bytes
+        else:
+            assert not e.fits and "fsdp_param_dtype" in e.reason
+
+
+def test_torchtitan_plans_its_own_recomputations() -> None:
+    # torchtitan's apply_ac: whole blocks or by op (no selective attention recomputation)
+    base = calc.Training(micro_batch=1, seq_len=8, implementation="torchtitan",
+                         loop="del-logits", precision="fp32")  # fmt: skip
+    p = _plan(1 << 40, base=base, fixed={"optimizer": ("adamw",)})
+    assert {e.config.job.recompute for e in p.fitting} == {"none", "full", "op"}
+    with pytest.raises(ValueError, match="allowed: 'none', 'full', 'op'"):
+        _plan(1 << 40, base=base, fixed={"recompute": ("selective",)})
