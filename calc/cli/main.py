@@ -253,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("--pp-microbatches", "micro-batches per step through the pipeline (default 1)"),
         ("--pp-virtual-stages", "model chunks per pipeline rank (default 1)"),
         ("--ddp-bucket-mib", "DDP bucket_cap_mb (default: torch's, 1 MiB first then 25 MiB)"),
+        ("--dp-replicate", "with --fsdp: HSDP replicas, each sharding over dp / N ranks"),
     ):
         par.add_argument(flag, type=int, help=hlp)
     par.add_argument("--pp-schedule", help=f"{_choices(PIPELINE_SCHEDULES)} (default 1f1b)")
@@ -365,7 +366,7 @@ PARALLEL_FIELDS: tuple[str, ...] = (
     "dp", "tp", "pp", "cp", "zero", "pp_microbatches", "pp_virtual_stages", "ddp_bucket_mib",
     "pp_schedule", "offload", "sp", "fsdp", "gradient_as_bucket_view", "vocab_parallel",
     "fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_version", "fsdp_use_orig_params",
-    "fsdp_output_dtype", "expert_parallel",
+    "fsdp_output_dtype", "expert_parallel", "dp_replicate",
 )  # fmt: skip
 
 

@@ -139,7 +139,7 @@ def shards_of(parallel: Parallelism | None) -> int:
     """Ranks FSDP2 (or ZeRO-3) shards each parameter over under ``parallel``; 1 otherwise."""
     if parallel is None or parallel.shard_level != 3:
         return 1
-    return parallel.dp
+    return parallel.shard_world
 
 
 def check_fits(

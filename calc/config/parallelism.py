@@ -119,6 +119,11 @@ class Parallelism:
     """FSDP1 ``use_orig_params``: the original parameters stay visible as views of the flat
     parameter (needed for LoRA, whose frozen and trained parameters share a flat parameter;
     the flat gradient then covers the frozen ones too)."""
+    dp_replicate: int = 1
+    """HSDP (FSDP2 ``fully_shard`` over a 2-D mesh ``(dp_replicate, dp / dp_replicate)``,
+    torchtitan's ``dp_replicate`` x ``dp_shard``): each parameter is sharded over the
+    ``dp / dp_replicate`` ranks of its group and replicated over ``dp_replicate`` groups, whose
+    gradient shards are all-reduced; 1 is plain FSDP2 over all dp ranks."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "cp"):
@@ -195,6 +200,17 @@ class Parallelism:
             raise ValueError(f"fsdp_version={self.fsdp_version!r} is not one of 1, 2")
         if self.fsdp_version == 1 and not self.fsdp:
             raise ValueError("fsdp_version=1 chooses FullyShardedDataParallel: it needs fsdp=True")
+        check_size("dp_replicate", self.dp_replicate, 1, self.dp)
+        if self.dp_replicate > 1 and (not self.fsdp or self.fsdp_version != 2):
+            raise ValueError(
+                f"dp_replicate={self.dp_replicate} is HSDP, FSDP2's 2-D mesh: it needs "
+                "fsdp=True and fsdp_version=2"
+            )
+        if self.dp % self.dp_replicate:
+            raise ValueError(
+                f"dp_replicate={self.dp_replicate} must divide dp={self.dp} (each replica "
+                "group shards the model over dp / dp_replicate ranks)"
+            )
         if self.fsdp_use_orig_params and self.fsdp_version != 1:
             raise ValueError(
                 "fsdp_use_orig_params=True is an option of FSDP1's FullyShardedDataParallel: it "
@@ -212,6 +228,11 @@ class Parallelism:
     def shard_level(self) -> int:
         """ZeRO stage in effect: 3 with ``fsdp``, else ``zero``."""
         return 3 if self.fsdp else self.zero
+
+    @property
+    def shard_world(self) -> int:
+        """Ranks each parameter is sharded over: ``dp / dp_replicate``."""
+        return self.dp // self.dp_replicate
 
     @property
     def is_single(self) -> bool:

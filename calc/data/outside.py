@@ -170,7 +170,8 @@ def communicators(parallel: Parallelism | None) -> int:
     pair: two for a middle stage, the most-loaded case)."""
     if parallel is None:
         return 0
-    dims = sum(1 for n in (parallel.dp, parallel.tp, parallel.cp) if n > 1)
+    data = (parallel.shard_world, parallel.dp_replicate)  # HSDP: one per mesh dimension
+    dims = sum(1 for n in (*data, parallel.tp, parallel.cp) if n > 1)
     return dims + min(parallel.pp - 1, 2)
 
 

@@ -51,6 +51,11 @@ def check_ddp(model: ModelSpec, job: Training, plan: ReplayPlan) -> None:
     inside the backward nor the chunked loss, which calls the base model around the
     wrapper."""
     name = f"model_type={model.model_type!r} (derived replay)"
+    if plan.replicated:
+        raise NotImplementedError(
+            f"{name} under HSDP (dp_replicate > 1): the recording wraps the model with FSDP2 "
+            "over one mesh dimension; HSDP is replayed on the hand-written graphs"
+        )
     if not plain_ddp(plan) and not (plan.fsdp and plan.offload == "none"):
         raise NotImplementedError(
             f"{name}: of the parallel layouts DDP without gradient_as_bucket_view (ZeRO-1 by "

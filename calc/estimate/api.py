@@ -133,6 +133,7 @@ def compiles_sharded(job: Training, parallel: Parallelism) -> bool:
         and parallel.fsdp
         and parallel.fsdp_version == 2
         and parallel.world_size == parallel.dp
+        and parallel.dp_replicate == 1
         and parallel.offload == "none"
     )
 

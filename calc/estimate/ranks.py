@@ -290,12 +290,14 @@ def _rank_replay(
         and plan.fsdp_version == 2
         and device == "cpu"
         and parallel.world_size == parallel.dp
+        and parallel.dp_replicate == 1
     ):
         # One DeviceMesh per fully_shard call holds its ranks as a CPU int64 tensor
         # (``init_device_mesh``: ``torch.arange(world_size)``); on a GPU run it stays in host
         # memory, under the CPU tracker it counts (measured: one 512 B block per group). With
         # a 2-D layout the dp mesh is built once, before the model (none per call); torchtitan
-        # builds its one dp mesh before its apply_fsdp (one block).
+        # builds its one dp mesh before its apply_fsdp (one block). HSDP's 2-D mesh is built
+        # before the model too, as torchtitan builds it (none).
         groups = 1 if job.implementation == "torchtitan" else local.n_layers + 1
         extras.append(("fsdp/device_mesh_cpu", groups * 512, groups * 512))
         notes.append(f"CPU only: {groups} DeviceMesh rank tensors of 512 B")

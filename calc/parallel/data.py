@@ -49,7 +49,10 @@ class ReplayPlan:
     fsdp: bool = False
     """FSDP2 ``fully_shard`` per layer and root over ``shard_world`` ranks (`calc.parallel.fsdp`)."""
     shard_world: int = 1
-    """Ranks the shards are spread over (dp)."""
+    """Ranks the shards are spread over (dp, or dp / dp_replicate under HSDP)."""
+    replicated: bool = False
+    """HSDP: the shards are replicated over ``dp_replicate`` groups and their gradients
+    all-reduced across them (`calc.parallel.fsdp`)."""
     reshard_after_forward: bool = True
     """FSDP2: free each layer's unsharded parameters after its forward."""
     shard_states: bool = False

@@ -32,6 +32,12 @@ without or with a ``MixedPrecisionPolicy`` (last item):
   sharded gradients are views. ``cast_forward_inputs`` (``_fsdp_state.py`` l. 312) casts the
   reference model's fp32 RoPE tables at each layer's entry (the replay casts them in the
   attention, as ``rope[0].to(q.dtype)`` does: same bytes, measured exact).
+* HSDP (``replicated``: ``fully_shard`` over a 2-D mesh, sharded over its second dimension):
+  as above over the shard group's N ranks; ``foreach_reduce`` then all-reduces each group's
+  reduce-scatter output in place across the replicas and keeps it
+  (``FSDPParamGroup._all_reduce_state``, PR #140044) until the final callback's
+  ``finalize_backward``: a bf16 ``reduce_dtype`` output stays beside its fp32 cast, and a
+  later micro-batch's output beside the accumulated gradients, to the end of the backward.
 * torchtitan's units (``own_units``; torchtitan 0.2.2 ``apply_fsdp``): ``fully_shard`` on the
   embedding, on each block, on ``[norm, output]`` with ``reshard_after_forward=False``, then on
   a root that holds no parameter. The embedding is gathered for its forward and resharded
@@ -118,6 +124,11 @@ class Fsdp:
     """``MixedPrecisionPolicy(reduce_dtype=...)``: the reduce-scatter's bytes per element (0:
     the gradients')."""
     shards: dict = field(default_factory=dict)  # leaf storage id -> fp32 shard (mixed)
+    replicated: bool = False
+    """HSDP (``dp_replicate > 1``): each group's reduce-scatter output, in ``reduce_dtype``, is
+    all-reduced in place across the replicas and held (``FSDPParamGroup._all_reduce_state``)
+    until the group's ``finalize_backward`` in the final callback."""
+    ar_held: dict = field(default_factory=dict)  # tag -> all-reduce buffer held (HSDP)
     own_units: bool = False
     """torchtitan's layout (``apply_fsdp``): the embedding (tag ``"embed"``) and the final norm
     with the head (tag ``"head"``, ``fully_shard([norm, output])``, never resharded after
@@ -252,6 +263,8 @@ class Fsdp:
                          tag=g.tag)  # fmt: skip
         tape.drop(*[gr for _, gr in have])
         out = tape.new(total, red, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
+        if self.replicated:  # all_reduce(reduce_output) in place, its buffer held
+            self.ar_held[g.tag] = tape.alias(out)
         if self.mixed and red != SHARD_ITEMSIZE:  # _to_dtype_if_needed(reduce_output, orig)
             cast = tape.new(total, SHARD_ITEMSIZE, f"fsdp.grad_shards[{g.tag}]", "grad", g.tag)
             tape.drop(out)
@@ -310,15 +323,24 @@ class Fsdp:
         if layers:  # under own units, the head's pre-backward prefetches the last layer
             self._prefetch(tape, layers[-1])
 
+    def _finalize(self, tape: Tape, tag: object) -> None:
+        """``finalize_backward`` of a group: HSDP's held all-reduce buffer is released."""
+        held = self.ar_held.pop(tag, None)
+        if held is not None:
+            tape.drop(held)
+
     def end_backward(self, tape: Tape) -> None:
         """The final callback (``_root_post_backward_final_callback``): in ``named_modules()``
         pre-order (root, then the layers in order), the post-backward of every group whose
         own did not run: the root, and a layer whose forward inputs needed no gradient (the
-        first layer under LoRA: a frozen embedding's output); then the last reduce-scatter
-        input is freed."""
+        first layer under LoRA: a frozen embedding's output), each followed by the group's
+        ``finalize_backward`` (states in pre-order, ``_fsdp_state.py``
+        ``_root_post_backward_final_callback``); then the last reduce-scatter input is freed."""
         self._post_backward(tape, self.groups.get("root"))
+        self._finalize(tape, "root")
         for tag in self.order:
             if tag not in self.reduced:
                 self._post_backward(tape, self.groups[tag])
+            self._finalize(tape, tag)
         while self.rs_inputs:
             tape.drop(self.rs_inputs.pop(0))

@@ -108,6 +108,10 @@ def rank_classes(
     fsdp = "dp-sharded" in w or (parallel.offload == "optimizer+params")
     if parallel.offload != "none" and parallel.dp == 1:
         raise NotImplementedError("CPU offload is modelled with data parallelism (dp > 1)")
+    if parallel.dp_replicate > 1 and (parallel.offload != "none" or parallel.tp > 1):
+        raise NotImplementedError(
+            "HSDP (dp_replicate > 1) is modelled without CPU offload and tensor parallelism"
+        )
     local = model  # cp > 1: the job is the rank's (calc.parallel.context, in calc.estimate.ranks)
     notes: list[str] = []
     if "tp-split" in w:
@@ -118,7 +122,8 @@ def rank_classes(
     plan = ReplayPlan(
         grads_in_buckets=ddp and parallel.gradient_as_bucket_view,
         fsdp=fsdp,
-        shard_world=parallel.dp,
+        shard_world=parallel.shard_world,
+        replicated=fsdp and parallel.dp_replicate > 1,
         reshard_after_forward=parallel.reshard_after_forward,
         shard_states="dp-sharded" in s and not fsdp,
         shard_grads=zero2,
@@ -213,6 +218,13 @@ def _fsdp_notes(parallel: Parallelism) -> list[str]:
             f"FSDP1 FullyShardedDataParallel over {parallel.dp} ranks: one flat parameter per "
             f"decoder layer and one for the rest, {strategy}, use_orig_params="
             f"{parallel.fsdp_use_orig_params}"
+        )
+    elif parallel.dp_replicate > 1:
+        notes.append(
+            f"HSDP: FSDP2 per layer and root, each parameter sharded over "
+            f"{parallel.shard_world} ranks and replicated over {parallel.dp_replicate} groups "
+            f"(gradient shards all-reduced), reshard_after_forward="
+            f"{parallel.reshard_after_forward}"
         )
     else:
         notes.append(

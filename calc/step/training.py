@@ -330,6 +330,7 @@ def build_step(
     if dp is not None and dp.fsdp:
         fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
                     mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize,
+                    replicated=dp.replicated,
                     own_units=path is ForwardPath.TORCHTITAN)  # fmt: skip
         if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
             base, base_shapes = w.parameters(), w.shapes(sh)

@@ -308,6 +308,8 @@ CASES: tuple[Case, ...] = (
                                {"precision": "fp32"},
                                {"dp": 2, "fsdp": True, "fsdp_param_dtype": "bf16",
                                 "fsdp_output_dtype": "fp32"})),
+    Case("hsdp", ({"train.dp": 4, "train.fsdp": True, "train.dp_replicate": 2}, {},
+                  {"dp": 4, "fsdp": True, "dp_replicate": 2})),
     Case("tp2-expert-parallel-refused", ({"train.tp": 2, "train.expert_parallel": True}, {},
                                          {"tp": 2, "expert_parallel": True})),
     Case("ddp-buckets", ({"train.dp": 2, "train.ddp_bucket_mib": 4,

@@ -158,6 +158,19 @@ CASES: tuple[DistCase, ...] = (
           Parallelism(dp=2, fsdp=True, fsdp_param_dtype="bf16", fsdp_reduce_dtype="bf16"),
           tolerance_pct=GLOO_ASYNC_PCT, note="MixedPrecisionPolicy(param_dtype=bf16, "
           "reduce_dtype=bf16): the bf16 gradient shards cast to fp32. " + GLOO_ASYNC_NOTE),
+    # HSDP: fully_shard over a 2-D mesh (2 replicas x 2 shards), 4 gloo ranks
+    _case("dist-hsdp-2x2-4", "fsdp2", Parallelism(dp=4, fsdp=True, dp_replicate=2),
+          tolerance_pct=GLOO_ASYNC_PCT, note="HSDP: sharded over 2 ranks, replicated over 2 "
+          "groups. " + GLOO_ASYNC_NOTE),
+    _case("dist-hsdp-mp-bf16reduce-2x2-4", "fsdp2",
+          Parallelism(dp=4, fsdp=True, dp_replicate=2, fsdp_param_dtype="bf16",
+                      fsdp_reduce_dtype="bf16"),
+          tolerance_pct=GLOO_ASYNC_PCT, note="HSDP with a bf16 reduce: each group's bf16 "
+          "all-reduce buffer held to the end of the backward. " + GLOO_ASYNC_NOTE),
+    _case("dist-hsdp-accum-hf-2x2-4", "fsdp2", Parallelism(dp=4, fsdp=True, dp_replicate=2),
+          implementation="hf", grad_accum=2, tolerance_pct=GLOO_ACCUM_PCT,
+          note="HSDP, Hugging Face LlamaForCausalLM, two micro-batches: the second's reduce "
+          "outputs held beside the accumulated gradient shards. " + GLOO_ACCUM_NOTE),
     _case("dist-fsdp1-hf-2", "fsdp1", Parallelism(dp=2, fsdp=True, fsdp_version=1),
           implementation="hf", tolerance_pct=GLOO_ASYNC_PCT,
           note="FSDP1 FullyShardedDataParallel (flat parameters) around Hugging Face "
@@ -347,6 +360,11 @@ CASES: tuple[DistCase, ...] = (
     _case("dist-torchtitan-fsdp2-mp-accum2-2", "fsdp2", Parallelism(dp=2, fsdp=True, **MP_BF16),
           **TITAN_RECIPE, grad_accum=2, tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtitan full training, FSDP2 mixed precision, 2 micro-batches per step. "
+          + GLOO_ASYNC_NOTE),
+    _case("dist-torchtitan-hsdp-mp-2x2-4", "fsdp2",
+          Parallelism(dp=4, fsdp=True, dp_replicate=2, **MP_BF16), **TITAN_RECIPE,
+          tolerance_pct=GLOO_ASYNC_PCT,
+          note="torchtitan full training, HSDP (dp_replicate=2, dp_shard=2) under its policy. "
           + GLOO_ASYNC_NOTE),
     # torchtitan's DDP (dp_replicate alone): apply_ddp's replicate(bucket_cap_mb=100) over the
     # fp32 model, trained in bf16 by maybe_enable_amp's autocast or in fp32

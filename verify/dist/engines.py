@@ -8,7 +8,9 @@
   sharded over ranks: ZeRO stage 1);
 * ``fsdp2``: ``fully_shard`` on every layer, then on the root (ZeRO-3 sharding), with
   ``reshard_after_forward`` and the ``MixedPrecisionPolicy`` (``fsdp_param_dtype``,
-  ``fsdp_reduce_dtype``) from the case;
+  ``fsdp_reduce_dtype``) from the case; with ``dp_replicate > 1`` over one 2-D mesh
+  ``(dp_replicate, dp_shard)`` (HSDP), built outside the tracker as torchtitan builds its
+  meshes before the model;
 * ``fsdp1``: ``FullyShardedDataParallel`` with a ``ModuleWrapPolicy`` of the decoder layer
   class (flat parameters), ``FULL_SHARD`` or ``SHARD_GRAD_OP``, ``MixedPrecision`` and
   ``use_orig_params`` from the case;
@@ -168,9 +170,15 @@ def fsdp2(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     layers = getattr(model, "blocks", None) or getattr(model, "layers", None) or model.model.layers
     titan = case.impl == "torchtitan"
     mesh = ctx.mesh
-    if titan:  # torchtitan's apply_fsdp over its one dp mesh (ParallelDims.build_mesh)
+    replicas = case.parallel.dp_replicate
+    if replicas > 1:  # HSDP: one 2-D mesh (replicate, shard) made before the model
+        shape = (replicas, torch.distributed.get_world_size() // replicas)
+        two = device_mesh(shape, ("dp_replicate", "dp_shard"))
+        mesh = lambda: two  # noqa: E731
+    elif titan:  # torchtitan's apply_fsdp over its one dp mesh (ParallelDims.build_mesh)
         one = ctx.mesh() or init_device_mesh("cpu", (torch.distributed.get_world_size(),))
         mesh = lambda: one  # noqa: E731
+    if titan:
         fully_shard(model.tok_embeddings, mesh=mesh(), **kw)  # the embedding, its own unit
         layers = layers.values()
     for layer in layers:
