@@ -147,7 +147,8 @@ TRAINING: tuple[FormField, ...] = (
               default=_default(T, "implementation"), choices=jobs.IMPLEMENTATIONS,
               section="advanced",
               help="hf = Hugging Face transformers; reference = verify's plain PyTorch; "
-              "torchtune / torchtitan = their own Llama and loss step (loop del-logits)"),
+              "torchtune / torchtitan = their own Llama and loss step (loop del-logits); "
+              "litgpt = LitGPT's Llama and fine-tuning loop (hold-output, chunked-ce)"),
     FormField(task="train", name="grad_accum", label="gradient accumulation", kind="int",
               default=_default(T, "grad_accum"), high=1 << 16, section="advanced",
               help="micro-batches per optimizer step"),

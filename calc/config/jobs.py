@@ -23,7 +23,7 @@ Optimizer = Literal[
 OptimizerImpl = Literal["foreach", "fused", "for-loop"]
 Recompute = Literal["none", "selective", "full", "op"]
 Attention = Literal["sdpa", "eager", "flash", "efficient", "math"]
-Implementation = Literal["hf", "reference", "derived", "torchtune", "torchtitan"]
+Implementation = Literal["hf", "reference", "derived", "torchtune", "torchtitan", "litgpt"]
 InferenceImplementation = Literal["hf", "reference", "derived"]
 ZeroGrad = Literal["after_step", "before_backward"]
 Loop = Literal["drop-output", "hold-output", "del-logits"]
@@ -97,7 +97,11 @@ class Training:
     recipe's loss step, with ``loop="del-logits"`` (`calc.models.torchtune`); ``torchtitan``
     (training): torchtitan 0.2.2's Llama 3 (``nn.RMSNorm``, fp32 complex RoPE, SDPA with
     ``enable_gqa``) and its trainer's loss step (the logits upcast, ``reduction="sum"`` over
-    the count of valid tokens), with ``loop="del-logits"`` (`calc.models.torchtitan`)."""
+    the count of valid tokens), with ``loop="del-logits"`` (`calc.models.torchtitan`);
+    ``litgpt`` (training): LitGPT 0.5.12's Llama (fused qkv, fp32 RMSNorm and RoPE tables) and
+    its full fine-tuning loop (the logits and loss held until the next iteration, the loss in
+    128-row chunks), with ``loop="hold-output"`` and ``loss="chunked-ce"``
+    (`calc.models.litgpt`)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0

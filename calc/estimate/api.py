@@ -171,7 +171,7 @@ def _check_training(model: ModelSpec, job: Training) -> None:
             f"{MIN_TOKENS} tokens (below, some per-token tensors fall under torchtune's 1 KiB "
             "offloading threshold)"
         )
-    if job.loss == "chunked-ce":
+    if job.loss == "chunked-ce" and job.implementation != "litgpt":  # litgpt: 128-row chunks
         if tokens % job.loss_chunks:  # calc.models.head: equal chunks of the flattened tokens
             raise ValueError(
                 f"loss_chunks={job.loss_chunks} must divide micro_batch * seq_len = {tokens}"

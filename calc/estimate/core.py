@@ -30,6 +30,7 @@ from calc.derive.native import Native, Rank
 from calc.derive.replay import derived_events, notes_of, regime_of
 from calc.derive.sharding import Shard
 from calc.estimate.result import Estimate
+from calc.models import litgpt
 from calc.models.attention import attention_kernel, compute_16bit_of, flash_head_pad
 from calc.parallel.data import ReplayPlan
 from calc.replay import timeline
@@ -175,7 +176,8 @@ def _structure_key(
         small_params=small_params,
         model_fields=tuple((name, getattr(model, name)) for name in _FROM_MODEL)
         + _derived_fields(model, job)
-        + _torchtune_fields(model, job),
+        + _torchtune_fields(model, job)
+        + _litgpt_fields(model, job),
         gqa=model.n_kv_heads != model.n_heads,
         opts=opts,
         attention_kernel=attention_kernel(
@@ -200,6 +202,15 @@ def _torchtune_fields(
     if job.implementation != "torchtune":
         return ()
     return (("max_positions", model.max_positions),)
+
+
+def _litgpt_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[str, object], ...]:
+    """litgpt's loss chunks and RoPE tables change the replay's walk with the sizes
+    (`calc.models.litgpt.Regime`); nothing for the other implementations."""
+    if not isinstance(job, Training) or job.implementation != "litgpt":
+        return ()
+    regime = litgpt.Regime(job.micro_batch, job.seq_len, model.max_positions)
+    return (("litgpt_regime", regime.key()), ("max_positions", model.max_positions))
 
 
 def _derived_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[str, object], ...]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
 
-EXPANDS_KV_IMPLEMENTATIONS = ("torchtune",)
+EXPANDS_KV_IMPLEMENTATIONS = ("torchtune", "litgpt")
 """Implementations that expand key/value heads before SDPA (no ``enable_gqa``)."""
 
 

@@ -164,14 +164,15 @@ def eager(
     return out
 
 
-def merge_heads(tape: Tape, sh: Shape, out: Tensor) -> Tensor:
+def merge_heads(tape: Tape, sh: Shape, out: Tensor, copies: bool | None = None) -> Tensor:
     """The model's ``out.transpose(1, 2).reshape(b, s, a * d)`` on the core's output.
 
-    Flash (and efficient) kernels return a tensor laid out as ``[b, s, a, d]``: both are views.
-    The math and eager cores return one contiguous in ``[b, a, s, d]``: the reshape copies
-    (``clone`` + ``_unsafe_view``; backward hands the gradient on, transposed). The caller
-    keeps (and drops) ``out``."""
-    if sh.attention not in ("math", "eager"):
+    Flash (and efficient) kernels return a tensor laid out as ``[b, s, a, d]`` for the
+    transposed queries the models pass: both are views. The math and eager cores return one
+    contiguous in ``[b, a, s, d]``: the reshape copies (``clone`` + ``_unsafe_view``; backward
+    hands the gradient on, transposed). ``copies`` overrides the choice (a model whose queries
+    reach the kernel contiguous: `calc.models.litgpt`). The caller keeps (and drops) ``out``."""
+    if not (sh.attention in ("math", "eager") if copies is None else copies):
         return ops.view(tape, out)
     t = ops.view(tape, out, name="Transpose")
     c = ops.clone(tape, t, "attn.merge")

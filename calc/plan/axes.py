@@ -124,10 +124,12 @@ class Axis:
 
 def recomputes(ctx: Context) -> tuple[str, ...]:
     """The recomputations the grid takes: torchtitan's own when every job runs torchtitan's
-    model (`calc.models.torchtitan.RECOMPUTES`: whole blocks or by op, no ``selective``),
-    else those the hand graphs replay (``op`` of another model is recorded, seconds a job)."""
+    model (`calc.models.torchtitan.RECOMPUTES`: whole blocks or by op, no ``selective``), none
+    for LitGPT's single-device fine-tuning, else those the hand graphs replay (``op`` of another model is recorded, seconds a job)."""
     if ctx.implementations and set(ctx.implementations) == {"torchtitan"}:
         return torchtitan.RECOMPUTES
+    if ctx.implementations and set(ctx.implementations) == {"litgpt"}:
+        return ("none",)  # its single-device fine-tuning checkpoints nothing
     return HAND_RECOMPUTES
 
 

@@ -16,7 +16,7 @@ from calc.compress.lora import LINEAR_KEYS, compress_weights
 from calc.compress.quant import library_of
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.models import hf, hf_gpt2, reference, torchtitan, torchtune
+from calc.models import hf, hf_gpt2, litgpt, reference, torchtitan, torchtune
 from calc.models.attention import compute_16bit_of, flash_head_pad, kernel_for
 from calc.models.head import Head
 from calc.parallel import data as data_parallel
@@ -123,6 +123,8 @@ def _forward_path(model: ModelSpec, job: Training) -> ForwardPath:
         return ForwardPath.TORCHTUNE
     if job.implementation == "torchtitan":
         return ForwardPath.TORCHTITAN
+    if job.implementation == "litgpt":
+        return ForwardPath.LITGPT
     if job.implementation != "hf":
         return ForwardPath.REFERENCE
     return ForwardPath.HF_GPT2 if model.model_type == "gpt2" else ForwardPath.HF
@@ -170,6 +172,8 @@ def _check_implementation(
         _check_torchtune(sh, job, dp)
     elif path is ForwardPath.TORCHTITAN:
         torchtitan.check(sh, job, dp)
+    elif path is ForwardPath.LITGPT:
+        litgpt.check(sh, job, dp)
     elif job.offload_activations:
         raise NotImplementedError(
             f"offload_activations with implementation={job.implementation!r}: transformers' "
@@ -234,7 +238,8 @@ def _check_head(
     the head as a module and returns the logits (``verify/dist/tp_plans.py``)."""
     if job.optimizer is None and tp_comm:
         raise NotImplementedError("optimizer=None is modelled on one GPU and under dp")
-    if Head.of(job).default or path in (ForwardPath.TORCHTUNE, ForwardPath.TORCHTITAN):
+    own_loops = (ForwardPath.TORCHTUNE, ForwardPath.TORCHTITAN, ForwardPath.LITGPT)
+    if Head.of(job).default or path in own_loops:
         return  # the recipes' own loops: torchtune.check, torchtitan.check
     what = f"loop={job.loop!r} with loss={job.loss!r}"
     if job.distill is not None or job.lora is not None or job.pruning is not None:
@@ -275,6 +280,8 @@ class ForwardPath(Enum):
     """torchtune's Llama and its recipe's loss step, `calc.models.torchtune`."""
     TORCHTITAN = "torchtitan"
     """torchtitan's Llama 3 and its trainer's loss step, `calc.models.torchtitan`."""
+    LITGPT = "litgpt"
+    """LitGPT's Llama and its fine-tuning loop, `calc.models.litgpt`."""
 
 
 @dataclass
@@ -298,6 +305,8 @@ class StepSetup:
     """The input token ids."""
     held: list[Tensor] = field(default_factory=list)
     """What the loop holds of the last forward's output (``loop="hold-output"``)."""
+    regime: litgpt.Regime | None = None
+    """litgpt's loss chunks and RoPE tables for the job's sizes (`calc.models.litgpt`)."""
 
 
 def build_step(
@@ -308,7 +317,10 @@ def build_step(
     path = _forward_path(model, job)
     tape = Tape(inplace_accumulate=device == "cuda")
     own_order = path in (ForwardPath.TORCHTUNE, ForwardPath.TORCHTITAN)
-    w = torchtune.Weights(tape, sh) if own_order else reference.Weights(tape, sh)
+    if path is ForwardPath.LITGPT:
+        w: reference.Weights = litgpt.Weights(tape, sh)
+    else:
+        w = torchtune.Weights(tape, sh) if own_order else reference.Weights(tape, sh)
     if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
         prune_replay.install(tape, sh, w, job.pruning, model)
     teacher = None
@@ -319,7 +331,11 @@ def build_step(
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if job.offload_activations:  # the recipe's context, made once (calc.replay.offload)
         tape.offload = Offload()
-    cos, sin = _rope_buffers(tape, sh, model, path, dp)
+    regime = None
+    if path is ForwardPath.LITGPT:
+        regime = litgpt.Regime(job.micro_batch, job.seq_len, model.max_positions)
+    converted = regime is not None and regime.converted
+    cos, sin = _rope_buffers(tape, sh, model, path, dp, converted)
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
     opt_params = params if dp is None else data_parallel.optimizer_params(params, dp)
     if dp is not None and dp.optimizer_params is not None:
@@ -342,16 +358,23 @@ def build_step(
             fsdp.install(tape, params, shapes)
         opt_params = fsdp.optimizer_params(tape, params)
     sliding = sh.n_layers if model.sliding_window is not None else 0
-    return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp, ids)
+    return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp, ids,
+                     regime=regime)  # fmt: skip
 
 
 def _rope_buffers(
-    tape: Tape, sh: reference.Shape, model: ModelSpec, path: ForwardPath, dp: ReplayPlan | None
+    tape: Tape,
+    sh: reference.Shape,
+    model: ModelSpec,
+    path: ForwardPath,
+    dp: ReplayPlan | None,
+    converted: bool = False,
 ) -> tuple[Tensor | None, Tensor | None]:
     """The RoPE tables the forward reads, as ``(cos, sin)``: the reference model's fp32 (under
     FSDP2's policy) or model-dtype [s, d] tables; torchtune's one fp32 cache (``cos``, with its
     ``theta`` and the recipe's ``ignore_labels_cache``); torchtitan's complex64 ``freqs_cis``
-    (``cos``); none for Hugging Face models, which compute cos/sin in each forward from their
+    (``cos``); litgpt's ``cos`` and ``sin`` (``converted``: left at the block size in the
+    model's dtype, `calc.models.litgpt.buffers`); none for Hugging Face models, which compute cos/sin in each forward from their
     fp32 ``inv_freq`` and ``original_inv_freq`` [d/2] buffers (llama-style), and for GPT-2."""
     if path is ForwardPath.TORCHTUNE:
         cache = torchtune.buffers(tape, sh, model.max_positions)
@@ -359,6 +382,8 @@ def _rope_buffers(
         return cache, None
     if path is ForwardPath.TORCHTITAN:
         return torchtitan.buffers(tape, sh), None
+    if path is ForwardPath.LITGPT:
+        return litgpt.buffers(tape, sh, model.max_positions, converted)
     if path is ForwardPath.HF:
         tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
@@ -392,6 +417,12 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         if setup.fsdp is not None and head.root is None:
             setup.fsdp.end_forward(tape)
         return loss
+    if setup.path is ForwardPath.LITGPT:  # Fabric's bf16-true or 32-true: no autocast
+        assert setup.cos is not None and setup.sin is not None
+        assert isinstance(setup.w, litgpt.Weights)
+        assert setup.regime is not None
+        return litgpt.loss_step(tape, sh, setup.w, setup.cos, setup.sin, setup.ids, held,
+                                setup.regime)  # fmt: skip
     if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
         assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
         one = job.micro_batch == 1

@@ -26,6 +26,7 @@ TOLERANCE_PCT: dict[str, float] = {
     "derived": 3.0,
     "torchtune": 1.0,
     "torchtitan": 1.0,
+    "litgpt": 1.0,
 }
 """|error| allowed per implementation, in percent of the measured peak."""
 DEFAULT_STEPS = 3

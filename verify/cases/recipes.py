@@ -152,6 +152,36 @@ TORCHTITAN: tuple[tuple[str, str, dict[str, Any]], ...] = (
 """torchtitan: name, card, the job's fields."""
 
 
+LIT = {"impl": "litgpt", "loop": "hold-output", "loss": "chunked-ce"}
+LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("lit-bf16-llama3", LLAMA3, {"precision": "bf16"}),
+    ("lit-fp32-mha-llama", LLAMA, {"precision": "fp32"}),
+    ("lit-bf16-accum2-gqa2-mistral", MISTRAL, {**GQA2, "precision": "bf16", "grad_accum": 2}),
+    # several 128-row chunks of the loss: 2 x 255 = 510 rows, 3 whole chunks and 126 rows; the
+    # tables left in bf16 at the block size (256)
+    ("lit-bf16-chunks-llama3", LLAMA3, {"precision": "bf16", "seq_len": 256}),
+    # one sequence (views, no copies): one whole chunk and none left (128 rows), one whole
+    # chunk and 71 rows
+    (
+        "lit-bf16-one-128rows-llama3",
+        LLAMA3,
+        {"precision": "bf16", "micro_batch": 1, "seq_len": 129},
+    ),
+    (
+        "lit-fp32-one-199rows-gqa2-mistral",
+        MISTRAL,
+        {**GQA2, "precision": "fp32", "micro_batch": 1, "seq_len": 200},
+    ),
+    # a real vocabulary (Mistral's 32,000): the logits, held through backward, dominate
+    (
+        "lit-bf16-vocab32k-mistral",
+        MISTRAL,
+        {"precision": "bf16", "seq_len": 192, "scale": {"vocab": 32000}},
+    ),
+)
+"""LitGPT's ``finetune/full.py`` (bf16-true or 32-true): name, card, the job's fields."""
+
+
 def recipe_cases() -> list[Case]:
     """The `TORCHTUNE` and `TORCHTITAN` cases, tagged ``implementation``."""
     out = []
@@ -161,4 +191,6 @@ def recipe_cases() -> list[Case]:
         out.append(_train(name, card, tags=tags, **TT, **kw))
     for name, card, fields in TORCHTITAN:
         out.append(_train(name, card, tags=("implementation",), **TITAN, **fields))
+    for name, card, fields in LITGPT:
+        out.append(_train(name, card, tags=("implementation",), **LIT, **fields))
     return out

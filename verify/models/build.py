@@ -18,6 +18,7 @@ import torch
 from verify.models import (
     compress,
     distill,
+    litgpt_llama,
     loops,
     pruning,
     sac,
@@ -86,6 +87,10 @@ def build_model(
         with torch.device(device):
             titan = torchtitan_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
         return titan, torchtitan_llama.TrainerLoss(titan)
+    if job.implementation == "litgpt":  # a copy of LitGPT's Llama and its fine-tuning step
+        with torch.device(device):
+            lit = litgpt_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
+        return lit, litgpt_llama.FineTuneLoss(lit, job.grad_accum)
     attention = "eager" if job.attention == "eager" else "sdpa"
     if job.implementation in ("hf", "derived"):  # derived: the hf model, calc derives
         if not hf_model.available():

@@ -1,0 +1,500 @@
+"""LitGPT's Llama (``implementation="litgpt"``) and its full fine-tuning loop as a replay.
+
+verify runs a faithful copy of litgpt 0.5.12's model code and loop
+(``verify/models/litgpt_llama.py``, which cites each upstream line and is compared with the
+library where it imports); this file follows that copy line by line:
+
+* parameters in registration order: ``lm_head``, ``wte``, per block ``norm_1``, the fused
+  ``qkv``, ``proj``, ``norm_2``, ``fc_1``, ``fc_2``, ``proj``, then ``ln_f`` (`Weights`);
+* its ``RMSNorm`` (`rms_norm`): ``x.float()`` (a copy of a 16-bit input), ``x * x``, ``mean``,
+  ``+ eps``, ``rsqrt``, ``x * rsqrt``, ``weight.float()``, the product, ``.to(dtype)``; every
+  local lives until the method returns;
+* attention (`attention`): one ``qkv`` projection split into views; RoPE (`rope`) on each of q
+  and k against fp32 ``cos``/``sin`` tables: ``cat((-x2, x1))``, ``x * cos + rotated * sin``
+  promoted to fp32, ``.to(dtype)``; ``cat((q_roped, q[..., d:]))`` copies again (its empty
+  second part's slice hands a zero gradient of q's size back); ``repeat_interleave`` of k
+  and v for grouped queries; SDPA; the heads merged; ``proj``;
+* the loop (`loss_step`): the whole logits, ``chunked_cross_entropy`` on
+  ``logits[..., :-1, :]`` in chunks of 128 rows without an upcast, the logits and the loss held
+  by the loop until the next iteration replaces them.
+
+Single device, ``precision="bf16"`` (Fabric's ``bf16-true``) or ``"fp32"`` (``32-true``), no
+recomputation (`check`).
+"""
+
+from __future__ import annotations
+
+import sympy as sp
+
+from calc.config.jobs import Training
+from calc.models import attention_core
+from calc.models import reference as ref
+from calc.models.shape import Shape
+from calc.parallel.data import ReplayPlan
+from calc.replay import ops
+from calc.replay.kinds import StorageKind
+from calc.replay.tape import Node, Size, Tape, Tensor
+
+FP32 = 4
+INT64 = 8
+BOOL = 1
+CE_CHUNK_ROWS = 128
+"""``chunked_cross_entropy``'s ``chunk_size`` (litgpt/utils.py)."""
+WHAT = "implementation='litgpt'"
+
+
+def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
+    """Raise ``NotImplementedError`` for what the litgpt replay does not model."""
+    if sh.model_type not in ("llama", "mistral") or sh.qk_norm or sh.qkv_bias or sh.o_bias:
+        raise NotImplementedError(
+            f"{WHAT} is modelled for litgpt's Llama configurations (model_type 'llama' or "
+            f"'mistral', no biases, no q/k norms; got model_type={sh.model_type!r})"
+        )
+    if sh.tied or sh.mlp_bias:
+        raise NotImplementedError(f"{WHAT}: litgpt's Llama has an untied head and no biases")
+    others = (job.lora, job.quant, job.pruning, job.distill)
+    if any(x is not None for x in others) or dp is not None or sh.tp_comm or sh.sp > 1:
+        raise NotImplementedError(
+            f"{WHAT} is modelled for full fine-tuning on one device (finetune/full.py): no "
+            "LoRA, quantization, pruning, distillation or parallelism yet"
+        )
+    if job.precision not in ("bf16", "fp32"):
+        raise NotImplementedError(
+            f"{WHAT} with precision={job.precision!r}: modelled for Fabric's 'bf16-true' "
+            "(precision='bf16') and '32-true' (precision='fp32')"
+        )
+    if sh.recompute != "none" or max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
+        raise NotImplementedError(
+            f"{WHAT}: its single-device fine-tuning checkpoints nothing and has no dropout "
+            "(recompute='none', dropout=0)"
+        )
+    if job.loop != "hold-output" or job.loss != "chunked-ce":
+        raise NotImplementedError(
+            f"{WHAT} with loop={job.loop!r}, loss={job.loss!r}: its loop is "
+            "loop='hold-output' (logits and loss live until the next iteration) with "
+            "loss='chunked-ce' (chunked_cross_entropy, 128-row chunks)"
+        )
+    if job.optimizer_in_backward or job.offload_activations or job.paged_optimizer:
+        raise NotImplementedError(
+            f"{WHAT} without optimizer_in_backward, offload_activations or paged optimizers"
+        )
+    if sh.attention not in ("flash", "efficient"):
+        raise NotImplementedError(
+            f"{WHAT} with the {sh.attention!r} attention kernel: modelled with SDPA's fused "
+            "kernels (litgpt calls SDPA with is_causal=True on expanded heads)"
+        )
+
+
+class Weights(ref.Weights):
+    """litgpt's parameters as leaves on the tape, in ``parameters()`` order: ``lm_head``,
+    ``wte``, per block ``norm_1``, ``qkv``, ``proj``, ``norm_2``, ``fc_1``, ``fc_2``,
+    ``proj``, then ``ln_f``."""
+
+    def __init__(self, tape: Tape, sh: Shape) -> None:
+        isz = sh.weight_itemsize
+        h, a, k, d, f, V = sh.h, sh.a, sh.k, sh.d, sh.f, sh.V
+
+        def leaf(numel: Size, name: str, tag: object) -> Tensor:
+            return tape.existing(numel, isz, name, StorageKind.WEIGHT, leaf=True, tag=tag)
+
+        self.head = leaf(V * h, "lm_head", "head")
+        self.embed = leaf(V * h, "embed", "embed")
+        self.wpe = None
+        self.layers = []
+        for j in range(sh.n_layers):
+            self.layers.append({
+                "norm1": leaf(h, "norm_1", j),
+                "qkv": leaf((a + 2 * k) * d * h, "attn.qkv", j),
+                "o": leaf(a * d * h, "attn.proj", j),
+                "norm2": leaf(h, "norm_2", j),
+                "gate": leaf(f * h, "fc_1", j),
+                "up": leaf(f * h, "fc_2", j),
+                "down": leaf(f * h, "mlp.proj", j),
+            })  # fmt: skip
+        self.norm = leaf(h, "ln_f", "head")
+        self.norm_b = None
+
+    def shapes(self, sh: Shape) -> list[tuple]:
+        """Each parameter's shape (``nn.Linear`` weights are [out, in])."""
+        h, a, k, d, f, V = sh.h, sh.a, sh.k, sh.d, sh.f, sh.V
+        two_d = {
+            "lm_head": (V, h), "embed": (V, h), "attn.qkv": ((a + 2 * k) * d, h),
+            "attn.proj": (h, a * d), "fc_1": (f, h), "fc_2": (f, h), "mlp.proj": (h, f),
+        }  # fmt: skip
+        return [two_d.get(p.name, (p.numel,)) for p in self.parameters()]
+
+    def parameters(self) -> list[Tensor]:
+        """In ``model.parameters()`` order."""
+        out = [self.head, self.embed]
+        for lw in self.layers:
+            out.extend(t for t in lw.values() if t is not None)
+        out.append(self.norm)
+        return out
+
+
+def buffers(tape: Tape, sh: Shape, block_size: int, converted: bool) -> tuple[Tensor, Tensor]:
+    """The ``cos`` and ``sin`` tables [rows, head_dim]: rebuilt in fp32 at the training
+    sequence length by the ``max_seq_length`` setter, or (``converted``: the length is the
+    block size, so the setter keeps them) Fabric's conversion of the ``block_size`` tables to
+    the model's dtype (``block_size``: the model's ``max_positions``, part of the compile
+    key)."""
+    if converted:
+        numel, isz = block_size * sh.d, sh.weight_itemsize
+    else:
+        numel, isz = sh.s * sh.d, FP32
+    return (
+        tape.existing(numel, isz, "rope_cos", StorageKind.BUFFER),
+        tape.existing(numel, isz, "rope_sin", StorageKind.BUFFER),
+    )
+
+
+def rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
+    """litgpt's ``RMSNorm.forward`` (module docstring)."""
+    up = ops.to_dtype(tape, x, FP32, "norm.float")  # x = x.float(), a local
+    sq = ops.mul(tape, up, up, "norm.sq")
+    norm_x = ops.mean_last(tape, sq, rows, "norm.mean")
+    tape.drop(sq)
+    eps = ops.add(tape, norm_x, None, "norm.eps")
+    r = ops.rsqrt(tape, eps, "norm.rsqrt")
+    tape.drop(eps)
+    x_normed = ops.mul_broadcast(tape, up, r, "norm.xhat")
+    tape.drop(r)
+    wf = w if w.itemsize == FP32 else ops.to_dtype(tape, w, FP32, "norm.w.float")
+    y = ops.mul_broadcast(tape, x_normed, wf, "norm.out")
+    if wf is not w:  # weight.float() of an fp32 weight is the weight itself
+        tape.drop(wf)
+    out = ops.to_dtype(tape, y, x.itemsize, "norm.to")
+    tape.drop(y, up, norm_x, x_normed)  # the expression's temporary, then the locals
+    return out
+
+
+def rope(tape: Tape, x: Tensor, cos: Tensor, sin: Tensor, name: str) -> Tensor:
+    """``apply_rope(x, cos, sin)``: ``x`` a ``[B, heads, T, d]`` view, the tables fp32 (or the
+    model's dtype) ``[1, T, d]`` views."""
+    x1 = ops.slice_half(tape, x, f"{name}.x1")
+    x2 = ops.slice_half(tape, x, f"{name}.x2")
+    n2 = ops.neg(tape, x2, f"{name}.neg")
+    rotated = ops.cat2(tape, n2, x1, f"{name}.rotated")
+    tape.drop(n2)
+    c, s = tape.alias(cos), tape.alias(sin)  # cos.view(...), sin.view(...)
+    a = ops.mul_broadcast(tape, x, c, f"{name}.cos")
+    b = ops.mul_broadcast(tape, rotated, s, f"{name}.sin")
+    roped = ops.add(tape, a, b, f"{name}.sum")
+    tape.drop(a, b)
+    out = ops.to_dtype(tape, roped, x.itemsize, f"{name}.to")
+    tape.drop(roped, x1, x2, rotated, c, s)
+    return out
+
+
+def _split_qkv(tape: Tape, sh: Shape, qkv: Tensor, n: Size) -> tuple[Tensor, Tensor, Tensor]:
+    """``qkv.split((a d, k d, k d), -1)``: three views; ``SplitWithSizesBackward0`` concatenates
+    the three gradients into one of qkv's size."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(qkv.numel, qkv.itemsize, "dqkv.split")]
+
+    node = tape.node("SplitWithSizes", rule, [qkv], n_outputs=3)
+    q = tape.alias(qkv, node, 0, numel=n * sh.a * sh.d)
+    k = tape.alias(qkv, node, 1, numel=n * sh.k * sh.d)
+    v = tape.alias(qkv, node, 2, numel=n * sh.k * sh.d)
+    return q, k, v
+
+
+def _cat_empty_tail(tape: Tape, roped: Tensor, x: Tensor, name: str) -> Tensor:
+    """``torch.cat((roped, x[..., d:]), -1)``: a copy of ``roped``; backward hands ``roped``
+    a view of the gradient and the empty slice ``x[..., d:]`` an empty one, which
+    ``SliceBackward0`` turns into a zero-filled gradient of ``x``'s size."""
+
+    def tail_rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.new(x.numel, g.itemsize, f"d{name}.tail") if g is not None else None]
+
+    tail_node = tape.node("Slice", tail_rule, [x])
+    tail = tape.alias(x, tail_node, numel=0)
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.alias(g), tape.alias(g, numel=0)]
+
+    node = tape.node("Cat", rule, [roped, tail])
+    out = tape.output(tape.new(roped.numel, roped.itemsize, name), node)
+    tape.drop(tail)
+    return out
+
+
+def attention(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) -> Tensor:
+    """``CausalSelfAttention.forward``."""
+    n = sh.b * sh.s
+    qkv = ops.linear(tape, x, lw["qkv"], None, n, (sh.a + 2 * sh.k) * sh.d, "qkv")
+    q, k, v = _split_qkv(tape, sh, qkv, n)
+    many_q = not attention_core.known_one(sh.a)
+    many_kv = not attention_core.known_one(sh.k)
+    gqa = bool(sp.sympify(sh.a - sh.k) != 0)
+    qh = ops.view(tape, q, copy_back=many_q)  # q.view(B, T, nh, hs): RoPE's gradient comes
+    kh = ops.view(tape, k, copy_back=many_kv)  # back laid out [B, nh, T, hs]
+    vh = ops.view(tape, v, copy_back=gqa and many_kv)  # repeat_interleave's too
+    tape.drop(q, k, v)
+    qt, kt, vt = (ops.view(tape, t, name="Transpose") for t in (qh, kh, vh))
+    tape.drop(qh, kh, vh)
+    q_roped = rope(tape, qt, cos, sin, "q.rope")
+    k_roped = rope(tape, kt, cos, sin, "k.rope")
+    qc = _cat_empty_tail(tape, q_roped, qt, "q.cat")
+    kc = _cat_empty_tail(tape, k_roped, kt, "k.cat")
+    tape.drop(qt, kt)
+    if gqa:
+        numel = sh.b * sh.a * sh.s * sh.d
+        kr = ops.repeat_interleave(tape, kc, numel, "k_rep")
+        vr = ops.repeat_interleave(tape, vt, numel, "v_rep")
+        tape.drop(kc, vt)
+        kc, vt = kr, vr
+    out = attention_core.core(tape, sh, qc, kc, vt, "attn")
+    tape.drop(qc, kc, vt)
+    # CUDA's fused kernels lay their output out [B, T, heads, d] (a view); the CPU flash
+    # kernel lays it out as its query, here cat's contiguous [B, heads, T, d]: a copy
+    o = attention_core.merge_heads(tape, sh, out, copies=sh.device != "cuda")
+    tape.drop(out)
+    y = ops.linear(tape, o, lw["o"], None, n, sh.h, "o")
+    tape.drop(o, qkv, q_roped, k_roped)  # the locals die as the method returns
+    return y
+
+
+def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) -> Tensor:
+    """``Block.forward`` (``parallel_residual=False``)."""
+    n = sh.b * sh.s
+    xn = rms_norm(tape, x, lw["norm1"], n)
+    att = attention(tape, sh, xn, lw, cos, sin)
+    h = ops.add(tape, att, x, "resid1")
+    tape.drop(att)
+    xn2 = rms_norm(tape, h, lw["norm2"], n)
+    tape.drop(xn)  # x_normed rebound
+    ff = ref.mlp(tape, sh, xn2, lw)
+    out = ops.add(tape, ff, h, "resid2")
+    tape.drop(ff, xn2, h)
+    return out
+
+
+def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:
+    """``GPT.forward``: the whole logits [B, T, V]."""
+    n = sh.b * sh.s
+    tape.segment = "embed"
+    c, s = tape.alias(cos), tape.alias(sin)  # cos[:T].unsqueeze(0), sin[...]: views
+    x = ops.embedding(tape, w.embed, n, sh.h, "wte_out", indices=ids)
+    x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s))
+    tape.segment = "head"
+    hid = rms_norm(tape, x, w.norm, n)
+    tape.drop(x)
+    out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
+    tape.drop(hid, c, s)
+    return out
+
+
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
+    """``LLaMAMLP.forward``: ``fc_1`` and ``fc_2`` first, then ``silu(x_fc_1) * x_fc_2`` (the
+    silu output a temporary of the product), ``proj``; the locals die as it returns."""
+    n = sh.b * sh.s
+    g = ops.linear(tape, x, lw["gate"], None, n, sh.f, "fc_1")
+    u = ops.linear(tape, x, lw["up"], None, n, sh.f, "fc_2")
+    sg = ops.unary(tape, g, "silu", saves="input")
+    m = ops.mul(tape, sg, u, "swiglu")
+    tape.drop(sg)
+    y = ops.linear(tape, m, lw["down"], None, n, sh.h, "proj")
+    tape.drop(g, u, m)
+    return y
+
+
+class Regime:
+    """The shape of ``chunked_cross_entropy`` for one job: ``N = b (s - 1)`` rows in chunks of
+    128 (`CE_CHUNK_ROWS`), ``q = N // 128`` whole ones and ``r = N % 128`` rows in a last one.
+    Part of the compile key (`calc.estimate.core`): the replay walks ``q`` whole chunks as at
+    most two pieces (`loss_step`)."""
+
+    def __init__(self, micro_batch: int, seq_len: int, max_positions: int) -> None:
+        rows = micro_batch * (seq_len - 1)
+        whole, rest = divmod(rows, CE_CHUNK_ROWS)
+        self.one_sequence = micro_batch == 1
+        self.whole = min(whole, 2)  # 0, 1, or 2 for two or more
+        self.last = rest > 0
+        self.converted = seq_len == max_positions
+
+    def key(self) -> tuple[bool, int, bool, bool]:
+        """The fields that decide the replay's structure."""
+        return (self.one_sequence, self.whole, self.last, self.converted)
+
+
+def _plain(tape: Tape, numel: Size, itemsize: int, name: str) -> Tensor:
+    """A tensor outside autograd (the targets' copy, the mask, the count)."""
+    return tape.new(numel, itemsize, name)
+
+
+def loss_step(
+    tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor,
+    held: list[Tensor], regime: Regime,
+) -> Tensor:  # fmt: skip
+    """The fine-tuning loop's step (``finetune/full.py``): ``logits = model(input_ids)`` (the
+    previous iteration's logits released as the name is rebound), ``loss =
+    chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (the previous loss released
+    then), and ``loss / accumulation`` handed to backward. ``held``: ``[logits, loss]`` of the
+    previous iteration, refilled with this one's."""
+    lg = logits(tape, sh, w, cos, sin, ids)
+    if held:
+        tape.drop(held[0])
+    loss = _chunked_cross_entropy(tape, sh, lg, regime)
+    if held:
+        tape.drop(held[1])
+    held[:] = [lg, loss]
+    return _divide_by_int(tape, loss, "loss.accum")  # fabric.backward(loss / accumulation)
+
+
+def _divide_by_int(tape: Tape, x: Tensor, name: str) -> Tensor:
+    """``x / n`` for a Python int (``DivBackward1``: saves nothing; backward ``grad / n``)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.new(x.numel, x.itemsize, f"d{name}") if g is not None else None]
+
+    node = tape.node("DivScalar", rule, [x])
+    return tape.output(tape.new(x.numel, x.itemsize, name), node)
+
+
+def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) -> Tensor:
+    """``chunked_cross_entropy`` on ``logits[..., :-1, :]`` (litgpt/utils.py, lines 339-356).
+
+    ``logits[..., :-1, :]`` is a view whose ``SliceBackward0`` makes a zero-filled gradient of
+    the logits' size; its ``reshape(-1, V)`` is a view for one sequence and a copy otherwise
+    (the targets' ``reshape(-1)`` likewise). The rows split in chunks of 128; each chunk's
+    ``cross_entropy(..., reduction="none")``: ``log_softmax`` (its output saved by it and by
+    ``nll_loss``), ``nll_loss`` (an output per row and a 0-d ``total_weight``, saved).
+    Backward runs the chunks last to first: per chunk the ``nll_loss`` gradient, then
+    ``log_softmax``'s, which stays for ``split``'s backward to concatenate. The whole chunks
+    are replayed as two pieces: the last one (``q - 1``), with its own transients, whose step
+    peaks highest of them (the most ``total_weight`` tensors still saved), and the other
+    ``q - 1`` together, their log-probabilities turned into gradients without a transient
+    (each byte of one replaced by the other)."""
+    V, isz = sh.V, lg.itemsize
+    rows = sh.b * (sh.s - 1)
+    whole = sp.floor(rows / CE_CHUNK_ROWS)
+    r = rows - CE_CHUNK_ROWS * whole
+    sl = _slice_logits(tape, lg, rows * V)
+    if regime.one_sequence:
+        flat = ops.view(tape, sl)
+        tgt = None  # targets[..., 1:].reshape(-1): a view of the targets
+    else:
+        flat = ops.clone(tape, sl, "logits.reshape")
+        tgt = _plain(tape, rows, INT64, "targets.reshape")
+    tape.drop(sl)
+    pieces: list[tuple[Size, bool]] = []  # (rows, replayed with its transients)
+    if regime.whole >= 2:
+        pieces.append(((whole - 1) * CE_CHUNK_ROWS, False))
+    if regime.whole >= 1:
+        pieces.append((CE_CHUNK_ROWS, True))
+    if regime.last:
+        pieces.append((r, True))
+    views = _split_rows(tape, flat, [p for p, _ in pieces], V)
+    outs: list[Tensor] = []
+    for (n_rows, own), view in zip(pieces, views, strict=True):
+        count = 1 if own else whole - 1  # chunks in the piece
+        outs.append(_chunk_ce(tape, view, n_rows, count, V, isz, tgt, own))
+    tape.drop(*views)
+    mask = _plain(tape, rows, BOOL, "targets.ne")
+    count_t = _plain(tape, 1, INT64, "non_masked_elems")
+    tape.drop(mask)
+    cat = _cat_rows(tape, outs, rows, isz)
+    total = _sum(tape, cat, isz)
+    tape.drop(cat)
+    ones = _plain(tape, 1, INT64, "ones_like")
+    most = _plain(tape, 1, INT64, "maximum")
+    tape.drop(ones)
+    loss = _divide_by_tensor(tape, total, most)
+    tape.drop(total, most, count_t, flat, tgt, *outs)
+    return loss
+
+
+def _slice_logits(tape: Tape, lg: Tensor, numel: Size) -> Tensor:
+    """``logits[..., :-1, :]``: a view; ``SliceBackward0`` allocates a zero-filled gradient of
+    the logits' size and copies into it."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.new(lg.numel, g.itemsize, "dlogits.slice") if g is not None else None]
+
+    node = tape.node("Slice", rule, [lg])
+    return tape.alias(lg, node, numel=numel)
+
+
+def _split_rows(tape: Tape, flat: Tensor, rows: list[Size], vocab: Size) -> list[Tensor]:
+    """``flat.split(128)``: one view per piece; ``SplitBackward0`` concatenates every chunk's
+    gradient into one of ``flat``'s size."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(flat.numel, flat.itemsize, "dlogits.split")]
+
+    node = tape.node("Split", rule, [flat], n_outputs=len(rows))
+    return [tape.alias(flat, node, i, numel=n * vocab) for i, n in enumerate(rows)]
+
+
+def _chunk_ce(
+    tape: Tape, x: Tensor, rows: Size, count: Size, vocab: Size, isz: int,
+    target: Tensor | None, own: bool,
+) -> Tensor:  # fmt: skip
+    """One piece of chunks through ``cross_entropy(..., reduction="none")``: the
+    log-probabilities, the per-row losses (a 512-byte block per whole chunk) and ``count``
+    0-d ``total_weight`` tensors. ``own``: the piece replays its own backward transients;
+    otherwise its log-probabilities give way to their gradients (`_chunked_cross_entropy`)."""
+    logp = tape.new(rows * vocab, isz, "logp")
+    held = [] if own else [logp]
+
+    def ls_rule(tape: Tape, node: Node, grads: list) -> list:
+        tape.drop(*held)  # the piece's log-probabilities, released before its gradients
+        return [tape.new(rows * vocab, isz, "dlogits.chunk")]
+
+    ls_node = tape.node("LogSoftmax", ls_rule, [x], saved=[logp] if own else [])
+    tape.output(logp, ls_node)
+
+    def nll_rule(tape: Tape, node: Node, grads: list) -> list:
+        if own:
+            return [tape.new(rows * vocab, isz, "dlogp")]
+        return [tape.alias(grads[0], numel=0)]
+
+    # a piece of whole chunks: one 512-byte block per chunk for its [128] losses (256 B in
+    # bf16, 512 in fp32) and one for its 0-d total_weight
+    blocks = count * (512 // isz)
+    out = tape.new(rows if own else blocks, isz, "nll")
+    total_weight = tape.new(1 if own else blocks, isz, "total_weight")
+    nll_node = tape.node("NllLoss", nll_rule, [logp],
+                         saved=[logp if own else None, target, total_weight])  # fmt: skip
+    tape.drop(total_weight)
+    if own:
+        tape.drop(logp)
+    return tape.output(out, nll_node)
+
+
+def _cat_rows(tape: Tape, outs: list[Tensor], rows: Size, isz: int) -> Tensor:
+    """``torch.cat(loss_chunks)``: [N]; backward hands each chunk a view of the gradient."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.alias(g, numel=0) for _ in outs]
+
+    node = tape.node("Cat", rule, outs)
+    return tape.output(tape.new(rows, isz, "loss_chunks.cat"), node)
+
+
+def _sum(tape: Tape, x: Tensor, isz: int) -> Tensor:
+    """``x.sum()``: 0-d; backward ``grad.expand(sizes)``, a view."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.alias(grads[0], numel=x.numel)]
+
+    node = tape.node("Sum", rule, [x])
+    return tape.output(tape.new(1, isz, "loss_sum"), node)
+
+
+def _divide_by_tensor(tape: Tape, x: Tensor, count: Tensor) -> Tensor:
+    """``x / count`` with an int64 0-d ``count`` that needs no gradient (``DivBackward0``
+    saves it; backward ``grad / count``, a new 0-d)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(1, x.itemsize, "dloss.div"), None]
+
+    node = tape.node("Div", rule, [x, None], saved=[count])
+    return tape.output(tape.new(1, x.itemsize, "loss"), node)

@@ -1,0 +1,133 @@
+"""LitGPT's Llama (`calc.models.litgpt`): its parameter order, RoPE tables, RoPE against fp32
+tables, the loss's chunk regime and what it refuses, by hand. The whole step is checked against
+the CPU tracker by the ``lit-*`` verify cases (litgpt 0.5.12's model code and fine-tuning loop,
+copied in verify/models/litgpt_llama.py and compared with the library in
+tests/verify/models/test_litgpt_llama.py)."""
+
+from __future__ import annotations
+
+import pytest
+import sympy as sp
+
+import calc
+from calc.estimate.core import values_for
+from calc.models import litgpt
+from calc.replay.kinds import StorageKind
+from calc.replay.tape import Tape
+from calc.step.training import shape_for
+from tests.specs import tiny_llama
+
+JOB = {"micro_batch": 2, "seq_len": 8, "precision": "bf16", "implementation": "litgpt",
+       "loop": "hold-output", "loss": "chunked-ce"}  # fmt: skip
+
+
+def _estimate(model: calc.ModelSpec | None = None, parallel: calc.Parallelism | None = None,
+              **kw: object) -> calc.Estimate:  # fmt: skip
+    job = calc.Training(**{**JOB, **kw})  # type: ignore[arg-type]
+    return calc.estimate(model or tiny_llama(), job, parallel, device="cpu")
+
+
+def _live(tape: Tape) -> list[int]:
+    return [sum(key[3] * count for key, count in e.live) for e in tape.events]
+
+
+def test_parameters_in_litgpt_registration_order() -> None:
+    # GPT.__init__ registers lm_head first, then transformer.wte, the blocks (norm_1,
+    # attn.qkv, attn.proj, norm_2, mlp.fc_1, fc_2, proj) and ln_f; qkv is one
+    # (n_head + 2 n_query_groups) x head_size by n_embd matrix: (2 + 2 x 2) x 8 = 48 rows
+    job = calc.Training(**JOB)  # type: ignore[arg-type]
+    sh = shape_for(tiny_llama(n_layers=1), job, "cpu", 1)
+    tape = Tape()
+    w = litgpt.Weights(tape, sh)
+    names = [p.name for p in w.parameters()]
+    assert names == ["lm_head", "embed", "norm_1", "attn.qkv", "attn.proj", "norm_2", "fc_1",
+                     "fc_2", "mlp.proj", "ln_f"]  # fmt: skip
+    values = values_for(tiny_llama(n_layers=1), job)
+    qkv = dict(zip(names, w.shapes(sh), strict=True))["attn.qkv"]
+    assert tuple(int(sp.sympify(n).xreplace(values)) for n in qkv) == (48, 16)
+
+
+@pytest.mark.parametrize(("seq_len", "precision", "buffer_bytes"),
+                         [(8, "bf16", 2 * 512), (64, "bf16", 2 * 1024), (64, "fp32", 2 * 2048)])  # fmt: skip
+def test_rope_tables(seq_len: int, precision: str, buffer_bytes: int) -> None:
+    # The max_seq_length setter rebuilds cos and sin in fp32 at the training length when it
+    # differs from block_size (64): [8, 8] x 4 B = 256 B -> 512 each. At the block size the
+    # tables stay as Fabric converted them: [64, 8] in bf16 (1,024 B) or fp32 (2,048 B).
+    est = _estimate(seq_len=seq_len, precision=precision)
+    assert est.breakdown["buffers"] == buffer_bytes
+
+
+def test_rope_against_fp32_tables_holds_three_fp32_products() -> None:
+    # apply_rope on a bf16 q of 1,024 elements (2,048 B) with fp32 tables: cat((-x2, x1))
+    # (2,048 B, its neg freed), x * cos and rotated * sin promoted to fp32 (4,096 B each) and
+    # their sum (4,096 B) live together: 14,336 B above the base, before the cast back.
+    tape = Tape()
+    x = tape.existing(1024, 2, "q", StorageKind.ACT, leaf=True)
+    cos = tape.existing(64, 4, "cos", StorageKind.BUFFER)
+    sin = tape.existing(64, 4, "sin", StorageKind.BUFFER)
+    base = sum(st.size for st in tape.live.values())
+    litgpt.rope(tape, x, cos, sin, "q.rope")
+    assert max(_live(tape)) - base == 2048 + 3 * 4096
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "seq_len", "key"),
+    [
+        (2, 32, (False, 0, True, False)),  # 62 rows: a last chunk only
+        (1, 129, (True, 1, False, False)),  # 128 rows: one whole chunk
+        (1, 200, (True, 1, True, False)),  # 199 rows: one whole, 71 left
+        (2, 64, (False, 0, True, True)),  # 126 rows; at the block size (64)
+        (2, 256, (False, 2, True, False)),  # 510 rows: three whole (two or more), 126 left
+    ],
+)
+def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
+    # chunked_cross_entropy on logits[..., :-1, :]: b (s - 1) rows in chunks of 128
+    assert litgpt.Regime(micro_batch, seq_len, max_positions=64).key() == key
+
+
+def test_more_whole_chunks_share_one_structure_and_scale() -> None:
+    # 2 x 255 = 510 rows (3 whole chunks) and 2 x 383 = 766 (5): one structure. The rows' log
+    # probabilities and their gradients grow with the rows: the larger job needs more.
+    model = tiny_llama(max_positions=512)
+    small, large = _estimate(model, seq_len=256), _estimate(model, seq_len=384)
+    assert large.peak_bytes > small.peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("change", "parallel", "words"),
+    [
+        ({"precision": "amp-bf16"}, None, "bf16-true"),
+        ({"recompute": "full"}, None, "checkpoints nothing"),
+        ({"loop": "drop-output"}, None, "loop='hold-output'"),
+        ({"loss": "cross-entropy"}, None, "loss='chunked-ce'"),
+        ({"lora": calc.LoRA(rank=4)}, None, "one device"),
+        ({}, calc.Parallelism(dp=2), "one device"),
+    ],
+)
+def test_refuses_what_is_not_modelled(
+    change: dict, parallel: calc.Parallelism | None, words: str
+) -> None:
+    with pytest.raises(NotImplementedError, match=words):
+        _estimate(parallel=parallel, **change)
+
+
+def test_refuses_biases_and_tied_embeddings() -> None:
+    with pytest.raises(NotImplementedError, match="no biases"):
+        _estimate(tiny_llama(model_type="qwen2", qkv_bias=True))
+    with pytest.raises(NotImplementedError, match="untied"):
+        _estimate(tiny_llama(tied_embeddings=True))
+
+
+def test_heads_merge_as_a_view_on_cuda_and_a_copy_on_the_cpu() -> None:
+    # The CPU flash kernel lays its output out as its query (cat's contiguous copy): the
+    # reshape copies [b, s, h]; CUDA's kernels return [b, s, heads, d]: a view.
+    job = calc.Training(**JOB)  # type: ignore[arg-type]
+    for device, copied in (("cuda", False), ("cpu", True)):
+        sh = shape_for(tiny_llama(n_layers=1), job, device, 1)
+        tape = Tape()
+        w = litgpt.Weights(tape, sh)
+        x = tape.existing(sh.b * sh.s * sh.h, 2, "x", StorageKind.ACT, leaf=True)
+        cos = tape.existing(sh.s * sh.d, 4, "cos", StorageKind.BUFFER)
+        sin = tape.existing(sh.s * sh.d, 4, "sin", StorageKind.BUFFER)
+        litgpt.attention(tape, sh, x, w.layers[0], cos, sin)
+        assert ("+attn.merge" in {e.label for e in tape.events}) is copied

@@ -1,0 +1,245 @@
+"""LitGPT's Llama (``implementation="litgpt"``): a faithful small copy of its model code and of
+its full fine-tuning loop, litgpt 0.5.12.
+
+litgpt installs from the package index, but importing ``litgpt.model`` runs its package's
+``__init__``, which imports Lightning and its logging stack; verify runs this copy, and
+``tests/verify/models/test_litgpt_llama.py`` compares it with litgpt itself (same weights: same
+loss and gradients, same bytes on the CPU tracker) wherever litgpt imports. Every op that
+decides memory follows litgpt 0.5.12 (``litgpt/model.py`` unless named), for its Llama
+configurations (``RMSNorm``, ``LLaMAMLP``, no biases, ``parallel_residual=False``,
+``rotary_percentage=1``):
+
+* parameters in registration order: ``lm_head`` first, then ``transformer.wte``, per block
+  ``norm_1``, ``attn.qkv`` (one fused projection, ``(n_head + 2 n_query_groups) x head_size``
+  rows), ``attn.proj``, ``norm_2``, ``mlp.fc_1``, ``mlp.fc_2``, ``mlp.proj``, then
+  ``transformer.ln_f`` (``GPT.__init__``, ``Block.__init__``);
+* ``RMSNorm.forward``: ``x.float()``, ``mean(x * x, -1, keepdim=True)``, ``x * rsqrt(norm_x +
+  eps)``, ``* weight.float()``, ``.to(dtype)`` (lines 1119-1126);
+* ``CausalSelfAttention.forward`` (lines 374-514): ``qkv`` split into views, ``view``,
+  ``transpose(1, 2)``; ``apply_rope`` on ``q[..., :rope_n_elem]`` and ``k[...]`` (lines
+  997-1026: the halves, ``cat((-x2, x1))``, ``x * cos + rotated * sin`` with the fp32 tables,
+  ``.to(x.dtype)``), then ``cat((q_roped, q[..., rope_n_elem:]))`` (an empty second part: a
+  copy); ``repeat_interleave`` of k and v for grouped queries; SDPA with ``is_causal=True``;
+  ``y.transpose(1, 2)``, ``reshape``, ``proj``. The locals ``qkv``, ``q_roped`` and ``k_roped``
+  live until the method returns;
+* ``Block.forward``: ``x = attn(norm_1(x)) + x``, ``mlp(norm_2(x)) + x``; ``LLaMAMLP``:
+  ``proj(silu(fc_1(x)) * fc_2(x))``;
+* ``GPT.forward``: ``wte``, the blocks on ``cos[:T].unsqueeze(0)`` and ``sin[...]``, ``ln_f``,
+  ``lm_head`` (the logits, whole: ``lm_head_chunk_size=0``);
+* the RoPE tables: ``cos`` and ``sin`` [max_seq_length, rope_n_elem] buffers. Fabric's
+  ``bf16-true`` converts the model, buffers included, to bf16; the fine-tuning script then sets
+  ``model.max_seq_length`` to the longest training sequence, whose setter rebuilds the tables in
+  fp32 (``build_rope_cache``) when that differs from ``block_size`` (lines 44-64);
+* the fine-tuning loop (``litgpt/finetune/full.py`` ``fit``, lines 280-291):
+  ``logits = model(input_ids)``, ``loss = chunked_cross_entropy(logits[..., :-1, :],
+  targets[..., 1:])`` (``litgpt/utils.py`` lines 308-356: reshaped to rows, split in chunks
+  of 128 rows, ``cross_entropy(..., reduction="none")`` per chunk, concatenated, summed and
+  divided by the count of unmasked targets), ``fabric.backward(loss / accumulation)``. The
+  loop's ``logits`` and ``loss`` live until the next iteration replaces them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from calc.config.jobs import Training
+    from calc.config.model_spec import ModelSpec
+
+IGNORE_INDEX = -100
+"""``chunked_cross_entropy``'s ``ignore_index``."""
+CE_CHUNK_ROWS = 128
+"""``chunked_cross_entropy``'s default ``chunk_size``."""
+
+
+class RMSNorm(nn.Module):
+    """litgpt's ``RMSNorm``: computed in fp32, cast back to the input's dtype."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        norm_x = torch.mean(x * x, dim=-1, keepdim=True)
+        x_normed = x * torch.rsqrt(norm_x + self.eps)
+        return (x_normed * self.weight.float()).to(dtype=dtype)
+
+
+def rope_tables(seq_len: int, n_elem: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``build_rope_cache``: fp32 ``cos``, ``sin`` [seq_len, n_elem] (the Llama 3.1 frequency
+    adjustment changes values, not sizes: left out)."""
+    theta = 1.0 / (base ** (torch.arange(0, n_elem, 2).float() / n_elem))
+    seq_idx = torch.arange(seq_len).float()
+    idx_theta = torch.outer(seq_idx, theta).repeat(1, 2)
+    return torch.cos(idx_theta), torch.sin(idx_theta)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``apply_rope`` on ``[B, heads, T, head_size]`` with ``[1, T, head_size]`` tables."""
+    half = x.size(-1) // 2
+    x1 = x[..., :half]
+    x2 = x[..., half:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    cos = cos.view(cos.shape[0], 1, *cos.shape[1:])  # the heads' dimension
+    sin = sin.view(sin.shape[0], 1, *sin.shape[1:])
+    roped = (x * cos) + (rotated * sin)
+    return roped.to(dtype=x.dtype)
+
+
+class CausalSelfAttention(nn.Module):
+    """litgpt's attention with the fused ``qkv`` projection."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.n_head, self.n_groups, self.head_size = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        rows = (self.n_head + 2 * self.n_groups) * self.head_size
+        self.qkv = nn.Linear(spec.hidden, rows, bias=False)
+        self.proj = nn.Linear(self.head_size * self.n_head, spec.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.size()
+        hs, nh, ng = self.head_size, self.n_head, self.n_groups
+        qkv = self.qkv(x)
+        q, k, v = qkv.split((nh * hs, ng * hs, ng * hs), dim=-1)
+        q = q.view(B, T, nh, hs).transpose(1, 2)
+        k = k.view(B, T, ng, hs).transpose(1, 2)
+        v = v.view(B, T, ng, hs).transpose(1, 2)
+        q_roped = apply_rope(q[..., :hs], cos, sin)
+        k_roped = apply_rope(k[..., :hs], cos, sin)
+        q = torch.cat((q_roped, q[..., hs:]), dim=-1)
+        k = torch.cat((k_roped, k[..., hs:]), dim=-1)
+        if ng != nh:
+            k = k.repeat_interleave(nh // ng, dim=1)
+            v = v.repeat_interleave(nh // ng, dim=1)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None, dropout_p=0.0, scale=hs**-0.5, is_causal=True
+        )
+        y = y.transpose(1, 2).reshape(B, T, hs * nh)
+        return self.proj(y)
+
+
+class LLaMAMLP(nn.Module):
+    """``proj(silu(fc_1(x)) * fc_2(x))``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.fc_1 = nn.Linear(spec.hidden, spec.ffn, bias=False)
+        self.fc_2 = nn.Linear(spec.hidden, spec.ffn, bias=False)
+        self.proj = nn.Linear(spec.ffn, spec.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_fc_1 = self.fc_1(x)
+        x_fc_2 = self.fc_2(x)
+        x = F.silu(x_fc_1) * x_fc_2
+        return self.proj(x)
+
+
+class Block(nn.Module):
+    """``x = attn(norm_1(x)) + x; return mlp(norm_2(x)) + x``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.norm_1 = RMSNorm(spec.hidden, spec.norm_eps)
+        self.attn = CausalSelfAttention(spec)
+        self.norm_2 = RMSNorm(spec.hidden, spec.norm_eps)
+        self.mlp = LLaMAMLP(spec)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x_normed = self.norm_1(x)
+        attention_output = self.attn(x_normed, cos, sin)
+        x = attention_output + x
+        x_normed = self.norm_2(x)
+        return self.mlp(x_normed) + x
+
+
+class GPT(nn.Module):
+    """litgpt's ``GPT`` for a Llama configuration: returns the logits."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        if spec.model_type not in ("llama", "mistral") or spec.qk_norm or spec.qkv_bias:
+            raise ValueError(f"model_type={spec.model_type!r}: the copy has litgpt's Llama")
+        if spec.tied_embeddings:
+            raise ValueError("litgpt's Llama configurations have an untied head")
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+        self.transformer = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(spec.vocab, spec.hidden),
+                "h": nn.ModuleList(Block(spec) for _ in range(spec.n_layers)),
+                "ln_f": RMSNorm(spec.hidden, spec.norm_eps),
+            }
+        )
+        self.block_size = spec.max_positions
+        self.n_elem = spec.head_dim
+        self.rope_base = spec.rope_theta or 10000.0
+        cos, sin = rope_tables(self.block_size, self.n_elem, self.rope_base)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def set_max_seq_length(self, value: int) -> None:
+        """The ``max_seq_length`` setter: new fp32 tables when the length changes."""
+        if value > self.block_size:
+            raise ValueError(f"max_seq_length={value} exceeds block_size={self.block_size}")
+        if value != self.cos.size(0):
+            self.cos, self.sin = rope_tables(value, self.n_elem, self.rope_base)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        T = idx.size(1)
+        cos = self.cos[:T].unsqueeze(0)
+        sin = self.sin[:T].unsqueeze(0)
+        x = self.transformer.wte(idx)
+        for block in self.transformer.h:
+            x = block(x, cos, sin)
+        x = self.transformer.ln_f(x)
+        return self.lm_head(x)
+
+
+def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> GPT:
+    """The model as ``finetune/full.py`` sets it up: built, converted to ``dtype`` (Fabric's
+    ``bf16-true`` or ``32-true``: the buffers too), then ``max_seq_length`` set to the
+    training sequence length."""
+    if job.recompute != "none":
+        raise ValueError("litgpt's single-device fine-tuning checkpoints nothing")
+    model = GPT(spec)
+    if dtype != torch.float32:
+        model.to(dtype)
+    model.set_max_seq_length(job.seq_len)
+    return model
+
+
+def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """``litgpt.utils.chunked_cross_entropy`` on a logits tensor (not a list), chunk 128."""
+    logits = logits.reshape(-1, logits.size(-1))
+    targets = targets.reshape(-1)
+    loss_chunks = [
+        F.cross_entropy(lc, tc, ignore_index=IGNORE_INDEX, reduction="none")
+        for lc, tc in zip(logits.split(CE_CHUNK_ROWS), targets.split(CE_CHUNK_ROWS), strict=True)
+    ]
+    non_masked_elems = (targets != IGNORE_INDEX).sum()
+    return torch.cat(loss_chunks).sum() / non_masked_elems.maximum(
+        torch.ones_like(non_masked_elems)
+    )
+
+
+class FineTuneLoss:
+    """``finetune/full.py``'s step as the ``(ids, targets) -> loss`` of the training protocol:
+    the logits and the loss kept until the next micro-batch replaces them, the loss divided
+    by the accumulation count (``fabric.backward(loss / ...)``)."""
+
+    def __init__(self, model: nn.Module, accumulation: int) -> None:
+        self.model = model
+        self.accumulation = accumulation
+        self.logits: torch.Tensor | None = None
+        self.loss: torch.Tensor | None = None
+
+    def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.logits = self.model(ids)
+        self.loss = chunked_cross_entropy(self.logits[..., :-1, :], targets[..., 1:])
+        return self.loss / self.accumulation
