@@ -24,6 +24,8 @@ recomputation (`check`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sympy as sp
 
 from calc.config.jobs import Training
@@ -44,7 +46,13 @@ WHAT = "implementation='litgpt'"
 
 
 def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
-    """Raise ``NotImplementedError`` for what the litgpt replay does not model."""
+    """Raise ``NotImplementedError`` for what the litgpt replay does not model, ``ValueError``
+    for a sequence too short for its shifted loss."""
+    if job.seq_len < 2:
+        raise ValueError(
+            f"seq_len={job.seq_len} with {WHAT}: its loss compares logits[..., :-1, :] with "
+            "targets[..., 1:], so seq_len must be at least 2"
+        )
     if sh.model_type not in ("llama", "mistral") or sh.qk_norm or sh.qkv_bias or sh.o_bias:
         raise NotImplementedError(
             f"{WHAT} is modelled for litgpt's Llama configurations (model_type 'llama' or "
@@ -302,19 +310,27 @@ def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
     return y
 
 
+@dataclass(frozen=True, slots=True)
 class Regime:
     """The shape of ``chunked_cross_entropy`` for one job: ``N = b (s - 1)`` rows in chunks of
-    128 (`CE_CHUNK_ROWS`), ``q = N // 128`` whole ones and ``r = N % 128`` rows in a last one.
-    Part of the compile key (`calc.estimate.core`): the replay walks ``q`` whole chunks as at
-    most two pieces (`loss_step`)."""
+    128 (`CE_CHUNK_ROWS`), ``q = N // 128`` whole ones and ``r = N % 128`` rows in a last one;
+    and where the RoPE tables are. Part of the compile key (`calc.estimate.core`): the replay
+    walks ``q`` whole chunks as at most two pieces (`loss_step`)."""
 
-    def __init__(self, micro_batch: int, seq_len: int, max_positions: int) -> None:
-        rows = micro_batch * (seq_len - 1)
-        whole, rest = divmod(rows, CE_CHUNK_ROWS)
-        self.one_sequence = micro_batch == 1
-        self.whole = min(whole, 2)  # 0, 1, or 2 for two or more
-        self.last = rest > 0
-        self.converted = seq_len == max_positions
+    one_sequence: bool
+    """``micro_batch == 1``: the reshapes of the shifted logits and targets are views."""
+    whole: int
+    """Whole chunks: 0, 1, or 2 for two or more."""
+    last: bool
+    """A last chunk of fewer than 128 rows."""
+    converted: bool
+    """``seq_len == max_positions``: the tables stay at the block size in the model's dtype."""
+
+    @classmethod
+    def of(cls, micro_batch: int, seq_len: int, max_positions: int) -> Regime:
+        """The regime of a job of ``micro_batch`` sequences of ``seq_len`` tokens."""
+        whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
+        return cls(micro_batch == 1, min(whole, 2), rest > 0, seq_len == max_positions)
 
     def key(self) -> tuple[bool, int, bool, bool]:
         """The fields that decide the replay's structure."""

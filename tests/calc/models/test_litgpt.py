@@ -82,7 +82,7 @@ def test_rope_against_fp32_tables_holds_three_fp32_products() -> None:
 )
 def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # chunked_cross_entropy on logits[..., :-1, :]: b (s - 1) rows in chunks of 128
-    assert litgpt.Regime(micro_batch, seq_len, max_positions=64).key() == key
+    assert litgpt.Regime.of(micro_batch, seq_len, max_positions=64).key() == key
 
 
 def test_more_whole_chunks_share_one_structure_and_scale() -> None:
@@ -109,6 +109,12 @@ def test_refuses_what_is_not_modelled(
 ) -> None:
     with pytest.raises(NotImplementedError, match=words):
         _estimate(parallel=parallel, **change)
+
+
+def test_a_one_token_sequence_is_invalid() -> None:
+    # the shifted loss needs a next token: logits[..., :-1, :] against targets[..., 1:]
+    with pytest.raises(ValueError, match=r"seq_len=1 .* at least 2"):
+        _estimate(seq_len=1)
 
 
 def test_refuses_biases_and_tied_embeddings() -> None:
