@@ -31,6 +31,7 @@ import sympy as sp
 from calc.config.jobs import Training
 from calc.models import attention_core
 from calc.models import reference as ref
+from calc.models.head import divide_by_count
 from calc.models.shape import Shape
 from calc.parallel.data import ReplayPlan
 from calc.replay import ops
@@ -337,11 +338,6 @@ class Regime:
         return (self.one_sequence, self.whole, self.last, self.converted)
 
 
-def _plain(tape: Tape, numel: Size, itemsize: int, name: str) -> Tensor:
-    """A tensor outside autograd (the targets' copy, the mask, the count)."""
-    return tape.new(numel, itemsize, name)
-
-
 def loss_step(
     tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor,
     held: list[Tensor], regime: Regime,
@@ -396,7 +392,7 @@ def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) ->
         tgt = None  # targets[..., 1:].reshape(-1): a view of the targets
     else:
         flat = ops.clone(tape, sl, "logits.reshape")
-        tgt = _plain(tape, rows, INT64, "targets.reshape")
+        tgt = ops.plain(tape, rows, INT64, "targets.reshape")
     tape.drop(sl)
     pieces: list[tuple[Size, bool]] = []  # (rows, replayed with its transients)
     if regime.whole >= 2:
@@ -411,16 +407,16 @@ def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) ->
         count = 1 if own else whole - 1  # chunks in the piece
         outs.append(_chunk_ce(tape, view, n_rows, count, V, isz, tgt, own))
     tape.drop(*views)
-    mask = _plain(tape, rows, BOOL, "targets.ne")
-    count_t = _plain(tape, 1, INT64, "non_masked_elems")
+    mask = ops.plain(tape, rows, BOOL, "targets.ne")
+    count_t = ops.plain(tape, 1, INT64, "non_masked_elems")
     tape.drop(mask)
     cat = _cat_rows(tape, outs, rows, isz)
     total = _sum(tape, cat, isz)
     tape.drop(cat)
-    ones = _plain(tape, 1, INT64, "ones_like")
-    most = _plain(tape, 1, INT64, "maximum")
+    ones = ops.plain(tape, 1, INT64, "ones_like")
+    most = ops.plain(tape, 1, INT64, "maximum")
     tape.drop(ones)
-    loss = _divide_by_tensor(tape, total, most)
+    loss = divide_by_count(tape, total, most)
     tape.drop(total, most, count_t, flat, tgt, *outs)
     return loss
 
@@ -503,14 +499,3 @@ def _sum(tape: Tape, x: Tensor, isz: int) -> Tensor:
 
     node = tape.node("Sum", rule, [x])
     return tape.output(tape.new(1, isz, "loss_sum"), node)
-
-
-def _divide_by_tensor(tape: Tape, x: Tensor, count: Tensor) -> Tensor:
-    """``x / count`` with an int64 0-d ``count`` that needs no gradient (``DivBackward0``
-    saves it; backward ``grad / count``, a new 0-d)."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        return [tape.new(1, x.itemsize, "dloss.div"), None]
-
-    node = tape.node("Div", rule, [x, None], saved=[count])
-    return tape.output(tape.new(1, x.itemsize, "loss"), node)
