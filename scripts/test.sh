@@ -3,7 +3,8 @@
 # package the web app's end-to-end test drives), then lint, format-check, type-check calc/, run the quick
 # measurement check and the unit tests. Every step runs even when an earlier one
 # fails, so one run shows every failure; the exit status is non-zero if any step failed.
-# pytest runs last so that its summary line closes the output.
+# pytest runs last so that its summary line closes the output, on two worker processes
+# (pytest-xdist; CI has two cores): VRAMPLAN_TEST_WORKERS=0 runs it in one process.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/venv.sh
@@ -21,7 +22,7 @@ step ruff check .
 step ruff format --check .
 step mypy
 step python -m verify --quick --no-progress --out verify/reports/quick
-step pytest -q
+step pytest -q -n "${VRAMPLAN_TEST_WORKERS:-2}"
 
 if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "${failed[@]}" >&2
