@@ -14,9 +14,9 @@ library where it imports); this file follows that copy line by line:
   promoted to fp32, ``.to(dtype)``; ``cat((q_roped, q[..., d:]))`` copies again (its empty
   second part's slice hands a zero gradient of q's size back); ``repeat_interleave`` of k
   and v for grouped queries; SDPA; the heads merged; ``proj``;
-* the loop (`loss_step`): the whole logits, ``chunked_cross_entropy`` on
-  ``logits[..., :-1, :]`` in chunks of 128 rows without an upcast, the logits and the loss held
-  by the loop until the next iteration replaces them.
+* the loop (`loss_step`): the whole logits, cast to float32 by Fabric's ``bf16-true`` wrapper
+  (its ``convert_output``), ``chunked_cross_entropy`` on ``logits[..., :-1, :]`` in chunks of
+  128 rows, the logits and the loss held by the loop until the next iteration replaces them.
 
 Single device, ``precision="bf16"`` (Fabric's ``bf16-true``) or ``"fp32"`` (``32-true``), no
 recomputation (`check`).
@@ -343,11 +343,18 @@ def loss_step(
     held: list[Tensor], regime: Regime,
 ) -> Tensor:  # fmt: skip
     """The fine-tuning loop's step (``finetune/full.py``): ``logits = model(input_ids)`` (the
-    previous iteration's logits released as the name is rebound), ``loss =
+    previous iteration's logits released as the name is rebound) through Fabric's wrapper,
+    whose ``bf16-true`` casts the bf16 logits to float32 and releases them (lightning 2.5
+    ``_FabricModule.forward``, ``HalfPrecision.convert_output``: every floating output to the
+    default dtype), so the loss below runs on fp32 logits; ``loss =
     chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (the previous loss released
     then), and ``loss / accumulation`` handed to backward. ``held``: ``[logits, loss]`` of the
     previous iteration, refilled with this one's."""
     lg = logits(tape, sh, w, cos, sin, ids)
+    if lg.itemsize != FP32:  # Fabric's bf16-true wrapper hands back float32 logits
+        lg32 = ops.to_dtype(tape, lg, FP32, "logits.fabric_output")
+        tape.drop(lg)
+        lg = lg32
     if held:
         tape.drop(held[0])
     loss = _chunked_cross_entropy(tape, sh, lg, regime)

@@ -35,7 +35,12 @@ configurations (``RMSNorm``, ``LLaMAMLP``, no biases, ``parallel_residual=False`
   targets[..., 1:])`` (``litgpt/utils.py`` lines 308-356: reshaped to rows, split in chunks
   of 128 rows, ``cross_entropy(..., reduction="none")`` per chunk, concatenated, summed and
   divided by the count of unmasked targets), ``fabric.backward(loss / accumulation)``. The
-  loop's ``logits`` and ``loss`` live until the next iteration replaces them.
+  loop's ``logits`` and ``loss`` live until the next iteration replaces them;
+* the model is called through Fabric's wrapper (``fabric.setup_module``; lightning 2.5
+  ``fabric/wrappers.py`` ``_FabricModule.forward``): with ``bf16-true``, ``HalfPrecision
+  .convert_output`` (``fabric/plugins/precision/half.py``) casts every floating output to the
+  default dtype, float32, so the loop holds fp32 logits and its loss runs in fp32 (`fabric_output`);
+  ``32-true`` (the base ``Precision``) returns the output as it is.
 """
 
 from __future__ import annotations
@@ -228,18 +233,29 @@ def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     )
 
 
+def fabric_output(output: torch.Tensor, half: bool) -> torch.Tensor:
+    """``_FabricModule.forward``'s ``precision.convert_output(output)``: under ``bf16-true``
+    (``half``) a floating output cast to ``torch.get_default_dtype()`` (float32; the bf16
+    tensor is released as the wrapper rebinds ``output``), else the output itself."""
+    if half and torch.is_floating_point(output):
+        return output.to(torch.get_default_dtype())
+    return output
+
+
 class FineTuneLoss:
     """``finetune/full.py``'s step as the ``(ids, targets) -> loss`` of the training protocol:
-    the logits and the loss kept until the next micro-batch replaces them, the loss divided
-    by the accumulation count (``fabric.backward(loss / ...)``)."""
+    the model called through Fabric's wrapper (`fabric_output`), the logits and the loss kept
+    until the next micro-batch replaces them, the loss divided by the accumulation count
+    (``fabric.backward(loss / ...)``)."""
 
     def __init__(self, model: nn.Module, accumulation: int) -> None:
         self.model = model
         self.accumulation = accumulation
+        self.half = next(model.parameters()).dtype != torch.float32  # Fabric's HalfPrecision
         self.logits: torch.Tensor | None = None
         self.loss: torch.Tensor | None = None
 
     def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        self.logits = self.model(ids)
+        self.logits = fabric_output(self.model(ids), self.half)
         self.loss = chunked_cross_entropy(self.logits[..., :-1, :], targets[..., 1:])
         return self.loss / self.accumulation

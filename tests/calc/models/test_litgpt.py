@@ -70,6 +70,28 @@ def test_rope_against_fp32_tables_holds_three_fp32_products() -> None:
     assert max(_live(tape)) - base == 2048 + 3 * 4096
 
 
+@pytest.mark.parametrize(("precision", "held_bytes"), [("bf16", 3584), ("fp32", 3584)])
+def test_the_loop_holds_fp32_logits_from_fabrics_wrapper(precision: str, held_bytes: int) -> None:
+    # finetune/full.py calls the model through Fabric's wrapper: bf16-true's convert_output
+    # casts the [2, 8, 50] logits to float32 (3,200 B -> 3,584 in 512-B blocks) and the bf16
+    # ones (1,600 B) are released; 32-true hands them back as they are. Either way the loop
+    # holds fp32 logits through backward.
+    job = calc.Training(**{**JOB, "precision": precision})  # type: ignore[arg-type]
+    sh = shape_for(tiny_llama(), job, "cpu", 1)
+    tape = Tape()
+    w = litgpt.Weights(tape, sh)
+    cos, sin = litgpt.buffers(tape, sh, 64, converted=False)
+    ids = tape.existing(sh.b * sh.s, 8, "input_ids", "input")
+    held: list = []
+    regime = litgpt.Regime.of(2, 8, max_positions=64)
+    litgpt.loss_step(tape, sh, w, cos, sin, ids, held, regime)
+    logits = held[0]
+    assert logits.itemsize == 4
+    assert (
+        int(sp.sympify(logits.storage.size).xreplace(values_for(tiny_llama(), job))) == held_bytes
+    )
+
+
 @pytest.mark.parametrize(
     ("micro_batch", "seq_len", "key"),
     [

@@ -1,8 +1,10 @@
 """verify's copy of LitGPT's Llama against litgpt 0.5.12 itself (skipped where litgpt does not
-import: its package imports Lightning, which the project does not need). Same weights: same
-parameters in the same order, same logits, loss and gradients, and the same bytes on the CPU
-tracker through two iterations of its fine-tuning loop (``litgpt/finetune/full.py``: the
-logits and the loss kept until the next iteration replaces them)."""
+import: its package imports Lightning, which the project does not need), called as
+``finetune/full.py`` calls it: through Fabric's wrapper (``fabric.setup_module``, lightning
+2.5), whose ``bf16-true`` precision hands back fp32 logits. Same weights: same parameters in
+the same order, same logits, loss and gradients, and the same bytes on the CPU tracker through
+two iterations of its fine-tuning loop (the logits and the loss kept until the next iteration
+replaces them)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ torch = pytest.importorskip("torch")
 lit_model = pytest.importorskip("litgpt.model")
 lit_config = pytest.importorskip("litgpt.config")
 lit_utils = pytest.importorskip("litgpt.utils")
+fabric_mod = pytest.importorskip("lightning.fabric")
 
 from calc.config.jobs import Training  # noqa: E402
 from verify.cases.scale import scaled_spec  # noqa: E402
@@ -35,9 +38,14 @@ def _pair(kv_heads: int, dtype: torch.dtype, seq: int = SEQ):
         norm_eps=spec.norm_eps, mlp_class_name="LLaMAMLP", intermediate_size=spec.ffn,
         rope_base=int(spec.rope_theta or 10000),
     )  # fmt: skip
-    theirs = lit_model.GPT(config)
-    theirs.to(dtype)  # Fabric's bf16-true / 32-true conversion, buffers included
-    theirs.max_seq_length = seq  # finetune/full.py: the longest training sequence
+    fabric = fabric_mod.Fabric(
+        accelerator="cpu", devices=1, precision={"fp32": "32-true", "bf16": "bf16-true"}[precision]
+    )
+    with fabric.init_module(empty_init=False):
+        theirs = lit_model.GPT(config)
+    # setup_module converts the model, buffers included, and wraps it (_FabricModule)
+    theirs = fabric.setup_module(theirs)
+    theirs.max_seq_length = seq  # finetune/full.py's fit: the longest training sequence
     for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
         q.data.copy_(p.data)
     return spec, ours, theirs
@@ -79,13 +87,15 @@ def _two_iterations(step, model, ids) -> list[int]:
 def test_copy_matches_litgpt(kv_heads: int, dtype: torch.dtype) -> None:
     # bf16-true and 32-true; grouped (1 key/value head) and multi-head (4) attention
     spec, ours, theirs = _pair(kv_heads, dtype)
-    names = [n for n, _ in theirs.named_parameters()]
+    names = [n for n, _ in theirs.module.named_parameters()]  # the wrapped model's
     assert [n for n, _ in ours.named_parameters()] == names
     assert names[:2] == ["lm_head.weight", "transformer.wte.weight"]
     assert ours.cos.dtype == theirs.cos.dtype == torch.float32  # rebuilt at SEQ < block_size
     torch.testing.assert_close(ours.cos, theirs.cos, rtol=0, atol=0)
     ids = torch.randint(0, spec.vocab, (2, SEQ))
-    torch.testing.assert_close(ours(ids), theirs(ids), rtol=0, atol=0)
+    wrapped = litgpt_llama.fabric_output(ours(ids), dtype != torch.float32)
+    assert wrapped.dtype == theirs(ids).dtype == torch.float32  # bf16-true: fp32 logits
+    torch.testing.assert_close(wrapped, theirs(ids), rtol=0, atol=0)
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
     peaks = [
         _two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))
