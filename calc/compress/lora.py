@@ -81,7 +81,7 @@ def lora_linear(
     (fp32 when the adapters are), cast back to the base's dtype (``result.to(...)``). The
     intermediates die as the expression finishes: ``A(x)`` after ``lora_B`` ran, ``B(.)``
     after the product."""
-    y = _base_linear(tape, x, base, bias, rows, out_features, name)
+    y = base_linear(tape, x, base, bias, rows, out_features, name)
     xa = x if tape.autocast_itemsize else ops.to_dtype(tape, x, a.itemsize, f"{name}.lora_in")
     xd = xa if dropout_on is None else ops.dropout(tape, xa, f"{name}.lora_dropout", dropout_on)
     ax = ops.linear(tape, xd, a, None, rows, rank, f"{name}.lora_A")
@@ -100,11 +100,12 @@ def lora_linear(
     return out
 
 
-def _base_linear(
+def base_linear(
     tape: Tape, x: Tensor, base: Tensor, bias: Tensor | None, rows: Size, out_features: Size,
     name: str,
 ) -> Tensor:  # fmt: skip
-    """The frozen base: a quantized matmul, or the dense ``F.linear`` with its hook lifted."""
+    """The frozen base ``F.linear(x, base, bias)``: a quantized matmul, or the dense linear
+    with its hook (the adapter that called this) lifted."""
     key = id(base.storage)
     qw = tape.quantized.get(key)
     if isinstance(qw, quant.QWeight):

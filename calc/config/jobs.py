@@ -101,7 +101,8 @@ class Training:
     ``litgpt`` (training): LitGPT 0.5.12's Llama (fused qkv, fp32 RMSNorm and RoPE tables) and
     its full fine-tuning loop (the logits and loss held until the next iteration, the loss in
     128-row chunks), with ``loop="hold-output"`` and ``loss="chunked-ce"``
-    (`calc.models.litgpt`)."""
+    (`calc.models.litgpt`); with ``lora``, its LoRA loop (the head in 128-token chunks,
+    `calc.models.litgpt_lora`)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0

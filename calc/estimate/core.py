@@ -209,7 +209,9 @@ def _litgpt_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[s
     (`calc.models.litgpt.Regime`); nothing for the other implementations."""
     if not isinstance(job, Training) or job.implementation != "litgpt":
         return ()
-    regime = litgpt.Regime.of(job.micro_batch, job.seq_len, model.max_positions)
+    regime = litgpt.Regime.of(
+        job.micro_batch, job.seq_len, model.max_positions, head_chunks=job.lora is not None
+    )
     return (("litgpt_regime", regime.key()), ("max_positions", model.max_positions))
 
 

@@ -61,12 +61,14 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         )
     if sh.tied or sh.mlp_bias:
         raise NotImplementedError(f"{WHAT}: litgpt's Llama has an untied head and no biases")
-    others = (job.lora, job.quant, job.pruning, job.distill)
+    others = (job.pruning, job.distill)
     if any(x is not None for x in others) or dp is not None or sh.tp_comm or sh.sp > 1:
         raise NotImplementedError(
-            f"{WHAT} is modelled for full fine-tuning on one device (finetune/full.py): no "
-            "LoRA, quantization, pruning, distillation or parallelism yet"
+            f"{WHAT} is modelled on one device, for full fine-tuning (finetune/full.py) and "
+            "LoRA (finetune/lora.py): no pruning, distillation or parallelism yet"
         )
+    if job.quant is not None and job.lora is None:
+        raise NotImplementedError(f"{WHAT}: a quantized base needs LoRA (finetune/lora.py)")
     if job.precision not in ("bf16", "fp32"):
         raise NotImplementedError(
             f"{WHAT} with precision={job.precision!r}: modelled for Fabric's 'bf16-true' "
@@ -282,8 +284,9 @@ def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) 
     return out
 
 
-def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:
-    """``GPT.forward``: the whole logits [B, T, V]."""
+def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:
+    """``GPT.forward`` up to the head: ``wte``, the blocks, ``ln_f`` ([B, T, h]); the tables'
+    views die as it returns (the caller's head runs inside the same method, after them)."""
     n = sh.b * sh.s
     tape.segment = "embed"
     c, s = tape.alias(cos), tape.alias(sin)  # cos[:T].unsqueeze(0), sin[...]: views
@@ -291,9 +294,15 @@ def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Ten
     x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s))
     tape.segment = "head"
     hid = rms_norm(tape, x, w.norm, n)
-    tape.drop(x)
-    out = ops.linear(tape, hid, w.head, None, n, sh.V, "logits")
-    tape.drop(hid, c, s)
+    tape.drop(x, c, s)
+    return hid
+
+
+def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:
+    """``GPT.forward``: the whole logits [B, T, V]."""
+    hid = hidden(tape, sh, w, cos, sin, ids)
+    out = ops.linear(tape, hid, w.head, None, sh.b * sh.s, sh.V, "logits")
+    tape.drop(hid)
     return out
 
 
@@ -326,16 +335,33 @@ class Regime:
     """A last chunk of fewer than 128 rows."""
     converted: bool
     """``seq_len == max_positions``: the tables stay at the block size in the model's dtype."""
+    head_chunks: bool = False
+    """LoRA's loop (`calc.models.litgpt_lora`): the head runs on 128-token chunks of the
+    sequence and the loss takes one chunk per head chunk, so ``whole`` counts the chunks
+    before the last one, ``ceil(s / 128) - 1``, and the last (``s - 128 whole`` tokens, one
+    fewer after the shift) is always there."""
+    last_one_token: bool = False
+    """LoRA's loop: the last chunk keeps one token after the shift (``s % 128 == 2``), so its
+    ``[b, 1, V]`` slice and its ``[b, 1]`` targets reshape as views (a dimension of one has
+    no stride to break), whatever the micro-batch."""
 
     @classmethod
-    def of(cls, micro_batch: int, seq_len: int, max_positions: int) -> Regime:
+    def of(
+        cls, micro_batch: int, seq_len: int, max_positions: int, head_chunks: bool = False
+    ) -> Regime:
         """The regime of a job of ``micro_batch`` sequences of ``seq_len`` tokens."""
+        converted = seq_len == max_positions
+        if head_chunks:
+            whole = -(-seq_len // CE_CHUNK_ROWS) - 1
+            one_token = seq_len % CE_CHUNK_ROWS == 2
+            return cls(micro_batch == 1, min(whole, 2), True, converted, True, one_token)
         whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
-        return cls(micro_batch == 1, min(whole, 2), rest > 0, seq_len == max_positions)
+        return cls(micro_batch == 1, min(whole, 2), rest > 0, converted)
 
-    def key(self) -> tuple[bool, int, bool, bool]:
+    def key(self) -> tuple[bool, int, bool, bool, bool, bool]:
         """The fields that decide the replay's structure."""
-        return (self.one_sequence, self.whole, self.last, self.converted)
+        return (self.one_sequence, self.whole, self.last, self.converted, self.head_chunks,
+                self.last_one_token)  # fmt: skip
 
 
 def loss_step(
@@ -361,18 +387,7 @@ def loss_step(
     if held:
         tape.drop(held[1])
     held[:] = [lg, loss]
-    return _divide_by_int(tape, loss, "loss.accum")  # fabric.backward(loss / accumulation)
-
-
-def _divide_by_int(tape: Tape, x: Tensor, name: str) -> Tensor:
-    """``x / n`` for a Python int (``DivBackward1``: saves nothing; backward ``grad / n``)."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.new(x.numel, x.itemsize, f"d{name}") if g is not None else None]
-
-    node = tape.node("DivScalar", rule, [x])
-    return tape.output(tape.new(x.numel, x.itemsize, name), node)
+    return ops.scale(tape, loss, "loss.accum")  # fabric.backward(loss / accumulation)
 
 
 def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) -> Tensor:
@@ -412,13 +427,13 @@ def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) ->
     outs: list[Tensor] = []
     for (n_rows, own), view in zip(pieces, views, strict=True):
         count = 1 if own else whole - 1  # chunks in the piece
-        outs.append(_chunk_ce(tape, view, n_rows, count, V, isz, tgt, own))
+        outs.append(chunk_ce(tape, view, n_rows, count, V, isz, tgt, own))
     tape.drop(*views)
     mask = ops.plain(tape, rows, BOOL, "targets.ne")
     count_t = ops.plain(tape, 1, INT64, "non_masked_elems")
     tape.drop(mask)
-    cat = _cat_rows(tape, outs, rows, isz)
-    total = _sum(tape, cat, isz)
+    cat = cat_rows(tape, outs, rows, isz)
+    total = sum_all(tape, cat, isz)
     tape.drop(cat)
     ones = ops.plain(tape, 1, INT64, "ones_like")
     most = ops.plain(tape, 1, INT64, "maximum")
@@ -451,14 +466,14 @@ def _split_rows(tape: Tape, flat: Tensor, rows: list[Size], vocab: Size) -> list
     return [tape.alias(flat, node, i, numel=n * vocab) for i, n in enumerate(rows)]
 
 
-def _chunk_ce(
+def chunk_ce(
     tape: Tape, x: Tensor, rows: Size, count: Size, vocab: Size, isz: int,
     target: Tensor | None, own: bool,
 ) -> Tensor:  # fmt: skip
     """One piece of chunks through ``cross_entropy(..., reduction="none")``: the
-    log-probabilities, the per-row losses (a 512-byte block per whole chunk) and ``count``
-    0-d ``total_weight`` tensors. ``own``: the piece replays its own backward transients;
-    otherwise its log-probabilities give way to their gradients (`_chunked_cross_entropy`)."""
+    log-probabilities, the per-row losses and ``count`` 0-d ``total_weight`` tensors. ``own``: the piece replays
+    its own backward transients; otherwise its log-probabilities give way to their gradients
+    (`_chunked_cross_entropy`)."""
     logp = tape.new(rows * vocab, isz, "logp")
     held = [] if own else [logp]
 
@@ -472,12 +487,13 @@ def _chunk_ce(
     def nll_rule(tape: Tape, node: Node, grads: list) -> list:
         if own:
             return [tape.new(rows * vocab, isz, "dlogp")]
-        return [tape.alias(grads[0], numel=0)]
+        return [tape.alias(grads[0], numel=rows * vocab)]  # a view: no transient
 
-    # a piece of whole chunks: one 512-byte block per chunk for its [128] losses (256 B in
-    # bf16, 512 in fp32) and one for its 0-d total_weight
+    # a piece of whole chunks: each chunk's fp32 losses fill whole 512-byte blocks (128 rows
+    # or a multiple of them), and each 0-d total_weight takes a block of its own
+    assert isz == FP32, "litgpt's loss runs on fp32 logits (Fabric's wrapper)"
     blocks = count * (512 // isz)
-    out = tape.new(rows if own else blocks, isz, "nll")
+    out = tape.new(rows, isz, "nll")
     total_weight = tape.new(1 if own else blocks, isz, "total_weight")
     nll_node = tape.node("NllLoss", nll_rule, [logp],
                          saved=[logp if own else None, target, total_weight])  # fmt: skip
@@ -487,18 +503,18 @@ def _chunk_ce(
     return tape.output(out, nll_node)
 
 
-def _cat_rows(tape: Tape, outs: list[Tensor], rows: Size, isz: int) -> Tensor:
+def cat_rows(tape: Tape, outs: list[Tensor], rows: Size, isz: int) -> Tensor:
     """``torch.cat(loss_chunks)``: [N]; backward hands each chunk a view of the gradient."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
-        return [tape.alias(g, numel=0) for _ in outs]
+        return [tape.alias(g, numel=o.numel) for o in outs]  # narrow: views
 
     node = tape.node("Cat", rule, outs)
     return tape.output(tape.new(rows, isz, "loss_chunks.cat"), node)
 
 
-def _sum(tape: Tape, x: Tensor, isz: int) -> Tensor:
+def sum_all(tape: Tape, x: Tensor, isz: int) -> Tensor:
     """``x.sum()``: 0-d; backward ``grad.expand(sizes)``, a view."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:

@@ -493,6 +493,16 @@ class Tape:
             t.storage.refs -= 1
             self._maybe_free(t.storage)
 
+    def release_grad(self, grads: list, index: int) -> None:
+        """Inside a backward rule: release the incoming gradient ``grads[index]`` now rather
+        than after the rule. For a piece of several equal ops replayed as one, each of which
+        trades its incoming gradient for a smaller or equal one: their transients stay below
+        the first op's, which the caller replays on its own (`calc.models.litgpt_lora`)."""
+        g = grads[index]
+        if g is not None:
+            self.drop(g)
+            grads[index] = None
+
     def _maybe_free(self, st: Storage) -> None:
         if st.alive and st.refs <= 0 and st.saved <= 0:
             st.alive = False

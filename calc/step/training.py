@@ -16,7 +16,7 @@ from calc.compress.lora import LINEAR_KEYS, compress_weights
 from calc.compress.quant import library_of
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.models import hf, hf_gpt2, litgpt, reference, torchtitan, torchtune
+from calc.models import hf, hf_gpt2, litgpt, litgpt_lora, reference, torchtitan, torchtune
 from calc.models.attention import compute_16bit_of, flash_head_pad, kernel_for
 from calc.models.head import Head
 from calc.parallel import data as data_parallel
@@ -174,6 +174,8 @@ def _check_implementation(
         torchtitan.check(sh, job, dp)
     elif path is ForwardPath.LITGPT:
         litgpt.check(sh, job, dp)
+        if job.lora is not None:
+            litgpt_lora.check(sh, job)
     elif job.offload_activations:
         raise NotImplementedError(
             f"offload_activations with implementation={job.implementation!r}: transformers' "
@@ -326,14 +328,19 @@ def build_step(
     teacher = None
     if job.distill is not None:  # a frozen teacher beside the student: calc.compress.distill
         teacher = distill.setup(tape, sh, job, device)
-    trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
+    if path is ForwardPath.LITGPT and job.lora is not None:  # finetune/lora.py's adapters
+        assert isinstance(w, litgpt.Weights)
+        trainable: tuple | None = litgpt_lora.adapt(tape, sh, w, job.lora, job.micro_batch == 1)
+    else:
+        trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
     ids = tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")
     tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "targets", "input")  # HF: labels
     if job.offload_activations:  # the recipe's context, made once (calc.replay.offload)
         tape.offload = Offload()
     regime = None
     if path is ForwardPath.LITGPT:
-        regime = litgpt.Regime.of(job.micro_batch, job.seq_len, model.max_positions)
+        regime = litgpt.Regime.of(job.micro_batch, job.seq_len, model.max_positions,
+                                  head_chunks=job.lora is not None)  # fmt: skip
     converted = regime is not None and regime.converted
     cos, sin = _rope_buffers(tape, sh, model, path, dp, converted)
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
@@ -421,8 +428,8 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         assert setup.cos is not None and setup.sin is not None
         assert isinstance(setup.w, litgpt.Weights)
         assert setup.regime is not None
-        return litgpt.loss_step(tape, sh, setup.w, setup.cos, setup.sin, setup.ids, held,
-                                setup.regime)  # fmt: skip
+        step = litgpt_lora.loss_step if job.lora is not None else litgpt.loss_step
+        return step(tape, sh, setup.w, setup.cos, setup.sin, setup.ids, held, setup.regime)
     if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
         assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
         one = job.micro_batch == 1

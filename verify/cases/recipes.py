@@ -181,6 +181,75 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 """LitGPT's ``finetune/full.py`` (bf16-true or 32-true): name, card, the job's fields."""
 
+LIT_LORA = LoRA(rank=8, alpha=16, modules=("q", "v"), dropout=0.05)
+"""``finetune/lora.py``'s defaults: ``lora_r=8``, ``lora_alpha=16``, ``lora_dropout=0.05``,
+``lora_query`` and ``lora_value``."""
+LITGPT_LORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("lit-lora-bf16-llama3", LLAMA3, {"precision": "bf16", "lora": LIT_LORA}),
+    # every adapter litgpt has below the head; two head chunks (128 tokens and 127 after the
+    # shift), the tables left in bf16 at the block size
+    (
+        "lit-lora-bf16-all-chunks-llama3",
+        LLAMA3,
+        {
+            "precision": "bf16",
+            "seq_len": 256,
+            "lora": LoRA(rank=4, modules=("q", "k", "v", "o", "gate", "up", "down")),
+        },
+    ),
+    # multi-head attention: the grouped conv1d; q, k and v all adapted: no zero_pad
+    (
+        "lit-lora-fp32-mha-qkv-llama",
+        LLAMA,
+        {"precision": "fp32", "seq_len": 200, "lora": LoRA(rank=8, modules=("q", "k", "v"))},
+    ),
+    # one sequence (views), the projection adapted, three head chunks
+    (
+        "lit-lora-bf16-one-gqa2-mistral",
+        MISTRAL,
+        {
+            **GQA2,
+            "precision": "bf16",
+            "micro_batch": 1,
+            "seq_len": 300,
+            "scale": {"max_positions": 512},
+            "lora": LoRA(rank=8, modules=("q", "v", "o")),
+        },
+    ),
+    # five head chunks (four whole ones: three of them walked together), dropout
+    (
+        "lit-lora-bf16-five-chunks-llama",
+        LLAMA,
+        {"precision": "bf16", "seq_len": 600, "scale": {"max_positions": 1024}, "lora": LIT_LORA},
+    ),
+    # a last chunk of two tokens (one after the shift); k alone at rank 1: one conv1d part,
+    # and an adapter output one wide, whose transposed gradient reshapes as a view
+    (
+        "lit-lora-fp32-last2-k-rank1-gqa2-mistral",
+        MISTRAL,
+        {
+            **GQA2,
+            "precision": "fp32",
+            "seq_len": 258,
+            "scale": {"max_positions": 512},
+            "lora": LoRA(rank=1, modules=("k",)),
+        },
+    ),
+    # a real vocabulary (Mistral's 32,000), two micro-batches
+    (
+        "lit-lora-bf16-accum2-vocab32k-mistral",
+        MISTRAL,
+        {
+            "precision": "bf16",
+            "seq_len": 192,
+            "grad_accum": 2,
+            "scale": {"vocab": 32000},
+            "lora": LIT_LORA,
+        },
+    ),
+)
+"""LitGPT's ``finetune/lora.py`` (the head in 128-token chunks): name, card, the job's fields."""
+
 
 def recipe_cases() -> list[Case]:
     """The `TORCHTUNE` and `TORCHTITAN` cases, tagged ``implementation``."""
@@ -191,6 +260,6 @@ def recipe_cases() -> list[Case]:
         out.append(_train(name, card, tags=tags, **TT, **kw))
     for name, card, fields in TORCHTITAN:
         out.append(_train(name, card, tags=("implementation",), **TITAN, **fields))
-    for name, card, fields in LITGPT:
+    for name, card, fields in (*LITGPT, *LITGPT_LORA):
         out.append(_train(name, card, tags=("implementation",), **LIT, **fields))
     return out

@@ -19,6 +19,7 @@ from verify.models import (
     compress,
     distill,
     litgpt_llama,
+    litgpt_lora,
     loops,
     pruning,
     sac,
@@ -88,6 +89,10 @@ def build_model(
             titan = torchtitan_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
         return titan, torchtitan_llama.TrainerLoss(titan)
     if job.implementation == "litgpt":  # a copy of LitGPT's Llama and its fine-tuning step
+        if getattr(job, "lora", None) is not None:  # finetune/lora.py: its adapters and loop
+            with torch.device(device):
+                lit = litgpt_lora.build(spec, job, WEIGHT_DTYPE[job.precision])
+            return lit, litgpt_lora.LoRAFineTuneLoss(lit, job.grad_accum)
         with torch.device(device):
             lit = litgpt_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
         return lit, litgpt_llama.FineTuneLoss(lit, job.grad_accum)

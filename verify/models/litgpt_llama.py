@@ -45,7 +45,7 @@ configurations (``RMSNorm``, ``LLaMAMLP``, no biases, ``parallel_residual=False`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -195,7 +195,9 @@ class GPT(nn.Module):
         if value != self.cos.size(0):
             self.cos, self.sin = rope_tables(value, self.n_elem, self.rope_base)
 
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, idx: torch.Tensor, lm_head_chunk_size: int = 0
+    ) -> torch.Tensor | list[torch.Tensor]:
         T = idx.size(1)
         cos = self.cos[:T].unsqueeze(0)
         sin = self.sin[:T].unsqueeze(0)
@@ -203,6 +205,8 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x = block(x, cos, sin)
         x = self.transformer.ln_f(x)
+        if lm_head_chunk_size > 0:  # lines 177-179: the head on 128-token slices (LoRA's loop)
+            return [self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]
         return self.lm_head(x)
 
 
@@ -233,11 +237,16 @@ def chunked_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.
     )
 
 
-def fabric_output(output: torch.Tensor, half: bool) -> torch.Tensor:
+def fabric_output(output: Any, half: bool) -> Any:
     """``_FabricModule.forward``'s ``precision.convert_output(output)``: under ``bf16-true``
-    (``half``) a floating output cast to ``torch.get_default_dtype()`` (float32; the bf16
-    tensor is released as the wrapper rebinds ``output``), else the output itself."""
-    if half and torch.is_floating_point(output):
+    (``half``) every floating tensor of the output (a list's too, all converted before the
+    wrapper rebinds ``output`` and the bf16 ones are released) cast to
+    ``torch.get_default_dtype()``, float32; else the output itself."""
+    if not half:
+        return output
+    if isinstance(output, list):
+        return [fabric_output(t, half) for t in output]
+    if torch.is_floating_point(output):
         return output.to(torch.get_default_dtype())
     return output
 

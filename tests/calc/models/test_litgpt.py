@@ -104,7 +104,23 @@ def test_the_loop_holds_fp32_logits_from_fabrics_wrapper(precision: str, held_by
 )
 def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # chunked_cross_entropy on logits[..., :-1, :]: b (s - 1) rows in chunks of 128
-    assert litgpt.Regime.of(micro_batch, seq_len, max_positions=64).key() == key
+    regime = litgpt.Regime.of(micro_batch, seq_len, max_positions=64)
+    assert regime.key() == (*key, False, False)
+
+
+@pytest.mark.parametrize(
+    ("micro_batch", "seq_len", "key"),
+    [
+        (2, 32, (False, 0, True, False, True, False)),  # one head chunk (the last)
+        (1, 256, (True, 1, True, False, True, False)),  # 128 + 128 tokens: one before it
+        (2, 300, (False, 2, True, False, True, False)),  # 128 + 128 + 44: two or more
+        (2, 258, (False, 2, True, False, True, True)),  # 128 + 128 + 2: one token after the shift
+    ],
+)
+def test_head_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
+    # finetune/lora.py: the head on 128-token slices of the sequence, one loss chunk each;
+    # the micro-batch does not change the number of chunks
+    assert litgpt.Regime.of(micro_batch, seq_len, 512, head_chunks=True).key() == key
 
 
 def test_more_whole_chunks_share_one_structure_and_scale() -> None:
@@ -122,7 +138,7 @@ def test_more_whole_chunks_share_one_structure_and_scale() -> None:
         ({"recompute": "full"}, None, "checkpoints nothing"),
         ({"loop": "drop-output"}, None, "loop='hold-output'"),
         ({"loss": "cross-entropy"}, None, "loss='chunked-ce'"),
-        ({"lora": calc.LoRA(rank=4)}, None, "one device"),
+        ({"lora": calc.LoRA(rank=4), "quant": calc.Quant(method="nf4")}, None, "QLoRA"),
         ({}, calc.Parallelism(dp=2), "one device"),
     ],
 )

@@ -17,8 +17,11 @@ lit_utils = pytest.importorskip("litgpt.utils")
 fabric_mod = pytest.importorskip("lightning.fabric")
 
 from calc.config.jobs import Training  # noqa: E402
+from tests.verify.models.iterations import (  # noqa: E402
+    assert_same_bytes_and_gradients,
+    two_iterations,
+)
 from verify.cases.scale import scaled_spec  # noqa: E402
-from verify.measure.tracker import StorageTracker  # noqa: E402
 from verify.models import litgpt_llama  # noqa: E402
 
 SEQ = 32
@@ -64,24 +67,6 @@ def _their_step(model, accumulation: int):
     return step
 
 
-def _two_iterations(step, model, ids) -> list[int]:
-    """Peaks of two iterations (forward, backward, SGD-free: the gradients set to None)."""
-    tracker = StorageTracker(scan_baseline=False, count_late=False)
-    peaks = []
-    with tracker as tr:
-        tr.track(ids)
-        tr.classify(model=model, inputs=[ids])
-        for _ in range(2):
-            tr.reset_peak()
-            loss = step(ids, ids)
-            loss.backward()
-            del loss
-            peaks.append(tr.peak_bytes)
-            for p in model.parameters():
-                p.grad = None
-    return peaks
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kv_heads", [1, 4])
 def test_copy_matches_litgpt(kv_heads: int, dtype: torch.dtype) -> None:
@@ -97,9 +82,7 @@ def test_copy_matches_litgpt(kv_heads: int, dtype: torch.dtype) -> None:
     assert wrapped.dtype == theirs(ids).dtype == torch.float32  # bf16-true: fp32 logits
     torch.testing.assert_close(wrapped, theirs(ids), rtol=0, atol=0)
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
-    peaks = [
-        _two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))
-    ]
+    peaks = [two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))]
     assert peaks[0] == peaks[1]
     torch.testing.assert_close(mine(ids, ids), _their_step(theirs, 1)(ids, ids), rtol=0, atol=0)
 
@@ -111,16 +94,7 @@ def test_chunked_loss_matches_litgpt_over_several_chunks(batch: int, seq: int) -
     spec, ours, theirs = _pair(1, torch.bfloat16, seq=seq)
     ids = torch.randint(0, spec.vocab, (batch, seq))
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
-    peaks = [
-        _two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))
-    ]
-    assert peaks[0] == peaks[1]
-    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
-        p.grad = q.grad = None
-    mine(ids, ids).backward()
-    _their_step(theirs, 1)(ids, ids).backward()
-    for (name, p), (_, q) in zip(ours.named_parameters(), theirs.named_parameters(), strict=True):
-        torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0, msg=name)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
 
 
 def test_tables_stay_in_the_model_dtype_at_the_full_block_size() -> None:

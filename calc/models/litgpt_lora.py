@@ -1,0 +1,401 @@
+"""LitGPT's LoRA fine-tuning (``implementation="litgpt"`` with ``lora``: litgpt 0.5.12
+``finetune/lora.py``) as a replay.
+
+verify runs a faithful copy (``verify/models/litgpt_lora.py``, compared with litgpt itself
+through Fabric's wrapper in ``tests/verify/models/test_litgpt_lora.py``); this file follows it:
+
+* `adapt`: every base parameter frozen; per block one ``lora_A [r E, h]`` and one ``lora_B
+  [sum of the enabled widths, r]`` on the fused ``qkv`` (``E`` of q, k, v enabled), and
+  ``LoRALinear`` pairs on ``attn.proj`` (``o``) and on ``fc_1``, ``fc_2``, ``proj`` (the MLP:
+  all three or none), in ``parameters()`` order, in the model's dtype;
+* `qkv_lora` (``LoRAQKVLinear.forward``): the frozen projection; ``after_A = F.linear(
+  dropout(x), lora_A)``; ``conv1d`` of its transpose with ``lora_B.unsqueeze(-1)`` (grouped
+  when ``n_head == n_query_groups``, else one per enabled part, concatenated); ``zero_pad``
+  when one of q, k, v has no adapter (``new_zeros`` and ``index_copy_``); ``* scaling``; the
+  sum. The other adapted linears are `calc.compress.lora.lora_linear`'s (the same ops);
+* `loss_step` (``fit``): ``model(input_ids, lm_head_chunk_size=128)``, the frozen head on
+  128-token slices of ``ln_f``'s output (``bmm`` on the strided slices: no copy), every chunk
+  cast to fp32 by Fabric's ``bf16-true`` wrapper before the bf16 ones go;
+  ``logits[-1][..., :-1, :]``; ``chunked_cross_entropy`` on the list (one loss chunk per
+  head chunk; the targets' chunks copied for two or more sequences); the list and the loss
+  held until the next iteration.
+
+The chunks are symbolic in number: the replay walks at most three pieces, the whole chunks
+before the last whole one together, the last whole one and the last chunk, as
+`calc.models.litgpt` does for the loss. In the backward each chunk trades its gradient for a
+smaller one (fp32 for bf16, then the vocabulary's width for the hidden size's), so the
+first piece replays its own transients and the joined one releases before it allocates. A
+joined piece's tensors are its chunks' bytes added up: whole 512-byte blocks each when the
+micro-batch times the vocabulary (and the hidden size) is even, as in every real model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sympy as sp
+
+from calc.compress.lora import base_linear, lora_linear
+from calc.config.compression import LoRA
+from calc.config.jobs import Training
+from calc.data.bitsandbytes import BNB_OPTIMIZERS
+from calc.models import litgpt
+from calc.models.head import divide_by_count
+from calc.models.shape import Shape
+from calc.replay import ops
+from calc.replay.kinds import StorageKind
+from calc.replay.tape import Node, Size, Tape, Tensor
+
+HEAD_CHUNK_TOKENS = 128
+"""``finetune/lora.py``'s ``lm_head_chunk_size``."""
+FP32 = 4
+INT64 = 8
+BOOL = 1
+MLP_KEYS = ("gate", "up", "down")
+WHAT = "implementation='litgpt' with lora"
+
+
+def check(sh: Shape, job: Training) -> None:
+    """Raise for what the LoRA replay does not model (``NotImplementedError``) or what
+    litgpt cannot express (``ValueError``)."""
+    lora = job.lora
+    assert lora is not None
+    if job.quant is not None:
+        raise NotImplementedError(
+            f"{WHAT}: QLoRA (finetune/lora.py --quantize bnb.nf4, every Linear in NF4 by "
+            "Lightning's bitsandbytes plugin) is not modelled yet"
+        )
+    mlp = set(MLP_KEYS) & set(lora.modules)
+    if mlp and len(mlp) != len(MLP_KEYS):
+        raise ValueError(
+            f"lora.modules={lora.modules!r}: litgpt's lora_mlp adapts fc_1, fc_2 and proj "
+            "together; name 'gate', 'up' and 'down' all or none"
+        )
+    if lora.adapter_dtype is not None and lora.adapter_dtype != job.precision:
+        raise NotImplementedError(
+            f"{WHAT}: adapter_dtype={lora.adapter_dtype!r}; Fabric converts the whole model, "
+            f"adapters included, to the precision's dtype (leave it None)"
+        )
+    if job.optimizer in BNB_OPTIMIZERS:
+        raise NotImplementedError(
+            f"{WHAT} with optimizer={job.optimizer!r}: modelled with torch's optimizers "
+            "(litgpt takes bitsandbytes' PagedAdamW only with --quantize)"
+        )
+    if job.seq_len % HEAD_CHUNK_TOKENS == 1:
+        raise NotImplementedError(
+            f"seq_len={job.seq_len} with {WHAT}: the last 128-token head chunk holds one "
+            "token, which the shift leaves empty; not modelled (a seq_len that is not "
+            "1 more than a multiple of 128)"
+        )
+
+
+def _widths(sh: Shape, lora: LoRA) -> tuple[list[Size], bool]:
+    """The enabled parts' widths of the fused output (q: ``a d``, k and v: ``k d`` each), and
+    whether ``zero_pad`` runs (not all three enabled)."""
+    parts = (("q", sh.a * sh.d), ("k", sh.k * sh.d), ("v", sh.k * sh.d))
+    widths = [width for key, width in parts if key in lora.modules]
+    return widths, 0 < len(widths) < len(parts)
+
+
+def adapt(
+    tape: Tape, sh: Shape, w: litgpt.Weights, lora: LoRA, one_sequence: bool
+) -> tuple[list[Tensor], list[tuple]]:
+    """Freeze ``w``, add the adapters as leaves and hook the adapted linears; return the
+    trainable tensors and their shapes in ``parameters()`` order. On CUDA each padded
+    ``qkv`` holds its ``_lora_ind`` index buffer (int64, one per enabled column), made by
+    ``torch.tensor`` in the first forward and counted from the start here; the CPU tracker
+    does not see it (made outside the dispatcher, `verify.measure.tracker`'s late storages)."""
+    for t in w.parameters():  # mark_only_lora_as_trainable: the base is frozen
+        t.leaf = False
+        tape.leaves.pop(id(t.storage), None)
+    isz, r = sh.weight_itemsize, lora.rank
+    dropout_on = sh.device if lora.dropout > 0 else None
+    widths, padded = _widths(sh, lora)
+    others: list[tuple[str, Size, Size]] = []  # (key, out, in) of the LoRALinear adapters
+    if "o" in lora.modules:
+        others.append(("o", sh.h, sh.a * sh.d))
+    if "gate" in lora.modules:
+        others += [("gate", sh.f, sh.h), ("up", sh.f, sh.h), ("down", sh.h, sh.f)]
+    params: list[Tensor] = []
+    shapes: list[tuple] = []
+
+    def leaf(numel: Size, name: str, j: int) -> Tensor:
+        return tape.existing(numel, isz, name, StorageKind.ADAPTER, leaf=True, tag=j)
+
+    for j, lw in enumerate(w.layers):
+        if widths:
+            e, width = len(widths), sum(widths)
+            a, b = leaf(r * e * sh.h, "qkv.lora_A", j), leaf(width * r, "qkv.lora_B", j)
+            params += [a, b]
+            shapes += [(r * e, sh.h), (width, r)]
+            if padded and sh.device == "cuda":
+                tape.existing(width, INT64, "qkv._lora_ind", StorageKind.BUFFER, tag=j)
+            base = lw["qkv"]
+            assert base is not None
+            tape.linear_hooks[id(base.storage)] = _qkv_hook(
+                sh, base, a, b, r, widths, padded, one_sequence, dropout_on
+            )
+        for key, out_f, in_f in others:
+            a, b = leaf(r * in_f, f"{key}.lora_A", j), leaf(out_f * r, f"{key}.lora_B", j)
+            params += [a, b]
+            shapes += [(r, in_f), (out_f, r)]
+            dense = lw[key]
+            assert dense is not None
+            tape.linear_hooks[id(dense.storage)] = _linear_hook(dense, a, b, r, dropout_on)
+    return params, shapes
+
+
+def _linear_hook(base: Tensor, a: Tensor, b: Tensor, rank: int, dropout_on: str | None):
+    def hook(tape: Tape, x: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str):
+        return lora_linear(tape, x, base, bias, a, b, rank, rows, out, name, dropout_on)
+
+    return hook
+
+
+def _qkv_hook(
+    sh: Shape, base: Tensor, a: Tensor, b: Tensor, rank: int, widths: list[Size], padded: bool,
+    one_sequence: bool, dropout_on: str | None,
+):  # fmt: skip
+    def hook(tape: Tape, x: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str):
+        assert bias is None
+        return qkv_lora(tape, sh, x, base, (a, b), rank, widths, padded, one_sequence, out,
+                        name, dropout_on)  # fmt: skip
+
+    return hook
+
+
+def qkv_lora(
+    tape: Tape, sh: Shape, x: Tensor, base: Tensor, adapters: tuple[Tensor, Tensor], rank: int,
+    widths: list[Size], padded: bool, one_sequence: bool, out_features: Size, name: str,
+    dropout_on: str | None,
+) -> Tensor:  # fmt: skip
+    """``LoRAQKVLinear.forward`` on ``x`` [B, T, h] (module docstring). The transpose of
+    ``after_A`` hands its gradient (conv1d's ``[B, r E, T]`` input gradient) to ``F.linear``'s
+    ``_unsafe_view`` transposed, whose ``reshape`` copies it for two or more sequences."""
+    a, b = adapters
+    rows = sh.b * sh.s
+    y = base_linear(tape, x, base, None, rows, out_features, name)
+    xd = x if dropout_on is None else ops.dropout(tape, x, f"{name}.lora_dropout", dropout_on)
+    after_a = ops.linear(tape, xd, a, None, rows, rank * len(widths), f"{name}.lora_A")
+    if xd is not x:
+        tape.drop(xd)
+    copies = not one_sequence and rank * len(widths) > 1
+    at = ops.view(tape, after_a, copy_back=copies, name="Transpose")
+    bu = ops.view(tape, b, name="Unsqueeze")
+    if bool(sp.sympify(sh.a - sh.k) == 0):  # F.conv1d(..., groups=E)
+        conv = _conv1d(tape, at, bu, rows * sum(widths), f"{name}.conv1d")
+    else:
+        conv = _conv1d_parts(tape, at, bu, widths, rows, rank, name)
+    tape.drop(at, bu)
+    after_b = ops.view(tape, conv, name="Transpose")
+    tape.drop(conv)
+    pad = _zero_pad(tape, after_b, rows * out_features, name) if padded else after_b
+    lora = ops.scale(tape, pad, f"{name}.lora_scale")  # * self.scaling
+    if pad is not after_b:
+        tape.drop(pad)
+    out = ops.add(tape, y, lora, f"{name}.lora_sum")
+    tape.drop(y, after_a, after_b, lora)  # the method's locals
+    return out
+
+
+def _conv1d(tape: Tape, x: Tensor, w: Tensor, out_numel: Size, name: str) -> Tensor:
+    """``F.conv1d(x, w)``: saves both; ``convolution_backward`` returns the input's and the
+    weight's gradients (its workspaces are the kernel's own: the CPU tracker does not see
+    them, and calc does not model cuDNN's)."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        if grads[0] is None:
+            return [None, None]
+        return [tape.new(x.numel, x.itemsize, f"d{name}.input"),
+                tape.new(w.numel, w.itemsize, f"d{name}.weight")]  # fmt: skip
+
+    node = tape.node("Convolution", rule, [x, w], saved=[x, w])
+    return tape.output(tape.new(out_numel, x.itemsize, name), node)
+
+
+def _conv1d_parts(
+    tape: Tape, x: Tensor, w: Tensor, widths: list[Size], rows: Size, rank: Size, name: str
+) -> Tensor:
+    """Grouped queries: ``input.chunk(E, 1)`` and ``weight.split(widths)`` (views; their
+    backward concatenates the parts' gradients), one ``conv1d`` per part, ``torch.cat`` of the
+    outputs (a copy; its backward hands each part a view)."""
+    xs = _split(tape, x, [rows * rank] * len(widths), "Split")
+    ws = _split(tape, w, [width * rank for width in widths], "SplitWithSizes")
+    outs = [
+        _conv1d(tape, xi, wi, rows * width, f"{name}.conv1d")
+        for xi, wi, width in zip(xs, ws, widths, strict=True)
+    ]
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.alias(g, numel=o.numel) if g is not None else None for o in outs]
+
+    node = tape.node("Cat", rule, outs)
+    cat = tape.output(tape.new(rows * sum(widths), x.itemsize, f"{name}.conv1d.cat"), node)
+    tape.drop(*outs, *xs, *ws)
+    return cat
+
+
+def _split(tape: Tape, x: Tensor, numels: Sequence[Size], kind: str) -> list[Tensor]:
+    """Views of ``x`` in parts; the backward concatenates their gradients into one of its size."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        return [tape.new(x.numel, x.itemsize, f"d{kind}.cat")]
+
+    node = tape.node(kind, rule, [x], n_outputs=len(numels))
+    return [tape.alias(x, node, i, numel=n) for i, n in enumerate(numels)]
+
+
+def _zero_pad(tape: Tape, x: Tensor, out_numel: Size, name: str) -> Tensor:
+    """``x.new_zeros(..., out_features).index_copy_(-1, lora_ind, x)``: the zeros need no
+    gradient; ``IndexCopyBackward0`` saves the index (a buffer) and the source ``x`` (its
+    formula reads ``source.dim()`` and ``expand_as(source)``, derivatives.yaml), so the
+    conv1d output ``x`` views stays to the backward; it hands ``x`` its part of the gradient,
+    ``index_select``'s new tensor."""
+    zeros = ops.plain(tape, out_numel, x.itemsize, f"{name}.zero_pad")
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.new(x.numel, g.itemsize, f"d{name}.index_select") if g is not None else None]
+
+    return tape.output(zeros, tape.node("IndexCopy", rule, [x], saved=[x]))
+
+
+class _Piece:
+    """Chunks of the head walked as one: ``count`` chunks of ``tokens`` tokens per sequence,
+    ``loss_tokens`` of them in the loss (one fewer in the last chunk); ``own`` replays its
+    backward transients."""
+
+    def __init__(self, count: Size, tokens: Size, loss_tokens: Size, own: bool) -> None:
+        self.count, self.tokens, self.loss_tokens, self.own = count, tokens, loss_tokens, own
+
+
+def _pieces(sh: Shape, regime: litgpt.Regime) -> list[_Piece]:
+    """The whole chunks before the last whole one (joined), the last whole one, the last."""
+    whole = sp.ceiling(sh.s / HEAD_CHUNK_TOKENS) - 1
+    last = sh.s - HEAD_CHUNK_TOKENS * whole
+    out: list[_Piece] = []
+    if regime.whole >= 2:
+        out.append(_Piece(whole - 1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=False))
+    if regime.whole >= 1:
+        out.append(_Piece(1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=True))
+    out.append(_Piece(1, last, last - 1, own=True))
+    return out
+
+
+def loss_step(
+    tape: Tape, sh: Shape, w: litgpt.Weights, cos: Tensor, sin: Tensor, ids: Tensor,
+    held: list[Tensor], regime: litgpt.Regime,
+) -> Tensor:  # fmt: skip
+    """``finetune/lora.py``'s step (module docstring). ``held``: the previous iteration's
+    chunks (the last one its sliced view) and loss, refilled with this one's."""
+    pieces = _pieces(sh, regime)
+    hid = litgpt.hidden(tape, sh, w, cos, sin, ids)
+    xs = _split(tape, hid, [sh.b * p.tokens * p.count * sh.h for p in pieces], "Split")
+    tape.drop(hid)
+    chunks = [_head(tape, sh, w.head, x, p) for x, p in zip(xs, pieces, strict=True)]
+    tape.drop(*xs)
+    if chunks[0].itemsize != FP32:  # Fabric's bf16-true wrapper: every chunk to fp32
+        wide = [_cast(tape, c, p) for c, p in zip(chunks, pieces, strict=True)]
+        tape.drop(*chunks)
+        chunks = wide
+    if held:
+        tape.drop(*held[:-1])
+    last = pieces[-1]
+    sliced = _slice(tape, chunks[-1], sh.b * last.loss_tokens * sh.V)
+    tape.drop(chunks[-1])
+    chunks[-1] = sliced
+    loss = _chunked_cross_entropy(tape, sh, chunks, pieces, regime)
+    if held:
+        tape.drop(held[-1])
+    held[:] = [*chunks, loss]
+    return ops.scale(tape, loss, "loss.accum")  # fabric.backward(loss / accumulation)
+
+
+def _head(tape: Tape, sh: Shape, head: Tensor, x: Tensor, p: _Piece) -> Tensor:
+    """The frozen ``lm_head`` on a piece's slices. A slice ``[b, 128, h]`` of ``[b, s, h]``
+    cannot be folded to 2-D without a copy, so ``matmul`` takes its batched path
+    (``should_fold`` is false; the weight expanded, a view) and ``bmm`` makes the chunk: no
+    copy. Saves nothing (the weight is frozen); backward gives the slices' gradients,
+    ``grad.bmm(weight)``, a joined piece releasing its incoming gradients first (module
+    docstring)."""
+    rows = sh.b * p.tokens
+    isz = head.itemsize
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        if grads[0] is None:
+            return [None]
+        if not p.own:
+            tape.release_grad(grads, 0)
+        return [tape.new(p.count * rows * sh.h, isz, "dhead.x")]
+
+    node = tape.node("HeadBmm", rule, [x])
+    return tape.output(tape.new(p.count * rows * sh.V, isz, "logits.chunk"), node)
+
+
+def _cast(tape: Tape, x: Tensor, p: _Piece) -> Tensor:
+    """A piece's chunks cast to fp32 (``_convert_fp_tensor``); backward casts the gradient
+    back, a joined piece releasing the fp32 gradients first."""
+    rows, src = x.numel, x.itemsize
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        if grads[0] is None:
+            return [None]
+        if not p.own:
+            tape.release_grad(grads, 0)
+        return [tape.new(rows, src, "dlogits.chunk->bf16")]
+
+    node = tape.node("ToCopy", rule, [x])
+    return tape.output(tape.new(rows, FP32, "logits.chunk.fp32"), node)
+
+
+def _slice(tape: Tape, chunk: Tensor, numel: Size) -> Tensor:
+    """``logits[-1][..., :-1, :]``: a view; ``SliceBackward0`` allocates a zero-filled
+    gradient of the chunk's size."""
+
+    def rule(tape: Tape, node: Node, grads: list) -> list:
+        g = grads[0]
+        return [tape.new(chunk.numel, g.itemsize, "dlogits.slice") if g is not None else None]
+
+    return tape.alias(chunk, tape.node("Slice", rule, [chunk]), numel=numel)
+
+
+def _chunked_cross_entropy(
+    tape: Tape, sh: Shape, chunks: list[Tensor], pieces: list[_Piece], regime: litgpt.Regime
+) -> Tensor:
+    """``chunked_cross_entropy`` on the list (``litgpt/utils.py`` lines 319-337): each chunk
+    ``reshape(-1, V)`` (a view, but a copy of the sliced last chunk for two or more
+    sequences), the targets ``targets[..., 1:].split(128, 1)`` each ``reshape(-1)`` (copies
+    for two or more sequences, kept by ``nll_loss``), one ``cross_entropy(...,
+    reduction="none")`` per chunk (`calc.models.litgpt.chunk_ce`), the mask's count, ``cat``,
+    ``sum`` and the division. A last chunk of one token reshapes as views."""
+    V, isz, one = sh.V, FP32, regime.one_sequence
+    flat = []
+    for chunk, p in zip(chunks, pieces, strict=True):
+        last = p is pieces[-1]
+        if one or not last or regime.last_one_token:
+            flat.append(ops.view(tape, chunk))
+        else:
+            flat.append(ops.clone(tape, chunk, "logits.last.reshape"))
+    targets: list[Tensor | None] = []
+    for p in pieces:
+        view = one or (p is pieces[-1] and regime.last_one_token)
+        numel = p.count * sh.b * p.loss_tokens
+        targets.append(None if view else ops.plain(tape, numel, INT64, "targets.chunk"))
+    outs = []
+    for x, t, p in zip(flat, targets, pieces, strict=True):
+        rows = sh.b * p.loss_tokens
+        outs.append(litgpt.chunk_ce(tape, x, p.count * rows, p.count, V, isz, t, p.own))
+    total_rows = sh.b * (sh.s - 1)
+    mask = ops.plain(tape, total_rows, BOOL, "targets.ne")
+    count_t = ops.plain(tape, 1, INT64, "non_masked_elems")
+    tape.drop(mask)
+    cat = litgpt.cat_rows(tape, outs, total_rows, isz)
+    total = litgpt.sum_all(tape, cat, isz)
+    tape.drop(cat)
+    ones = ops.plain(tape, 1, INT64, "ones_like")
+    most = ops.plain(tape, 1, INT64, "maximum")
+    tape.drop(ones)
+    loss = divide_by_count(tape, total, most)
+    tape.drop(total, most, count_t, *flat, *targets, *outs)
+    return loss

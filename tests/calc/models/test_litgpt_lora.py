@@ -1,0 +1,138 @@
+"""LitGPT's LoRA fine-tuning (`calc.models.litgpt_lora`) by hand: the adapters' shapes and
+order, what the fused qkv's adapter keeps for the backward, the head's chunks in fp32, what it
+refuses. The whole step is checked against the CPU tracker by the ``lit-lora-*`` verify cases
+(litgpt 0.5.12's code copied in verify/models/litgpt_lora.py and compared with the library,
+through Fabric's wrapper, in tests/verify/models/test_litgpt_lora.py)."""
+
+from __future__ import annotations
+
+import pytest
+import sympy as sp
+
+import calc
+from calc.estimate.core import values_for
+from calc.models import litgpt, litgpt_lora
+from calc.replay import ops
+from calc.replay.kinds import StorageKind
+from calc.replay.tape import Tape
+from calc.step.training import shape_for
+from tests.specs import tiny_llama
+
+# tiny_llama: hidden 16, 2 heads of 8, ffn 24, vocab 50; one key/value head here
+MODEL = tiny_llama(n_kv_heads=1)
+JOB = {"micro_batch": 2, "seq_len": 8, "precision": "bf16", "implementation": "litgpt",
+       "loop": "hold-output", "loss": "chunked-ce"}  # fmt: skip
+
+
+def _job(**kw: object) -> calc.Training:
+    lora = kw.pop("lora", calc.LoRA(rank=4, modules=("q", "v")))
+    return calc.Training(**{**JOB, "lora": lora, **kw})  # type: ignore[arg-type]
+
+
+def _value(x: object, job: calc.Training) -> int:
+    return int(sp.sympify(x).xreplace(values_for(MODEL, job)))
+
+
+def _adapted(job: calc.Training, device: str = "cpu"):
+    sh = shape_for(MODEL, job, device, 2)
+    tape = Tape()
+    w = litgpt.Weights(tape, sh)
+    assert job.lora is not None
+    params, shapes = litgpt_lora.adapt(tape, sh, w, job.lora, job.micro_batch == 1)
+    return tape, sh, w, params, shapes
+
+
+def test_adapters_in_litgpt_parameter_order_and_shapes() -> None:
+    # LoRAQKVLinear: lora_A (r * sum(enable_lora), in) = (4 * 2, 16), lora_B
+    # (sum(qkv_shapes), r) = (2 * 8 for q + 1 * 8 for v, 4); LoRALinear on attn.proj (16 x 16)
+    # and the MLP (fc_1, fc_2: 24 x 16; proj: 16 x 24): A (r, in), B (out, r); per block, in
+    # registration order
+    job = _job(lora=calc.LoRA(rank=4, modules=("q", "v", "o", "gate", "up", "down")))
+    _, _, _, params, shapes = _adapted(job)
+    names = [p.name for p in params]
+    per_block = ["qkv.lora_A", "qkv.lora_B", "o.lora_A", "o.lora_B", "gate.lora_A",
+                 "gate.lora_B", "up.lora_A", "up.lora_B", "down.lora_A", "down.lora_B"]  # fmt: skip
+    assert names == per_block * 2
+    got = [tuple(_value(n, job) for n in shape) for shape in shapes[:10]]
+    assert got == [(8, 16), (24, 4), (4, 16), (16, 4), (4, 16), (24, 4), (4, 16), (24, 4),
+                   (4, 24), (16, 4)]  # fmt: skip
+
+
+def test_the_base_is_frozen() -> None:
+    tape, _, w, params, _ = _adapted(_job())
+    assert not any(p.leaf for p in w.parameters())
+    assert {id(p.storage) for p in params} == set(tape.leaves)
+
+
+@pytest.mark.parametrize(("device", "index_bytes"), [("cpu", 0), ("cuda", 2 * 512)])
+def test_the_padded_qkv_index_is_a_cuda_buffer(device: str, index_bytes: int) -> None:
+    # q and v adapted (not k): zero_pad's lora_ind, 24 int64 (192 B -> one block) per block,
+    # made by torch.tensor in the first forward: on the GPU, not seen by the CPU tracker
+    tape, *_ = _adapted(_job(), device)
+    buffers = [st for st in tape.live.values() if st.kind == StorageKind.BUFFER]
+    assert sum(_value(st.size, _job()) for st in buffers) == index_bytes
+
+
+def test_zero_pad_keeps_the_conv1d_output_for_the_backward() -> None:
+    # IndexCopyBackward0 saves the source (derivatives.yaml reads source.dim()): after the
+    # forward of one adapted qkv on x [2 x 8, 16] bf16, what stays is the frozen output's sum
+    # ([16, 32]: 1,024 B), A's input (x itself), A's output after_A ([16, 8]: 256 B -> 512)
+    # kept by conv1d, and the conv1d output [2, 24, 8] (768 B -> 1,024) kept by index_copy_
+    job = _job()
+    tape, sh, w, _, _ = _adapted(job)
+    x = tape.existing(sh.b * sh.s * sh.h, 2, "x", StorageKind.ACT, leaf=True)
+    base = sum(_value(st.size, job) for st in tape.live.values())
+    out = ops.linear(tape, x, w.layers[0]["qkv"], None, sh.b * sh.s, 32, "qkv")
+    live = sum(_value(st.size, job) for st in tape.live.values()) - base
+    assert live == 1024 + 512 + 1024
+    assert _value(out.numel, job) == 16 * 32
+
+
+def test_all_three_adapted_need_no_padding() -> None:
+    # q, k and v: zero_pad returns the update itself; the conv1d output is a temporary of
+    # the scaling's product, so only the sum and after_A stay
+    job = _job(lora=calc.LoRA(rank=4, modules=("q", "k", "v")))
+    tape, sh, w, _, _ = _adapted(job)
+    x = tape.existing(sh.b * sh.s * sh.h, 2, "x", StorageKind.ACT, leaf=True)
+    base = sum(_value(st.size, job) for st in tape.live.values())
+    ops.linear(tape, x, w.layers[0]["qkv"], None, sh.b * sh.s, 32, "qkv")
+    assert sum(_value(st.size, job) for st in tape.live.values()) - base == 1024 + 512
+
+
+def test_the_loop_holds_the_chunks_in_fp32() -> None:
+    # 2 x 8 tokens: one head chunk [2, 8, 50], cast to fp32 by Fabric's wrapper (3,200 B ->
+    # 3,584), its last position sliced off (a view)
+    job = _job()
+    tape, sh, w, _, _ = _adapted(job)
+    cos, sin = litgpt.buffers(tape, sh, 64, converted=False)
+    ids = tape.existing(sh.b * sh.s, 8, "input_ids", "input")
+    held: list = []
+    regime = litgpt.Regime.of(2, 8, 64, head_chunks=True)
+    litgpt_lora.loss_step(tape, sh, w, cos, sin, ids, held, regime)
+    chunk, loss = held
+    assert chunk.itemsize == 4 and _value(chunk.storage.size, job) == 3584
+    assert _value(chunk.numel, job) == 2 * 7 * 50  # the slice [..., :-1, :]
+    assert loss.itemsize == 4
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "words"),
+    [
+        ({"quant": calc.Quant(method="nf4")}, NotImplementedError, "QLoRA"),
+        ({"lora": calc.LoRA(rank=4, modules=("q", "gate"))}, ValueError, "all or none"),
+        ({"lora": calc.LoRA(rank=4, adapter_dtype="fp32")}, NotImplementedError, "adapter_dtype"),
+        ({"optimizer": "adam8bit"}, NotImplementedError, "PagedAdamW"),
+        ({"seq_len": 129}, NotImplementedError, "seq_len=129"),
+    ],
+)
+def test_refuses_what_it_does_not_model(change: dict, error: type, words: str) -> None:
+    with pytest.raises(error, match=words):
+        calc.estimate(tiny_llama(max_positions=256), _job(**change), device="cpu")
+
+
+def test_a_longer_sequence_needs_more_and_shares_the_structure_beyond_two_chunks() -> None:
+    # 3 and 5 head chunks walk the same pieces (two or more whole chunks before the last)
+    model = tiny_llama(max_positions=1024)
+    small = calc.estimate(model, _job(seq_len=300), device="cpu")
+    large = calc.estimate(model, _job(seq_len=600), device="cpu")
+    assert large.peak_bytes > small.peak_bytes

@@ -1,0 +1,109 @@
+"""verify's copy of LitGPT's LoRA fine-tuning against litgpt 0.5.12 itself (skipped where litgpt
+or Lightning does not import), called as ``finetune/lora.py`` calls it: the model built in
+Fabric's ``init_module``, ``mark_only_lora_as_trainable``, wrapped by ``fabric.setup_module``,
+``max_seq_length`` set, the head in 128-token chunks. Same parameters in the same order, same
+logits chunks, loss and adapter gradients, and the same bytes on the CPU tracker through two
+iterations, for adapters on the fused qkv (all of q, k, v, or some: ``zero_pad``), grouped
+and multi-head attention (grouped: one conv1d per part), the projection and the MLP."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+lit_lora = pytest.importorskip("litgpt.lora")
+lit_utils = pytest.importorskip("litgpt.utils")
+fabric_mod = pytest.importorskip("lightning.fabric")
+
+from calc.config.compression import LoRA  # noqa: E402
+from calc.config.jobs import Training  # noqa: E402
+from tests.verify.models.iterations import (  # noqa: E402
+    assert_same_bytes_and_gradients,
+    two_iterations,
+)
+from verify.cases.scale import scaled_spec  # noqa: E402
+from verify.models import litgpt_lora  # noqa: E402
+
+
+def _pair(kv_heads: int, lora: LoRA, seq: int, precision: str = "bf16"):
+    spec = scaled_spec("llama-3.1-8b", kv_heads=kv_heads, layers=2)
+    job = Training(micro_batch=2, seq_len=seq, precision=precision, implementation="litgpt",
+                   loop="hold-output", loss="chunked-ce", lora=lora)  # fmt: skip
+    dtype = torch.float32 if precision == "fp32" else torch.bfloat16
+    torch.manual_seed(0)
+    ours = litgpt_lora.build(spec, job, dtype)
+    on = litgpt_lora.flags(lora)
+    config = lit_lora.Config(
+        name="copy", block_size=spec.max_positions, vocab_size=spec.vocab,
+        padded_vocab_size=spec.vocab, n_layer=spec.n_layers, n_head=spec.n_heads,
+        n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
+        rotary_percentage=1.0, parallel_residual=False, bias=False, norm_class_name="RMSNorm",
+        norm_eps=spec.norm_eps, mlp_class_name="LLaMAMLP", intermediate_size=spec.ffn,
+        rope_base=int(spec.rope_theta or 10000), lora_r=lora.rank,
+        lora_alpha=lora.rank if lora.alpha is None else lora.alpha, lora_dropout=lora.dropout,
+        lora_query=on["query"], lora_key=on["key"], lora_value=on["value"],
+        lora_projection=on["projection"], lora_mlp=on["mlp"], lora_head=False,
+    )  # fmt: skip
+    fabric = fabric_mod.Fabric(
+        accelerator="cpu", devices=1, precision={"fp32": "32-true", "bf16": "bf16-true"}[precision]
+    )
+    with fabric.init_module(empty_init=False):
+        theirs = lit_lora.GPT(config)
+    lit_lora.mark_only_lora_as_trainable(theirs)
+    theirs = fabric.setup_module(theirs)
+    theirs.max_seq_length = seq
+    for p, q in zip(ours.parameters(), theirs.parameters(), strict=True):
+        q.data.copy_(p.data)
+        q.data.add_(0.01)  # B is zero at init: nonzero adapters make the gradients differ
+        p.data.copy_(q.data)
+    return spec, ours, theirs
+
+
+def _their_step(model, accumulation: int):
+    state: dict = {}
+
+    def step(ids, targets):
+        state["logits"] = model(ids, lm_head_chunk_size=128)
+        state["logits"][-1] = state["logits"][-1][..., :-1, :]
+        state["loss"] = lit_utils.chunked_cross_entropy(state["logits"], targets[..., 1:])
+        return state["loss"] / accumulation
+
+    return step
+
+
+CASES = [
+    # (kv heads, modules, tokens): grouped and multi-head; q and v (litgpt's defaults, so
+    # zero_pad), all three (no padding), q alone with the projection and the MLP; 1 or 2
+    # head chunks (the last one short or whole)
+    (1, ("q", "v"), 200),
+    (4, ("q", "v"), 200),
+    (4, ("q", "k", "v"), 64),
+    (1, ("q", "k", "v", "o", "gate", "up", "down"), 256),
+    (4, ("q", "o", "gate", "up", "down"), 250),
+]
+
+
+@pytest.mark.parametrize(("kv_heads", "modules", "seq"), CASES)
+def test_copy_matches_litgpt(kv_heads: int, modules: tuple, seq: int) -> None:
+    lora = LoRA(rank=4, alpha=8, modules=modules)
+    spec, ours, theirs = _pair(kv_heads, lora, seq)
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    trainable = [n for n, p in ours.named_parameters() if p.requires_grad]
+    assert trainable == [n for n, p in theirs.module.named_parameters() if p.requires_grad]
+    assert all("lora_" in n for n in trainable) and trainable
+    ids = torch.randint(0, spec.vocab, (2, seq))
+    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+    assert [t.dtype for t in mine.logits or []] == [torch.float32] * len(mine.logits or [])
+
+
+def test_dropout_and_fp32_match_litgpt() -> None:
+    # lora_dropout (finetune/lora.py's default 0.05) on 32-true: the same bytes (the values
+    # differ with the dropout masks' random draws, so only the memory is compared)
+    lora = LoRA(rank=4, modules=("q", "v"), dropout=0.05)
+    spec, ours, theirs = _pair(1, lora, 130, precision="fp32")
+    ids = torch.randint(0, spec.vocab, (2, 130))
+    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
+    peaks = [two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))]
+    assert peaks[0] == peaks[1]
