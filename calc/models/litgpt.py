@@ -336,7 +336,7 @@ class Regime:
     converted: bool
     """``seq_len == max_positions``: the tables stay at the block size in the model's dtype."""
     head_chunks: bool = False
-    """LoRA's loop (`calc.models.litgpt_lora`): the head runs on 128-token chunks of the
+    """LoRA's loop (`calc.compress.litgpt_lora`): the head runs on 128-token chunks of the
     sequence and the loss takes one chunk per head chunk, so ``whole`` counts the chunks
     before the last one, ``ceil(s / 128) - 1``, and the last (``s - 128 whole`` tokens, one
     fewer after the shift) is always there."""

@@ -497,7 +497,7 @@ class Tape:
         """Inside a backward rule: release the incoming gradient ``grads[index]`` now rather
         than after the rule. For a piece of several equal ops replayed as one, each of which
         trades its incoming gradient for a smaller or equal one: their transients stay below
-        the first op's, which the caller replays on its own (`calc.models.litgpt_lora`)."""
+        the first op's, which the caller replays on its own (`calc.compress.litgpt_lora`)."""
         g = grads[index]
         if g is not None:
             self.drop(g)

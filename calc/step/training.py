@@ -11,12 +11,12 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from calc import symbols as S
-from calc.compress import distill, nf4_torchao, prune_replay
+from calc.compress import distill, litgpt_lora, nf4_torchao, prune_replay
 from calc.compress.lora import LINEAR_KEYS, compress_weights
 from calc.compress.quant import library_of
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
-from calc.models import hf, hf_gpt2, litgpt, litgpt_lora, reference, torchtitan, torchtune
+from calc.models import hf, hf_gpt2, litgpt, reference, torchtitan, torchtune
 from calc.models.attention import compute_16bit_of, flash_head_pad, kernel_for
 from calc.models.head import Head
 from calc.parallel import data as data_parallel

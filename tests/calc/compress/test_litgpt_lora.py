@@ -1,4 +1,4 @@
-"""LitGPT's LoRA fine-tuning (`calc.models.litgpt_lora`) by hand: the adapters' shapes and
+"""LitGPT's LoRA fine-tuning (`calc.compress.litgpt_lora`) by hand: the adapters' shapes and
 order, what the fused qkv's adapter keeps for the backward, the head's chunks in fp32, what it
 refuses. The whole step is checked against the CPU tracker by the ``lit-lora-*`` verify cases
 (litgpt 0.5.12's code copied in verify/models/litgpt_lora.py and compared with the library,
@@ -10,8 +10,9 @@ import pytest
 import sympy as sp
 
 import calc
+from calc.compress import litgpt_lora
 from calc.estimate.core import values_for
-from calc.models import litgpt, litgpt_lora
+from calc.models import litgpt
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Tape
