@@ -81,12 +81,6 @@ def check(sh: Shape, job: Training) -> None:
             f"{WHAT} with optimizer={job.optimizer!r}: modelled with torch's optimizers "
             "(litgpt takes bitsandbytes' PagedAdamW only with --quantize)"
         )
-    if job.seq_len % HEAD_CHUNK_TOKENS == 1:
-        raise NotImplementedError(
-            f"seq_len={job.seq_len} with {WHAT}: the last 128-token head chunk holds one "
-            "token, which the shift leaves empty; not modelled (a seq_len that is not "
-            "1 more than a multiple of 128)"
-        )
 
 
 def _widths(sh: Shape, lora: LoRA) -> tuple[list[Size], bool]:
@@ -240,7 +234,12 @@ def _split(tape: Tape, x: Tensor, numels: Sequence[Size], kind: str) -> list[Ten
     """Views of ``x`` in parts; the backward concatenates their gradients into one of its size."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
-        return [tape.new(x.numel, x.itemsize, f"d{kind}.cat")]
+        # split_backward: a part no gradient reached gets zeros before the concatenation
+        zeros = [tape.new(n, x.itemsize, f"d{kind}.zeros")
+                 for g, n in zip(grads, numels, strict=True) if g is None]  # fmt: skip
+        out = tape.new(x.numel, x.itemsize, f"d{kind}.cat")
+        tape.drop(*zeros)
+        return [out]
 
     node = tape.node(kind, rule, [x], n_outputs=len(numels))
     return [tape.alias(x, node, i, numel=n) for i, n in enumerate(numels)]
@@ -271,7 +270,8 @@ class _Piece:
 
 
 def _pieces(sh: Shape, regime: litgpt.Regime) -> list[_Piece]:
-    """The whole chunks before the last whole one (joined), the last whole one, the last."""
+    """The whole chunks before the last whole one (joined), the last whole one, the last
+    (in the loss unless the shift leaves it empty: one token, ``regime.last`` false)."""
     whole = sp.ceiling(sh.s / HEAD_CHUNK_TOKENS) - 1
     last = sh.s - HEAD_CHUNK_TOKENS * whole
     out: list[_Piece] = []
@@ -370,10 +370,12 @@ def _chunked_cross_entropy(
     reduction="none")`` per chunk (`calc.models.litgpt.chunk_ce`), the mask's count, ``cat``,
     ``sum`` and the division. A last chunk of one token reshapes as views."""
     V, isz, one = sh.V, FP32, regime.one_sequence
+    if not regime.last:  # an empty last chunk: zip(logit_chunks, target_chunks) drops it
+        chunks, pieces = chunks[:-1], pieces[:-1]
     flat = []
     for chunk, p in zip(chunks, pieces, strict=True):
-        last = p is pieces[-1]
-        if one or not last or regime.last_one_token:
+        sliced = regime.last and p is pieces[-1]  # the last chunk's strided slice
+        if one or not sliced or regime.last_one_token:
             flat.append(ops.view(tape, chunk))
         else:
             flat.append(ops.clone(tape, chunk, "logits.last.reshape"))

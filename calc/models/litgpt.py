@@ -338,8 +338,9 @@ class Regime:
     head_chunks: bool = False
     """LoRA's loop (`calc.compress.litgpt_lora`): the head runs on 128-token chunks of the
     sequence and the loss takes one chunk per head chunk, so ``whole`` counts the chunks
-    before the last one, ``ceil(s / 128) - 1``, and the last (``s - 128 whole`` tokens, one
-    fewer after the shift) is always there."""
+    before the last one, ``ceil(s / 128) - 1``, and ``last`` says whether the last one
+    (``s - 128 whole`` tokens, one fewer after the shift) reaches the loss: not when it holds
+    a single token."""
     last_one_token: bool = False
     """LoRA's loop: the last chunk keeps one token after the shift (``s % 128 == 2``), so its
     ``[b, 1, V]`` slice and its ``[b, 1]`` targets reshape as views (a dimension of one has
@@ -354,7 +355,8 @@ class Regime:
         if head_chunks:
             whole = -(-seq_len // CE_CHUNK_ROWS) - 1
             one_token = seq_len % CE_CHUNK_ROWS == 2
-            return cls(micro_batch == 1, min(whole, 2), True, converted, True, one_token)
+            in_loss = seq_len % CE_CHUNK_ROWS != 1  # one token: empty after the shift
+            return cls(micro_batch == 1, min(whole, 2), in_loss, converted, True, one_token)
         whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
         return cls(micro_batch == 1, min(whole, 2), rest > 0, converted)
 

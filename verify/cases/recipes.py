@@ -235,6 +235,31 @@ LITGPT_LORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
             "lora": LoRA(rank=1, modules=("k",)),
         },
     ),
+    # 257 tokens: two whole head chunks and one of a single token, which the shift leaves
+    # empty (no loss chunk, no gradient: split_backward's zeros), two sequences
+    (
+        "lit-lora-bf16-last1-llama3",
+        LLAMA3,
+        {
+            "precision": "bf16",
+            "seq_len": 257,
+            "scale": {"max_positions": 512},
+            "lora": LoRA(rank=4, modules=("q", "v")),
+        },
+    ),
+    # Llama 3's 128,256-token vocabulary, one sequence of 512 tokens, r 32 on q and v: the
+    # config hub's llama-3.1-8b/lora.yaml at a small width, where the fp32 chunks dominate
+    (
+        "lit-lora-bf16-one-vocab128k-llama3",
+        LLAMA3,
+        {
+            "precision": "bf16",
+            "micro_batch": 1,
+            "seq_len": 512,
+            "scale": {"vocab": 128256, "max_positions": 1024},
+            "lora": LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05),
+        },
+    ),
     # a real vocabulary (Mistral's 32,000), two micro-batches
     (
         "lit-lora-bf16-accum2-vocab32k-mistral",

@@ -123,7 +123,6 @@ def test_the_loop_holds_the_chunks_in_fp32() -> None:
         ({"lora": calc.LoRA(rank=4, modules=("q", "gate"))}, ValueError, "all or none"),
         ({"lora": calc.LoRA(rank=4, adapter_dtype="fp32")}, NotImplementedError, "adapter_dtype"),
         ({"optimizer": "adam8bit"}, NotImplementedError, "PagedAdamW"),
-        ({"seq_len": 129}, NotImplementedError, "seq_len=129"),
     ],
 )
 def test_refuses_what_it_does_not_model(change: dict, error: type, words: str) -> None:

@@ -115,6 +115,7 @@ def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
         (1, 256, (True, 1, True, False, True, False)),  # 128 + 128 tokens: one before it
         (2, 300, (False, 2, True, False, True, False)),  # 128 + 128 + 44: two or more
         (2, 258, (False, 2, True, False, True, True)),  # 128 + 128 + 2: one token after the shift
+        (2, 257, (False, 2, False, False, True, False)),  # 128 + 128 + 1: empty after it
     ],
 )
 def test_head_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
