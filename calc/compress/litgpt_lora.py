@@ -31,8 +31,6 @@ micro-batch times the vocabulary (and the hidden size) is even, as in every real
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import sympy as sp
 
 from calc.compress.lora import base_linear, lora_linear
@@ -40,7 +38,6 @@ from calc.config.compression import LoRA
 from calc.config.jobs import Training
 from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.models import litgpt
-from calc.models.head import divide_by_count
 from calc.models.shape import Shape
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
@@ -48,9 +45,7 @@ from calc.replay.tape import Node, Size, Tape, Tensor
 
 HEAD_CHUNK_TOKENS = 128
 """``finetune/lora.py``'s ``lm_head_chunk_size``."""
-FP32 = 4
-INT64 = 8
-BOOL = 1
+FP32, INT64 = litgpt.FP32, litgpt.INT64
 MLP_KEYS = ("gate", "up", "down")
 WHAT = "implementation='litgpt' with lora"
 
@@ -213,8 +208,10 @@ def _conv1d_parts(
     """Grouped queries: ``input.chunk(E, 1)`` and ``weight.split(widths)`` (views; their
     backward concatenates the parts' gradients), one ``conv1d`` per part, ``torch.cat`` of the
     outputs (a copy; its backward hands each part a view)."""
-    xs = _split(tape, x, [rows * rank] * len(widths), "Split")
-    ws = _split(tape, w, [width * rank for width in widths], "SplitWithSizes")
+    xs = litgpt.split_views(tape, x, [rows * rank] * len(widths), "Split", "dSplit.cat")
+    ws = litgpt.split_views(
+        tape, w, [width * rank for width in widths], "SplitWithSizes", "dSplitWithSizes.cat"
+    )
     outs = [
         _conv1d(tape, xi, wi, rows * width, f"{name}.conv1d")
         for xi, wi, width in zip(xs, ws, widths, strict=True)
@@ -228,21 +225,6 @@ def _conv1d_parts(
     cat = tape.output(tape.new(rows * sum(widths), x.itemsize, f"{name}.conv1d.cat"), node)
     tape.drop(*outs, *xs, *ws)
     return cat
-
-
-def _split(tape: Tape, x: Tensor, numels: Sequence[Size], kind: str) -> list[Tensor]:
-    """Views of ``x`` in parts; the backward concatenates their gradients into one of its size."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        # split_backward: a part no gradient reached gets zeros before the concatenation
-        zeros = [tape.new(n, x.itemsize, f"d{kind}.zeros")
-                 for g, n in zip(grads, numels, strict=True) if g is None]  # fmt: skip
-        out = tape.new(x.numel, x.itemsize, f"d{kind}.cat")
-        tape.drop(*zeros)
-        return [out]
-
-    node = tape.node(kind, rule, [x], n_outputs=len(numels))
-    return [tape.alias(x, node, i, numel=n) for i, n in enumerate(numels)]
 
 
 def _zero_pad(tape: Tape, x: Tensor, out_numel: Size, name: str) -> Tensor:
@@ -291,7 +273,8 @@ def loss_step(
     chunks (the last one its sliced view) and loss, refilled with this one's."""
     pieces = _pieces(sh, regime)
     hid = litgpt.hidden(tape, sh, w, cos, sin, ids)
-    xs = _split(tape, hid, [sh.b * p.tokens * p.count * sh.h for p in pieces], "Split")
+    numels = [sh.b * p.tokens * p.count * sh.h for p in pieces]
+    xs = litgpt.split_views(tape, hid, numels, "Split", "dSplit.cat")
     tape.drop(hid)
     chunks = [_head(tape, sh, w.head, x, p) for x, p in zip(xs, pieces, strict=True)]
     tape.drop(*xs)
@@ -302,7 +285,7 @@ def loss_step(
     if held:
         tape.drop(*held[:-1])
     last = pieces[-1]
-    sliced = _slice(tape, chunks[-1], sh.b * last.loss_tokens * sh.V)
+    sliced = litgpt.slice_logits(tape, chunks[-1], sh.b * last.loss_tokens * sh.V)
     tape.drop(chunks[-1])
     chunks[-1] = sliced
     loss = _chunked_cross_entropy(tape, sh, chunks, pieces, regime)
@@ -349,17 +332,6 @@ def _cast(tape: Tape, x: Tensor, p: _Piece) -> Tensor:
     return tape.output(tape.new(rows, FP32, "logits.chunk.fp32"), node)
 
 
-def _slice(tape: Tape, chunk: Tensor, numel: Size) -> Tensor:
-    """``logits[-1][..., :-1, :]``: a view; ``SliceBackward0`` allocates a zero-filled
-    gradient of the chunk's size."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        g = grads[0]
-        return [tape.new(chunk.numel, g.itemsize, "dlogits.slice") if g is not None else None]
-
-    return tape.alias(chunk, tape.node("Slice", rule, [chunk]), numel=numel)
-
-
 def _chunked_cross_entropy(
     tape: Tape, sh: Shape, chunks: list[Tensor], pieces: list[_Piece], regime: litgpt.Regime
 ) -> Tensor:
@@ -388,16 +360,6 @@ def _chunked_cross_entropy(
     for x, t, p in zip(flat, targets, pieces, strict=True):
         rows = sh.b * p.loss_tokens
         outs.append(litgpt.chunk_ce(tape, x, p.count * rows, p.count, V, isz, t, p.own))
-    total_rows = sh.b * (sh.s - 1)
-    mask = ops.plain(tape, total_rows, BOOL, "targets.ne")
-    count_t = ops.plain(tape, 1, INT64, "non_masked_elems")
-    tape.drop(mask)
-    cat = litgpt.cat_rows(tape, outs, total_rows, isz)
-    total = litgpt.sum_all(tape, cat, isz)
-    tape.drop(cat)
-    ones = ops.plain(tape, 1, INT64, "ones_like")
-    most = ops.plain(tape, 1, INT64, "maximum")
-    tape.drop(ones)
-    loss = divide_by_count(tape, total, most)
-    tape.drop(total, most, count_t, *flat, *targets, *outs)
+    loss = litgpt.mean_of_chunks(tape, outs, sh.b * (sh.s - 1))
+    tape.drop(*flat, *targets)
     return loss

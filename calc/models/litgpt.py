@@ -24,6 +24,7 @@ recomputation (`check`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy as sp
@@ -197,18 +198,29 @@ def rope(tape: Tape, x: Tensor, cos: Tensor, sin: Tensor, name: str) -> Tensor:
     return out
 
 
-def _split_qkv(tape: Tape, sh: Shape, qkv: Tensor, n: Size) -> tuple[Tensor, Tensor, Tensor]:
-    """``qkv.split((a d, k d, k d), -1)``: three views; ``SplitWithSizesBackward0`` concatenates
-    the three gradients into one of qkv's size."""
+def split_views(
+    tape: Tape, x: Tensor, numels: Sequence[Size], node_name: str, grad_name: str
+) -> list[Tensor]:
+    """``x.split(...)``/``chunk``: one view of ``x`` per part; the backward
+    (``split_backward``) gives zeros to a part no gradient reached, then concatenates the
+    parts' gradients into one of ``x``'s size."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
-        return [tape.new(qkv.numel, qkv.itemsize, "dqkv.split")]
+        zeros = [tape.new(n, x.itemsize, f"{grad_name}.zeros")
+                 for g, n in zip(grads, numels, strict=True) if g is None]  # fmt: skip
+        out = tape.new(x.numel, x.itemsize, grad_name)
+        tape.drop(*zeros)
+        return [out]
 
-    node = tape.node("SplitWithSizes", rule, [qkv], n_outputs=3)
-    q = tape.alias(qkv, node, 0, numel=n * sh.a * sh.d)
-    k = tape.alias(qkv, node, 1, numel=n * sh.k * sh.d)
-    v = tape.alias(qkv, node, 2, numel=n * sh.k * sh.d)
-    return q, k, v
+    node = tape.node(node_name, rule, [x], n_outputs=len(numels))
+    return [tape.alias(x, node, i, numel=n) for i, n in enumerate(numels)]
+
+
+def _split_qkv(tape: Tape, sh: Shape, qkv: Tensor, n: Size) -> list[Tensor]:
+    """``qkv.split((a d, k d, k d), -1)``: three views; ``SplitWithSizesBackward0`` concatenates
+    the three gradients into one of qkv's size."""
+    numels = [n * sh.a * sh.d, n * sh.k * sh.d, n * sh.k * sh.d]
+    return split_views(tape, qkv, numels, "SplitWithSizes", "dqkv.split")
 
 
 def _cat_empty_tail(tape: Tape, roped: Tensor, x: Tensor, name: str) -> Tensor:
@@ -410,7 +422,7 @@ def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) ->
     rows = sh.b * (sh.s - 1)
     whole = sp.floor(rows / CE_CHUNK_ROWS)
     r = rows - CE_CHUNK_ROWS * whole
-    sl = _slice_logits(tape, lg, rows * V)
+    sl = slice_logits(tape, lg, rows * V)
     if regime.one_sequence:
         flat = ops.view(tape, sl)
         tgt = None  # targets[..., 1:].reshape(-1): a view of the targets
@@ -431,23 +443,33 @@ def _chunked_cross_entropy(tape: Tape, sh: Shape, lg: Tensor, regime: Regime) ->
         count = 1 if own else whole - 1  # chunks in the piece
         outs.append(chunk_ce(tape, view, n_rows, count, V, isz, tgt, own))
     tape.drop(*views)
+    loss = mean_of_chunks(tape, outs, rows)
+    tape.drop(flat, tgt)
+    return loss
+
+
+def mean_of_chunks(tape: Tape, outs: list[Tensor], rows: Size) -> Tensor:
+    """The end of ``chunked_cross_entropy`` (``litgpt/utils.py`` lines 335-337, 354-356) on the
+    pieces' fp32 losses ``outs`` (``rows`` in all): ``non_masked_elems = (targets !=
+    ignore_index).sum()``, ``torch.cat(loss_chunks).sum() / non_masked_elems.maximum(
+    torch.ones_like(non_masked_elems))``; the losses and the count released as it returns."""
     mask = ops.plain(tape, rows, BOOL, "targets.ne")
     count_t = ops.plain(tape, 1, INT64, "non_masked_elems")
     tape.drop(mask)
-    cat = cat_rows(tape, outs, rows, isz)
-    total = sum_all(tape, cat, isz)
+    cat = _cat_rows(tape, outs, rows, FP32)
+    total = _sum(tape, cat, FP32)
     tape.drop(cat)
     ones = ops.plain(tape, 1, INT64, "ones_like")
     most = ops.plain(tape, 1, INT64, "maximum")
     tape.drop(ones)
     loss = divide_by_count(tape, total, most)
-    tape.drop(total, most, count_t, flat, tgt, *outs)
+    tape.drop(total, most, count_t, *outs)
     return loss
 
 
-def _slice_logits(tape: Tape, lg: Tensor, numel: Size) -> Tensor:
-    """``logits[..., :-1, :]``: a view; ``SliceBackward0`` allocates a zero-filled gradient of
-    the logits' size and copies into it."""
+def slice_logits(tape: Tape, lg: Tensor, numel: Size) -> Tensor:
+    """``logits[..., :-1, :]`` (``numel`` elements): a view; ``SliceBackward0`` allocates a
+    zero-filled gradient of the logits' size and copies into it."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
@@ -460,12 +482,7 @@ def _slice_logits(tape: Tape, lg: Tensor, numel: Size) -> Tensor:
 def _split_rows(tape: Tape, flat: Tensor, rows: list[Size], vocab: Size) -> list[Tensor]:
     """``flat.split(128)``: one view per piece; ``SplitBackward0`` concatenates every chunk's
     gradient into one of ``flat``'s size."""
-
-    def rule(tape: Tape, node: Node, grads: list) -> list:
-        return [tape.new(flat.numel, flat.itemsize, "dlogits.split")]
-
-    node = tape.node("Split", rule, [flat], n_outputs=len(rows))
-    return [tape.alias(flat, node, i, numel=n * vocab) for i, n in enumerate(rows)]
+    return split_views(tape, flat, [n * vocab for n in rows], "Split", "dlogits.split")
 
 
 def chunk_ce(
@@ -505,7 +522,7 @@ def chunk_ce(
     return tape.output(out, nll_node)
 
 
-def cat_rows(tape: Tape, outs: list[Tensor], rows: Size, isz: int) -> Tensor:
+def _cat_rows(tape: Tape, outs: list[Tensor], rows: Size, isz: int) -> Tensor:
     """``torch.cat(loss_chunks)``: [N]; backward hands each chunk a view of the gradient."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
@@ -516,7 +533,7 @@ def cat_rows(tape: Tape, outs: list[Tensor], rows: Size, isz: int) -> Tensor:
     return tape.output(tape.new(rows, isz, "loss_chunks.cat"), node)
 
 
-def sum_all(tape: Tape, x: Tensor, isz: int) -> Tensor:
+def _sum(tape: Tape, x: Tensor, isz: int) -> Tensor:
     """``x.sum()``: 0-d; backward ``grad.expand(sizes)``, a view."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
