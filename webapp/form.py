@@ -148,7 +148,8 @@ TRAINING: tuple[FormField, ...] = (
               section="advanced",
               help="hf = Hugging Face transformers; reference = verify's plain PyTorch; "
               "torchtune / torchtitan = their own Llama and loss step (loop del-logits); "
-              "litgpt = LitGPT's Llama and fine-tuning loops, full or LoRA (hold-output, chunked-ce)"),
+              "litgpt = LitGPT's Llama and fine-tuning loops, full, LoRA or QLoRA (hold-output, "
+              "chunked-ce; QLoRA: nf4, the LM head quantized too, paged adam32bit)"),
     FormField(task="train", name="grad_accum", label="gradient accumulation", kind="int",
               default=_default(T, "grad_accum"), high=1 << 16, section="advanced",
               help="micro-batches per optimizer step"),

@@ -8,6 +8,10 @@ through Fabric's wrapper in ``tests/verify/models/test_litgpt_lora.py``); this f
   [sum of the enabled widths, r]`` on the fused ``qkv`` (``E`` of q, k, v enabled), and
   ``LoRALinear`` pairs on ``attn.proj`` (``o``) and on ``fc_1``, ``fc_2``, ``proj`` (the MLP:
   all three or none), in ``parameters()`` order, in the model's dtype;
+* `quantize` (QLoRA, ``--quantize bnb.nf4`` or ``bnb.nf4-dq``): every frozen linear and the
+  head stored as bitsandbytes' NF4 and dequantized in each matmul (`calc.compress.quant`), and
+  ``StableEmbedding`` in place of ``wte``, trainable outside the optimizer (its gradient
+  sums over the run); bitsandbytes' ``PagedAdamW`` steps the adapters;
 * `qkv_lora` (``LoRAQKVLinear.forward``): the frozen projection; ``after_A = F.linear(
   dropout(x), lora_A)``; ``conv1d`` of its transpose with ``lora_B.unsqueeze(-1)`` (grouped
   when ``n_head == n_query_groups``, else one per enabled part, concatenated); ``zero_pad``
@@ -33,9 +37,11 @@ from __future__ import annotations
 
 import sympy as sp
 
-from calc.compress.lora import base_linear, lora_linear
-from calc.config.compression import LoRA
+from calc.compress import quant
+from calc.compress.lora import base_linear, lora_linear, quantize_linear
+from calc.config.compression import LoRA, Quant
 from calc.config.jobs import Training
+from calc.config.model_spec import ModelSpec
 from calc.data.bitsandbytes import BNB_OPTIMIZERS
 from calc.models import litgpt
 from calc.models.shape import Shape
@@ -46,6 +52,8 @@ from calc.replay.tape import Node, Size, Tape, Tensor
 HEAD_CHUNK_TOKENS = 128
 """``finetune/lora.py``'s ``lm_head_chunk_size``."""
 FP32, INT64 = litgpt.FP32, litgpt.INT64
+NF4_BLOCK = 64
+"""bitsandbytes ``Linear4bit``'s block size, which Lightning's plugin keeps."""
 MLP_KEYS = ("gate", "up", "down")
 WHAT = "implementation='litgpt' with lora"
 
@@ -56,10 +64,7 @@ def check(sh: Shape, job: Training) -> None:
     lora = job.lora
     assert lora is not None
     if job.quant is not None:
-        raise NotImplementedError(
-            f"{WHAT}: QLoRA (finetune/lora.py --quantize bnb.nf4, every Linear in NF4 by "
-            "Lightning's bitsandbytes plugin) is not modelled yet"
-        )
+        _check_quant(job)
     mlp = set(MLP_KEYS) & set(lora.modules)
     if mlp and len(mlp) != len(MLP_KEYS):
         raise ValueError(
@@ -71,35 +76,65 @@ def check(sh: Shape, job: Training) -> None:
             f"{WHAT}: adapter_dtype={lora.adapter_dtype!r}; Fabric converts the whole model, "
             f"adapters included, to the precision's dtype (leave it None)"
         )
-    if job.optimizer in BNB_OPTIMIZERS:
+    if job.optimizer in BNB_OPTIMIZERS and job.quant is None:
         raise NotImplementedError(
             f"{WHAT} with optimizer={job.optimizer!r}: modelled with torch's optimizers "
             "(litgpt takes bitsandbytes' PagedAdamW only with --quantize)"
         )
 
 
-def _widths(sh: Shape, lora: LoRA) -> tuple[list[Size], bool]:
-    """The enabled parts' widths of the fused output (q: ``a d``, k and v: ``k d`` each), and
-    whether ``zero_pad`` runs (not all three enabled)."""
-    parts = (("q", sh.a * sh.d), ("k", sh.k * sh.d), ("v", sh.k * sh.d))
+def _check_quant(job: Training) -> None:
+    """``--quantize bnb.nf4`` (or ``bnb.nf4-dq``): Lightning's ``BitsandbytesPrecision``
+    makes every ``nn.Linear`` (the head too) bitsandbytes' NF4 ``Linear4bit`` (blocks of 64),
+    and ``instantiate_bnb_optimizer`` takes ``bnb.optim.PagedAdamW`` (32-bit states)."""
+    q = job.quant
+    assert q is not None
+    if q.method != "nf4" or q.group != NF4_BLOCK:
+        raise NotImplementedError(
+            f"{WHAT} with quant={q!r}: modelled for --quantize bnb.nf4 and bnb.nf4-dq "
+            f"(method='nf4', group_size={NF4_BLOCK}; double_quant for nf4-dq)"
+        )
+    if "lm_head" in q.keep_16bit:
+        raise ValueError(
+            f"quant.keep_16bit={q.keep_16bit!r} with {WHAT}: Lightning's bitsandbytes plugin "
+            "quantizes every nn.Linear, lm_head included; use keep_16bit=('embed', 'norm') "
+            "(the CLI's --quant-lm-head)"
+        )
+    if job.optimizer is not None and (job.optimizer != "adam32bit" or not job.paged_optimizer):
+        raise ValueError(
+            f"optimizer={job.optimizer!r}, paged_optimizer={job.paged_optimizer} with {WHAT} "
+            "and quant: finetune/lora.py --quantize steps bitsandbytes' PagedAdamW (32-bit "
+            "states); use optimizer='adam32bit', paged_optimizer=True (the CLI's --optimizer "
+            "adam32bit --paged-optimizer)"
+        )
+
+
+def _widths(a: Size, k: Size, d: Size, lora: LoRA) -> tuple[list[Size], bool]:
+    """The enabled parts' widths of the fused output (q: ``a d``, k and v: ``k d`` each, for
+    ``a`` heads, ``k`` kv heads of ``d``), and whether ``zero_pad`` runs (not all three)."""
+    parts = (("q", a * d), ("k", k * d), ("v", k * d))
     widths = [width for key, width in parts if key in lora.modules]
     return widths, 0 < len(widths) < len(parts)
 
 
 def adapt(
-    tape: Tape, sh: Shape, w: litgpt.Weights, lora: LoRA, one_sequence: bool
-) -> tuple[list[Tensor], list[tuple]]:
-    """Freeze ``w``, add the adapters as leaves and hook the adapted linears; return the
-    trainable tensors and their shapes in ``parameters()`` order. On CUDA each padded
-    ``qkv`` holds its ``_lora_ind`` index buffer (int64, one per enabled column), made by
-    ``torch.tensor`` in the first forward and counted from the start here; the CPU tracker
-    does not see it (made outside the dispatcher, `verify.measure.tracker`'s late storages)."""
+    tape: Tape, sh: Shape, w: litgpt.Weights, lora: LoRA, one_sequence: bool,
+    q: Quant | None = None,
+) -> tuple[list[Tensor], list[tuple]]:  # fmt: skip
+    """Freeze ``w``, quantize it (``q``: `quantize`), add the adapters as leaves and hook the
+    adapted linears; return the trainable tensors the optimizer steps and their shapes in
+    ``parameters()`` order. On CUDA each padded ``qkv`` holds its ``_lora_ind`` index buffer
+    (int64, one per enabled column), made by ``torch.tensor`` in the first forward and counted
+    from the start here; the CPU tracker does not see it (made outside the dispatcher,
+    `verify.measure.tracker`'s late storages)."""
     for t in w.parameters():  # mark_only_lora_as_trainable: the base is frozen
         t.leaf = False
         tape.leaves.pop(id(t.storage), None)
+    if q is not None:
+        quantize(tape, sh, w, q)
     isz, r = sh.weight_itemsize, lora.rank
     dropout_on = sh.device if lora.dropout > 0 else None
-    widths, padded = _widths(sh, lora)
+    widths, padded = _widths(sh.a, sh.k, sh.d, lora)
     others: list[tuple[str, Size, Size]] = []  # (key, out, in) of the LoRALinear adapters
     if "o" in lora.modules:
         others.append(("o", sh.h, sh.a * sh.d))
@@ -132,6 +167,51 @@ def adapt(
             assert dense is not None
             tape.linear_hooks[id(dense.storage)] = _linear_hook(dense, a, b, r, dropout_on)
     return params, shapes
+
+
+def quantize(tape: Tape, sh: Shape, w: litgpt.Weights, q: Quant) -> None:
+    """QLoRA (``finetune/lora.py --quantize``): every frozen linear, ``qkv``, ``proj``, the
+    MLP's three and ``lm_head``, stored as bitsandbytes' NF4 (``Params4bit``: packed values,
+    absmax, code; `calc.compress.quant.stored_tensors`) and dequantized in each matmul; then
+    ``StableEmbedding`` in place of ``wte`` (`calc.models.litgpt.stable_embedding`): a new
+    table and norm in the model's dtype, trainable but made after the optimizer, so nothing
+    steps them and their gradients sum over the run (``optimizer.zero_grad`` never reaches
+    them); the old ``wte`` stays, held by the optimizer's parameter list."""
+    compute = "fp32" if sh.weight_itemsize == FP32 else "bf16"
+    a, k, d = sh.a, sh.k, sh.d
+    shapes = {"qkv": ((a + 2 * k) * d, sh.h), "o": (sh.h, a * d), "gate": (sh.f, sh.h),
+              "up": (sh.f, sh.h), "down": (sh.h, sh.f)}  # fmt: skip
+    for j, lw in enumerate(w.layers):
+        for key, shape in shapes.items():
+            dense = lw[key]
+            assert dense is not None
+            lw[key] = quantize_linear(tape, dense, q, shape, compute, j, sh.device)
+    w.head = quantize_linear(tape, w.head, q, (sh.V, sh.h), compute, "head", sh.device)
+    isz = sh.weight_itemsize
+
+    def leaf(numel: Size, name: str) -> Tensor:
+        t = tape.existing(numel, isz, name, StorageKind.WEIGHT, leaf=True, tag="embed")
+        tape.unstepped.add(id(t.storage))
+        return t
+
+    w.stable = (leaf(sh.V * sh.h, "wte.stable"), leaf(sh.h, "wte.norm"),
+                leaf(sh.h, "wte.norm.bias"))  # fmt: skip
+
+
+def block_numels(model: ModelSpec, lora: LoRA) -> list[int]:
+    """Elements of one block's adapters in ``parameters()`` order (`adapt`): what a
+    bitsandbytes optimizer decides its paging on."""
+    h, a, k, d, f = model.hidden, model.n_heads, model.n_kv_heads, model.head_dim, model.ffn
+    widths, _ = _widths(a, k, d, lora)
+    r = lora.rank
+    out: list[int] = []
+    if widths:
+        out += [r * len(widths) * h, int(sum(widths)) * r]
+    if "o" in lora.modules:
+        out += [r * a * d, h * r]
+    if "gate" in lora.modules:
+        out += [r * h, f * r, r * h, f * r, r * f, h * r]
+    return out
 
 
 def _linear_hook(base: Tensor, a: Tensor, b: Tensor, rank: int, dropout_on: str | None):
@@ -301,19 +381,42 @@ def _head(tape: Tape, sh: Shape, head: Tensor, x: Tensor, p: _Piece) -> Tensor:
     (``should_fold`` is false; the weight expanded, a view) and ``bmm`` makes the chunk: no
     copy. Saves nothing (the weight is frozen); backward gives the slices' gradients,
     ``grad.bmm(weight)``, a joined piece releasing its incoming gradients first (module
-    docstring)."""
+    docstring).
+
+    An NF4 head (QLoRA) dequantizes its ``[V, h]`` weight for every chunk, in the forward and
+    again in the backward (bitsandbytes' ``MatMul4Bit``; `calc.compress.quant.dequantize`),
+    and frees it after the matmul. A joined piece dequantizes once: its chunks but the last
+    stand in as one block while the weight is made, then give way to the piece's output, so
+    its peak is that of its last chunk, as in the loop."""
     rows = sh.b * p.tokens
-    isz = head.itemsize
+    isz = x.itemsize  # the model's dtype (an NF4 head's values are bytes)
+    qw = tape.quantized.get(id(head.storage))
+    assert qw is None or isinstance(qw, quant.QWeight)
+    chunk = rows * sh.V
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         if grads[0] is None:
             return [None]
         if not p.own:
             tape.release_grad(grads, 0)
-        return [tape.new(p.count * rows * sh.h, isz, "dhead.x")]
+        weight = quant.dequantize(tape, qw) if qw is not None else None
+        dx = tape.new(p.count * rows * sh.h, isz, "dhead.x")
+        tape.drop(weight)
+        return [dx]
 
     node = tape.node("HeadBmm", rule, [x])
-    return tape.output(tape.new(p.count * rows * sh.V, isz, "logits.chunk"), node)
+    if qw is None:
+        return tape.output(tape.new(p.count * chunk, isz, "logits.chunk"), node)
+    grad_before, tape.grad_enabled = tape.grad_enabled, False
+    try:
+        before = None if p.own else tape.new((p.count - 1) * chunk, isz, "logits.chunks")
+        weight = quant.dequantize(tape, qw)
+        tape.drop(before)
+        out = tape.new(p.count * chunk, isz, "logits.chunk")
+        tape.drop(weight)
+    finally:
+        tape.grad_enabled = grad_before
+    return tape.output(out, node)
 
 
 def _cast(tape: Tape, x: Tensor, p: _Piece) -> Tensor:

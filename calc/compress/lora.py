@@ -152,12 +152,9 @@ def compress_weights(
             if q is not None:
                 dense = dict.__getitem__(lw, key)  # no pre-hook (prune_replay's dicts)
                 assert dense is not None, key  # a decoder linear always has its weight
-                tape.forget_existing(dense)
-                qw = quant.existing(tape, q, out_f, in_f, compute, j, sh.device, library)
-                values = next(t for t in qw.stored if t.storage.kind == "weight")
-                tape.quantized[id(values.storage)] = qw
-                tape.linear_hooks[id(values.storage)] = _quant_hook(qw)
-                lw[key] = values
+                lw[key] = quantize_linear(
+                    tape, dense, q, (out_f, in_f), compute, j, sh.device, library
+                )
             if lora is not None and key in lora.modules:
                 a = tape.existing(lora.rank * in_f, itemsize, f"{key}.lora_A", "adapter", True, j)
                 b = tape.existing(out_f * lora.rank, itemsize, f"{key}.lora_B", "adapter", True, j)
@@ -168,6 +165,22 @@ def compress_weights(
                 drop_on = sh.device if lora.dropout > 0 else None
                 tape.linear_hooks[id(base.storage)] = _lora_hook(base, a, b, lora.rank, drop_on)
     return params, shapes
+
+
+def quantize_linear(
+    tape: Tape, dense: Tensor, q: Quant, shape: tuple[Size, Size], compute: str, tag: object,
+    device: str, library: quant.NF4Library = "bitsandbytes",
+) -> Tensor:  # fmt: skip
+    """Replace the frozen linear weight ``dense`` (``[out, in]``, declared with
+    ``Tape.existing``) by its quantized tensors (`calc.compress.quant.existing`) and return
+    the values tensor, which stands for the weight from then on: a linear on it runs
+    `calc.compress.quant.quant_linear`, and `base_linear` finds it under an adapter."""
+    tape.forget_existing(dense)
+    qw = quant.existing(tape, q, shape[0], shape[1], compute, tag, device, library)
+    values = next(t for t in qw.stored if t.storage.kind == "weight")
+    tape.quantized[id(values.storage)] = qw
+    tape.linear_hooks[id(values.storage)] = _quant_hook(qw)
+    return values
 
 
 def _quant_hook(qw: quant.QWeight):

@@ -102,7 +102,9 @@ class Training:
     its full fine-tuning loop (the logits and loss held until the next iteration, the loss in
     128-row chunks), with ``loop="hold-output"`` and ``loss="chunked-ce"``
     (`calc.models.litgpt`); with ``lora``, its LoRA loop (the head in 128-token chunks,
-    `calc.compress.litgpt_lora`)."""
+    `calc.compress.litgpt_lora`); with ``quant`` too, its QLoRA (``--quantize bnb.nf4``: every
+    linear in NF4, the head too, ``StableEmbedding`` in place of ``wte``, bitsandbytes'
+    ``PagedAdamW``: ``optimizer="adam32bit", paged_optimizer=True``)."""
     grad_accum: int = 1
     """Micro-batches accumulated into one optimizer step."""
     weight_decay: float = 0.0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import partial
 
+from calc.compress import litgpt_lora
 from calc.compress.lora import check_parallel, trainable_numels
 from calc.compress.quant import check_fits, library_of, shards_of
 from calc.config.hf_config import hf_config_dict
@@ -147,6 +148,8 @@ def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> E
         numels = derived_trainable_numels(model, job)
     else:
         numels = trainable_numels(model, job) or param_numels(model)
+        if job.implementation == "litgpt" and job.lora is not None:  # its fused qkv adapter
+            numels = litgpt_lora.block_numels(model, job.lora) * model.n_layers
     paged = paged_state_bytes(numels, job.optimizer)
     note = (
         f"paged optimizer: {paged:,} B of states in CUDA managed memory (bitsandbytes "

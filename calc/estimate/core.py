@@ -21,6 +21,7 @@ import numpy as np
 import sympy as sp
 
 from calc import symbols as S
+from calc.compress import litgpt_lora
 from calc.compress.lora import adapter_numels
 from calc.config.jobs import Inference, Training
 from calc.config.model_spec import ModelSpec
@@ -159,11 +160,13 @@ def _structure_key(
     small_params: tuple[bool, ...] = ()
     bnb = isinstance(job, Training) and job.optimizer in BNB_OPTIMIZERS
     if isinstance(job, Training) and bnb and not is_derived(model, job):  # per-param thresholds
-        numels = (
-            adapter_numels(model, job.lora)  # LoRA trains the adapters: decide for them
-            if job.lora is not None
-            else [p.numel for p in model.param_tensors()]
-        )
+        numels: Sequence[int | sp.Expr]
+        if job.lora is None:
+            numels = [p.numel for p in model.param_tensors()]
+        elif job.implementation == "litgpt":  # its fused qkv adapter: litgpt_lora.adapt
+            numels = litgpt_lora.block_numels(model, job.lora)
+        else:  # LoRA trains the adapters: decide for them
+            numels = list(adapter_numels(model, job.lora))
         small_params = tuple(n < BNB_MIN_8BIT_SIZE for n in numels)
         if job.paged_optimizer:
             small_params += tuple(n < BNB_PAGED_MIN_NUMEL for n in numels)

@@ -86,9 +86,12 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
             "loop='hold-output' (logits and loss live until the next iteration) with "
             "loss='chunked-ce' (chunked_cross_entropy, 128-row chunks)"
         )
-    if job.optimizer_in_backward or job.offload_activations or job.paged_optimizer:
+    if job.optimizer_in_backward or job.offload_activations:
+        raise NotImplementedError(f"{WHAT} without optimizer_in_backward or offload_activations")
+    if job.paged_optimizer and job.quant is None:
         raise NotImplementedError(
-            f"{WHAT} without optimizer_in_backward, offload_activations or paged optimizers"
+            f"{WHAT} with paged_optimizer: litgpt takes bitsandbytes' PagedAdamW only with "
+            "--quantize (quant=calc.Quant('nf4', ...) with lora)"
         )
     if sh.attention not in ("flash", "efficient"):
         raise NotImplementedError(
@@ -125,6 +128,9 @@ class Weights(ref.Weights):
             })  # fmt: skip
         self.norm = leaf(h, "ln_f", "head")
         self.norm_b = None
+        self.stable: tuple[Tensor, Tensor, Tensor] | None = None
+        """QLoRA's ``StableEmbedding`` (weight, norm weight, norm bias), which replaces
+        ``wte`` after the optimizer is built (`stable_embedding`); ``None`` otherwise."""
 
     def shapes(self, sh: Shape) -> list[tuple]:
         """Each parameter's shape (``nn.Linear`` weights are [out, in])."""
@@ -287,12 +293,11 @@ def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) 
     xn = rms_norm(tape, x, lw["norm1"], n)
     att = attention(tape, sh, xn, lw, cos, sin)
     h = ops.add(tape, att, x, "resid1")
-    tape.drop(att)
     xn2 = rms_norm(tape, h, lw["norm2"], n)
     tape.drop(xn)  # x_normed rebound
     ff = ref.mlp(tape, sh, xn2, lw)
     out = ops.add(tape, ff, h, "resid2")
-    tape.drop(ff, xn2, h)
+    tape.drop(ff, xn2, h, att)  # attention_output, a local, lives until the block returns
     return out
 
 
@@ -302,12 +307,33 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Ten
     n = sh.b * sh.s
     tape.segment = "embed"
     c, s = tape.alias(cos), tape.alias(sin)  # cos[:T].unsqueeze(0), sin[...]: views
-    x = ops.embedding(tape, w.embed, n, sh.h, "wte_out", indices=ids)
+    if w.stable is not None:
+        x = stable_embedding(tape, sh, w.stable, ids)
+    else:
+        x = ops.embedding(tape, w.embed, n, sh.h, "wte_out", indices=ids)
     x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s))
     tape.segment = "head"
     hid = rms_norm(tape, x, w.norm, n)
     tape.drop(x, c, s)
     return hid
+
+
+def stable_embedding(
+    tape: Tape, sh: Shape, stable: tuple[Tensor, Tensor, Tensor], ids: Tensor
+) -> Tensor:
+    """bitsandbytes' ``StableEmbedding.forward`` (``bitsandbytes/nn/modules.py``), which
+    ``finetune/lora.py`` puts in place of ``wte`` under ``--quantize``: ``F.embedding`` on its
+    trainable weight (a dense gradient of the table in the backward), ``.to(torch.
+    get_default_dtype())`` (the model's dtype under Fabric's ``forward_context``: no copy),
+    ``LayerNorm`` in that dtype (its mean and rstd fp32 on CUDA, the input's dtype on the
+    CPU), ``.to(weight.dtype)`` (no copy); the embedding's output is saved by the norm."""
+    weight, norm_w, norm_b = stable
+    rows = sh.b * sh.s
+    emb = ops.embedding(tape, weight, rows, sh.h, "wte_out", indices=ids)
+    stats = FP32 if sh.device == "cuda" else weight.itemsize
+    out = ops.layer_norm(tape, emb, norm_w, norm_b, rows, stats_itemsize=stats)
+    tape.drop(emb)
+    return out
 
 
 def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:

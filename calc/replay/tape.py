@@ -358,6 +358,9 @@ class Tape:
         self.grad_enabled = True
         self._seq = 0
         self.grads: dict[int, Tensor] = {}  # id(leaf storage) -> its .grad
+        self.unstepped: set[int] = set()
+        """Leaves (``id`` of their storage) no optimizer holds: their ``.grad`` stays through
+        `zero_grad` and sums over the steps (litgpt's QLoRA ``StableEmbedding``)."""
         self.grad_any_size: set[int] = set()
         """Leaves (``id`` of their storage) whose ``.grad`` is the first gradient as it comes, even
         when its size differs from the leaf's (`calc.parallel.sequence.vocab_embedding`)."""
@@ -853,7 +856,8 @@ class Tape:
         self.drop(*cached)
 
     def zero_grad(self) -> None:
-        """``optimizer.zero_grad(set_to_none=True)``."""
-        grads = list(self.grads.values())
-        self.grads = {}
+        """``optimizer.zero_grad(set_to_none=True)``: every ``.grad`` goes but those of the
+        leaves in `unstepped` (no optimizer holds them)."""
+        grads = [g for key, g in self.grads.items() if key not in self.unstepped]
+        self.grads = {key: g for key, g in self.grads.items() if key in self.unstepped}
         self.drop(*grads)

@@ -330,7 +330,9 @@ def build_step(
         teacher = distill.setup(tape, sh, job, device)
     if path is ForwardPath.LITGPT and job.lora is not None:  # finetune/lora.py's adapters
         assert isinstance(w, litgpt.Weights)
-        trainable: tuple | None = litgpt_lora.adapt(tape, sh, w, job.lora, job.micro_batch == 1)
+        trainable: tuple | None = litgpt_lora.adapt(
+            tape, sh, w, job.lora, job.micro_batch == 1, job.quant
+        )
     else:
         trainable = _compress(tape, sh, w, model, job)  # LoRA / QLoRA: calc.compress.lora
     ids = tape.existing(sh.b * sh.s, INDEX_ITEMSIZE, "input_ids", "input")

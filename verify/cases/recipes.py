@@ -275,6 +275,56 @@ LITGPT_LORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 """LitGPT's ``finetune/lora.py`` (the head in 128-token chunks): name, card, the job's fields."""
 
+LIT_NF4 = Quant(method="nf4", double_quant=False, keep_16bit=("embed", "norm"))
+"""``--quantize bnb.nf4``: every ``nn.Linear`` (the head too) in NF4, blocks of 64, no double
+quantization (``bnb.nf4-dq`` has it)."""
+LIT_QLORA = {"quant": LIT_NF4, "optimizer": "adam32bit", "paged_optimizer": True}
+"""``finetune/lora.py --quantize``: the NF4 base and bitsandbytes' ``PagedAdamW`` (32-bit)."""
+LITGPT_QLORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("lit-qlora-bf16-llama3", LLAMA3, {"precision": "bf16", "lora": LIT_LORA, **LIT_QLORA}),
+    # 32-true, double quantization (bnb.nf4-dq), every adapter, a last chunk the shift empties
+    (
+        "lit-qlora-fp32-nf4dq-all-mistral",
+        MISTRAL,
+        {
+            **GQA2,
+            **LIT_QLORA,
+            "quant": Quant(method="nf4", keep_16bit=("embed", "norm")),
+            "precision": "fp32",
+            "seq_len": 257,
+            "scale": {"max_positions": 512},
+            "lora": LoRA(rank=4, modules=("q", "k", "v", "o", "gate", "up", "down")),
+        },
+    ),
+    # two micro-batches: StableEmbedding's gradients sum over them and over the steps
+    (
+        "lit-qlora-bf16-accum2-vocab32k-mistral",
+        MISTRAL,
+        {
+            **LIT_QLORA,
+            "precision": "bf16",
+            "seq_len": 192,
+            "grad_accum": 2,
+            "scale": {"vocab": 32000},
+            "lora": LIT_LORA,
+        },
+    ),
+    # five head chunks (three walked together, each dequantizing the head); hidden 512 and
+    # rank 128: the qkv adapters reach 100,000 elements, so PagedAdamW pages their states
+    (
+        "lit-qlora-bf16-five-chunks-paged-llama",
+        LLAMA,
+        {
+            **LIT_QLORA,
+            "precision": "bf16",
+            "seq_len": 600,
+            "scale": {"max_positions": 1024, "hidden": 512, "ffn": 1024},
+            "lora": LoRA(rank=128, alpha=16, modules=("q", "v"), dropout=0.05),
+        },
+    ),
+)
+"""LitGPT's QLoRA (``finetune/lora.py --quantize bnb.nf4``): name, card, the job's fields."""
+
 
 def recipe_cases() -> list[Case]:
     """The `TORCHTUNE` and `TORCHTITAN` cases, tagged ``implementation``."""
@@ -285,6 +335,6 @@ def recipe_cases() -> list[Case]:
         out.append(_train(name, card, tags=tags, **TT, **kw))
     for name, card, fields in TORCHTITAN:
         out.append(_train(name, card, tags=("implementation",), **TITAN, **fields))
-    for name, card, fields in (*LITGPT, *LITGPT_LORA):
+    for name, card, fields in (*LITGPT, *LITGPT_LORA, *LITGPT_QLORA):
         out.append(_train(name, card, tags=("implementation",), **LIT, **fields))
     return out

@@ -285,5 +285,5 @@ def build_optimizer(model: torch.nn.Module, job: Training, device: str = "cpu") 
     scaler = torch.amp.GradScaler(device) if job.precision == "amp-fp16" else None
     if job.precision == "bf16-master":
         raise NotRunnable("bf16-master needs verify.models.optimizers (fp32 master weights)")
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = litgpt_lora.stepped(model)
     return OptBundle(fallback=_torch_optimizer(params, job), scaler=scaler)

@@ -29,16 +29,19 @@ compares it with litgpt itself, through Fabric's wrapper, wherever litgpt import
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from calc.derive.quantized import quant_linear_class
 from verify.models import litgpt_llama
 
 if TYPE_CHECKING:
-    from calc.config.compression import LoRA
+    from calc.config.compression import LoRA, Quant
     from calc.config.jobs import Training
     from calc.config.model_spec import ModelSpec
 
@@ -114,8 +117,8 @@ class LoRAQKVLinear(nn.Module):
             if v:
                 ind.extend(range(self.linear.in_features + kv_embd_size, self.linear.out_features))
             self.register_buffer(
-                "_lora_ind", torch.tensor(ind, device=self.linear.weight.device), persistent=False
-            )
+                "_lora_ind", torch.tensor(ind, device=self.lora_A.device), persistent=False
+            )  # litgpt: the base weight's device (a quantized base has its own: the same one)
         return self._lora_ind
 
     def zero_pad(self, x: torch.Tensor) -> torch.Tensor:
@@ -143,6 +146,54 @@ class LoRAQKVLinear(nn.Module):
         )
         lora = self.zero_pad(after_B) * self.scaling
         return pretrained + lora
+
+
+class StableEmbedding(nn.Embedding):
+    """bitsandbytes' ``StableEmbedding`` (``bitsandbytes/nn/modules.py``), which
+    ``finetune/lora.py`` (lines 217-228) puts in place of ``wte`` under ``--quantize``: an
+    embedding and a ``LayerNorm``; ``forward`` looks the rows up, casts them to
+    ``torch.get_default_dtype()`` ("always apply layer norm in full precision"), normalizes
+    and casts back to the weight's dtype."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.norm = nn.LayerNorm(embedding_dim)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        emb = F.embedding(input, self.weight)
+        emb = emb.to(torch.get_default_dtype())
+        return self.norm(emb).to(self.weight.dtype)
+
+
+def quantize(model: litgpt_llama.GPT, quant: Quant) -> None:
+    """``--quantize bnb.nf4`` (``bnb.nf4-dq`` with ``double_quant``): Lightning's
+    ``BitsandbytesPrecision`` builds every ``nn.Linear`` as bitsandbytes' ``Linear4bit``
+    (the head too); here each is calc's ``QuantLinear`` (``calc.derive.quantized``, the
+    dequantizing matmul verify runs on the CPU in place of bitsandbytes' kernels). Then, after
+    the optimizer would be built, ``StableEmbedding`` replaces ``wte`` in the model's dtype:
+    trainable, outside the optimizer (``stepped`` leaves it out); the old ``wte`` stays alive
+    (litgpt's ``old_embedding`` and the optimizer's parameter list hold it)."""
+    cls = quant_linear_class()
+    holders: list[Any] = [model.lm_head]
+    for block in model.transformer.h:
+        holders += [block.attn.qkv, block.attn.proj, block.mlp.fc_1, block.mlp.fc_2,
+                    block.mlp.proj]  # fmt: skip
+    for holder in holders:
+        holder.linear = cls(holder.linear, quant)
+    old = model.transformer.wte
+    stable = StableEmbedding(old.num_embeddings, old.embedding_dim)
+    with torch.no_grad():
+        stable.weight.copy_(old.weight)
+    model.transformer.wte = stable.to(dtype=old.weight.dtype)
+    model.old_embedding = [old]  # a list: not registered as a submodule
+    for p in model.transformer.wte.parameters():
+        p.unstepped = True  # type: ignore[attr-defined]
+
+
+def stepped(model: nn.Module) -> list[torch.Tensor]:
+    """The parameters the optimizer steps: those with ``requires_grad``, but QLoRA's
+    ``StableEmbedding`` (made after the optimizer)."""
+    return [p for p in model.parameters() if p.requires_grad and not getattr(p, "unstepped", False)]
 
 
 def flags(lora: LoRA) -> dict[str, bool]:
@@ -184,6 +235,8 @@ def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> litgpt_llama.GP
         param.requires_grad = "lora_" in name
     if dtype != torch.float32:
         model.to(dtype)
+    if job.quant is not None:
+        quantize(model, job.quant)
     model.set_max_seq_length(job.seq_len)
     return model
 
@@ -202,6 +255,17 @@ def chunked_cross_entropy(logits: list[torch.Tensor], targets: torch.Tensor) -> 
     )
 
 
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Lightning's ``_DtypeContextManager``: ``torch.set_default_dtype`` for the block."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
 class LoRAFineTuneLoss:
     """``finetune/lora.py``'s step as the ``(ids, targets) -> loss`` of the training protocol:
     the chunked head through Fabric's wrapper, the last chunk's last position sliced off, the
@@ -211,14 +275,16 @@ class LoRAFineTuneLoss:
     def __init__(self, model: nn.Module, accumulation: int) -> None:
         self.model = model
         self.accumulation = accumulation
-        self.half = next(model.parameters()).dtype != torch.float32  # Fabric's HalfPrecision
+        self.dtype = model.transformer.ln_f.weight.dtype
+        self.half = self.dtype != torch.float32  # Fabric's HalfPrecision (or bitsandbytes')
         self.logits: list[torch.Tensor] | None = None
         self.loss: torch.Tensor | None = None
 
     def __call__(self, ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = litgpt_llama.fabric_output(
-            self.model(ids, lm_head_chunk_size=HEAD_CHUNK_TOKENS), self.half
-        )
+        with _default_dtype(self.dtype):  # BitsandbytesPrecision.forward_context (bf16-true's
+            out = self.model(ids, lm_head_chunk_size=HEAD_CHUNK_TOKENS)  # changes nothing)
+        logits = litgpt_llama.fabric_output(out, self.half)
+        del out
         self.logits = logits  # the previous list released as the name is rebound
         logits[-1] = logits[-1][..., :-1, :]
         self.loss = chunked_cross_entropy(logits, targets[..., 1:])

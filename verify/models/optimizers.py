@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from calc.config.jobs import Training
 from calc.data.bitsandbytes import BNB_BLOCK, BNB_MIN_8BIT_SIZE, BNB_PAGED_MIN_NUMEL
 from calc.derive.lion import lion_class
+from verify.models.litgpt_lora import stepped
 
 CHUNK = 16 * BNB_BLOCK
 """Elements `BlockwiseAdam8bit` updates at a time."""
@@ -298,7 +299,7 @@ def build(model: torch.nn.Module, job: Training) -> OptimizerBundle:
 
     The model must already be in the job's dtype: bf16 params for ``bf16``/``bf16-master``,
     fp32 otherwise (autocast keeps fp32 weights)."""
-    params = [p for p in model.parameters() if p.requires_grad]  # LoRA: adapters only
+    params = stepped(model)  # LoRA: adapters only
     want = torch.bfloat16 if job.precision in ("bf16", "bf16-master") else torch.float32
     lora = getattr(job, "lora", None)
     if lora is not None and lora.adapter_dtype is not None:  # adapters in their own dtype

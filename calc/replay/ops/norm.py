@@ -6,9 +6,13 @@ from __future__ import annotations
 from calc.replay.tape import Node, Size, Tape, Tensor
 
 
-def layer_norm(tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size) -> Tensor:
-    """``native_layer_norm``: output, fp32 mean and rstd [rows]; saves input, mean, rstd
-    (and the affine weight/bias). Backward ``native_layer_norm_backward``: dx, dw, db."""
+def layer_norm(
+    tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size, stats_itemsize: int = 4
+) -> Tensor:
+    """``native_layer_norm``: output, mean and rstd [rows] (fp32 by default; the CPU kernel
+    keeps them in the input's dtype when the weight has it too, ``param_scalar_type`` in
+    aten/src/ATen/native/layer_norm.cpp: ``stats_itemsize``); saves input, mean, rstd (and
+    the affine weight/bias). Backward ``native_layer_norm_backward``: dx, dw, db."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         gx = tape.new(x.numel, x.itemsize, "dln.in") if tape.needs_grad(x) else None
@@ -17,8 +21,8 @@ def layer_norm(tape: Tape, x: Tensor, w: Tensor, bias: Tensor | None, rows: Size
         return [gx, gw, gb]
 
     out = tape.new(x.numel, x.itemsize, "ln.out")
-    mean = tape.new(rows, 4, "ln.mean")
-    rstd = tape.new(rows, 4, "ln.rstd")
+    mean = tape.new(rows, stats_itemsize, "ln.mean")
+    rstd = tape.new(rows, stats_itemsize, "ln.rstd")
     n = tape.node("LayerNorm", rule, [x, w, bias], saved=[x, mean, rstd])
     tape.drop(mean, rstd)
     return tape.output(out, n)

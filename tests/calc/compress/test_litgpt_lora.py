@@ -1,8 +1,9 @@
 """LitGPT's LoRA fine-tuning (`calc.compress.litgpt_lora`) by hand: the adapters' shapes and
-order, what the fused qkv's adapter keeps for the backward, the head's chunks in fp32, what it
-refuses. The whole step is checked against the CPU tracker by the ``lit-lora-*`` verify cases
-(litgpt 0.5.12's code copied in verify/models/litgpt_lora.py and compared with the library,
-through Fabric's wrapper, in tests/verify/models/test_litgpt_lora.py)."""
+order, what the fused qkv's adapter keeps for the backward, the head's chunks in fp32, QLoRA's
+NF4 linears, StableEmbedding and paged states, what it refuses. The whole step is checked
+against the CPU tracker by the ``lit-lora-*`` and ``lit-qlora-*`` verify cases (litgpt
+0.5.12's code copied in verify/models/litgpt_lora.py and compared with the library, through
+Fabric's wrapper, in tests/verify/models/test_litgpt_lora.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,13 @@ from calc.models import litgpt
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Tape
-from calc.step.training import shape_for
+from calc.step.training import replay_training, shape_for
 from tests.specs import tiny_llama
 
+NF4 = calc.Quant(method="nf4", double_quant=False, keep_16bit=("embed", "norm"))
+"""``--quantize bnb.nf4``: every Linear, the head too."""
+PAGED = {"optimizer": "adam32bit", "paged_optimizer": True}
+"""bitsandbytes' ``PagedAdamW``, which ``finetune/lora.py`` takes under ``--quantize``."""
 # tiny_llama: hidden 16, 2 heads of 8, ffn 24, vocab 50; one key/value head here
 MODEL = tiny_llama(n_kv_heads=1)
 JOB = {"micro_batch": 2, "seq_len": 8, "precision": "bf16", "implementation": "litgpt",
@@ -39,7 +44,7 @@ def _adapted(job: calc.Training, device: str = "cpu"):
     tape = Tape()
     w = litgpt.Weights(tape, sh)
     assert job.lora is not None
-    params, shapes = litgpt_lora.adapt(tape, sh, w, job.lora, job.micro_batch == 1)
+    params, shapes = litgpt_lora.adapt(tape, sh, w, job.lora, job.micro_batch == 1, job.quant)
     return tape, sh, w, params, shapes
 
 
@@ -119,7 +124,10 @@ def test_the_loop_holds_the_chunks_in_fp32() -> None:
 @pytest.mark.parametrize(
     ("change", "error", "words"),
     [
-        ({"quant": calc.Quant(method="nf4")}, NotImplementedError, "QLoRA"),
+        ({"quant": calc.Quant(method="int8"), **PAGED}, NotImplementedError, "bnb.nf4"),
+        ({"quant": calc.Quant(method="nf4"), **PAGED}, ValueError, "lm_head included"),
+        ({"quant": NF4}, ValueError, "PagedAdamW"),
+        ({"quant": NF4, "optimizer": "adam8bit", "paged_optimizer": True}, ValueError, "adam32bit"),
         ({"lora": calc.LoRA(rank=4, modules=("q", "gate"))}, ValueError, "all or none"),
         ({"lora": calc.LoRA(rank=4, adapter_dtype="fp32")}, NotImplementedError, "adapter_dtype"),
         ({"optimizer": "adam8bit"}, NotImplementedError, "PagedAdamW"),
@@ -151,3 +159,55 @@ def test_litgpts_published_lora_peaks(card: str, micro_batch: int, published_gb:
                lora=calc.LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05))  # fmt: skip
     est = calc.estimate(calc.load_card(card), job)
     assert est.peak_bytes / 1e9 == pytest.approx(published_gb, rel=0.01)
+
+
+def test_qlora_stores_every_linear_in_nf4_and_adds_a_stable_embedding() -> None:
+    # bitsandbytes' Params4bit, blocks of 64, no double quantization: packed values (2 a
+    # byte), one fp32 absmax per block and a 16-entry fp32 code per linear. Per block: qkv
+    # (2 + 2 * 1) * 8 x 16 = 512 weights, proj 16 x 16 = 256, fc_1, fc_2 and proj 24 x 16 =
+    # 384 each; the head 50 x 16 = 800
+    job = _job(quant=NF4, **PAGED)
+    tape, _, w, params, _ = _adapted(job)
+    numels = {"qkv": 512, "o": 256, "gate": 384, "up": 384, "down": 384}
+    for lw in w.layers:
+        for key, n in numels.items():
+            values = lw[key]
+            assert values.itemsize == 1 and _value(values.numel, job) == n // 2
+            assert id(values.storage) in tape.quantized
+    head = tape.quantized[id(w.head.storage)]
+    assert [(_value(t.numel, job), t.itemsize) for t in head.stored] == [
+        (400, 1),
+        (16, 4),
+        (800 // 64, 4),
+    ]
+    # StableEmbedding: a 50 x 16 table and a LayerNorm of 16, bf16, trainable leaves the
+    # optimizer does not hold (finetune/lora.py builds them after it)
+    assert w.stable is not None
+    assert [(_value(t.numel, job), t.itemsize, t.leaf) for t in w.stable] == [
+        (800, 2, True), (16, 2, True), (16, 2, True)]  # fmt: skip
+    assert all(id(t.storage) in tape.unstepped for t in w.stable)
+    assert not any(t is s for t in params for s in w.stable)
+
+
+def test_qlora_stable_embedding_gradient_outlives_zero_grad() -> None:
+    # optimizer.zero_grad() sets the adapters' gradients to None; the StableEmbedding's
+    # (outside the optimizer) stay and sum over the steps: after two steps its table's
+    # gradient is alive, one 50 x 16 bf16 tensor (1,600 bytes: four 512-byte blocks)
+    job = _job(quant=NF4, **PAGED)
+    events = replay_training(MODEL, job, "cpu", 2)
+    last = events[-1]
+    grads = {key[1]: count for key, count in last.live if key[0] == StorageKind.GRAD}
+    assert grads.get("grad:wte.stable") == 1
+    assert not any(name.startswith("grad:") and "lora" in name for name in grads)
+    size = next(key[3] for key, _ in last.live if key[1] == "grad:wte.stable")
+    assert _value(size, job) == 2048
+
+
+def test_qlora_pages_the_states_of_litgpts_fused_adapters() -> None:
+    # Llama-2-7B, r 32 on q and v: per block LoRAQKVLinear's lora_A [2 x 32, 4096] and lora_B
+    # [4096 + 4096, 32], 262,144 elements each, at least PagedAdamW's 100,000: both fp32
+    # states of all 64 adapters in managed memory, 32 x 2 x 262,144 x 2 x 4 bytes
+    model = calc.load_card("llama-2-7b")
+    lora = calc.LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05)
+    est = calc.estimate(model, _job(micro_batch=2, seq_len=512, lora=lora, quant=NF4, **PAGED))
+    assert est.paged_state_bytes == 32 * 2 * 262_144 * 2 * 4

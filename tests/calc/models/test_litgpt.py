@@ -139,7 +139,7 @@ def test_more_whole_chunks_share_one_structure_and_scale() -> None:
         ({"recompute": "full"}, None, "checkpoints nothing"),
         ({"loop": "drop-output"}, None, "loop='hold-output'"),
         ({"loss": "cross-entropy"}, None, "loss='chunked-ce'"),
-        ({"lora": calc.LoRA(rank=4), "quant": calc.Quant(method="nf4")}, None, "QLoRA"),
+        ({"optimizer": "adam32bit", "paged_optimizer": True}, None, "only with --quantize"),
         ({}, calc.Parallelism(dp=2), "one device"),
     ],
 )
