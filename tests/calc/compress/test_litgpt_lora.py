@@ -155,7 +155,8 @@ def test_litgpts_published_lora_peaks(card: str, micro_batch: int, published_gb:
     # torch.cuda.max_memory_allocated() in GB on one A10G): llama-3.1-8b/lora.yaml,
     # llama-2-7b/lora.yaml and mistral-7b/lora.yaml, bf16-true, max_seq_length 512, lora_r 32,
     # lora_alpha 16, lora_dropout 0.05, lora_query and lora_value, the micro-batch of each row
-    job = _job(micro_batch=micro_batch, seq_len=512,
+    # and global_batch_size 8 (the rest accumulated)
+    job = _job(micro_batch=micro_batch, seq_len=512, grad_accum=8 // micro_batch,
                lora=calc.LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05))  # fmt: skip
     est = calc.estimate(calc.load_card(card), job)
     assert est.peak_bytes / 1e9 == pytest.approx(published_gb, rel=0.01)

@@ -176,3 +176,22 @@ def test_heads_merge_as_a_view_on_cuda_and_a_copy_on_the_cpu() -> None:
         sin = tape.existing(sh.s * sh.d, 4, "sin", StorageKind.BUFFER)
         litgpt.attention(tape, sh, x, w.layers[0], cos, sin)
         assert ("+attn.merge" in {e.label for e in tape.events}) is copied
+
+
+TINYLLAMA = {
+    "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 22,
+    "num_attention_heads": 32, "num_key_value_heads": 4, "intermediate_size": 5632,
+    "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}  # fmt: skip
+"""TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T's config.json (LitGPT's ``tiny-llama``)."""
+
+
+def test_litgpts_published_full_fine_tuning_peak() -> None:
+    # LitGPT's config hub (Lightning-AI/litgpt, config_hub/finetune/README.md, "Peak memory",
+    # torch.cuda.max_memory_allocated() on one A10G): tiny-llama/full.yaml, bf16-true,
+    # max_seq_length 512, micro_batch_size 4, global_batch_size 32 (8 accumulated
+    # micro-batches: the gradients live through the next ones' backward), AdamW: 14.10 GB
+    model = calc.ModelSpec.from_hf_config(TINYLLAMA, name="tiny-llama")
+    job = calc.Training(**{**JOB, "micro_batch": 4, "seq_len": 512, "grad_accum": 8})  # type: ignore[arg-type]
+    assert calc.estimate(model, job).peak_bytes / 1e9 == pytest.approx(14.10, rel=0.03)
