@@ -10,6 +10,11 @@ node's NVLink domain) with ``dp = n / tp``:
   among them) put over an fp32 model (``fsdp-mp``: bf16 gathers, fp32 shards, gradients and
   states) and ZeRO-3 with the optimizer on the CPU (``zero3-offload``, ZeRO-Offload, Ren et
   al. 2021);
+* ``dp > NODE_GPUS`` a multiple of it, without tp: HSDP (``hsdp8``, ``hsdp8-mp``), FSDP2 over a
+  2-D mesh that shards within a node of `NODE_GPUS` and replicates across ``dp / 8`` nodes
+  (torchtitan's ``data_parallel_shard_degree`` with ``data_parallel_replicate_degree``): each
+  GPU holds an eighth of the model whatever the node count, its gradients all-reduced across
+  the replicas;
 * ``dp == 1``: tensor parallelism alone.
 
 Pipeline parallelism is not enumerated: ``calc.step.pipeline`` models it for ``grad_accum == 1``
@@ -35,6 +40,8 @@ SINGLE = "single"
 MAX_TP = 8
 """Largest tensor-parallel degree enumerated: one node of 8 GPUs (tp all-reduces every layer;
 Narayanan et al. 2021 §3.3 keep tp within a node)."""
+NODE_GPUS = 8
+"""GPUs an HSDP layout shards over: one node (replicas across nodes)."""
 _SHARDINGS: tuple[tuple[str, dict], ...] = (
     ("zero0", {"zero": 0}),
     ("zero1", {"zero": 1}),
@@ -44,6 +51,12 @@ _SHARDINGS: tuple[tuple[str, dict], ...] = (
     ("fsdp-mp", {"fsdp": True, "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}),
     ("zero3-offload", {"zero": 3, "offload": "optimizer"}),
 )
+
+_HSDP: tuple[tuple[str, dict], ...] = (
+    ("", {"fsdp": True}),
+    ("-mp", {"fsdp": True, "fsdp_param_dtype": "bf16", "fsdp_reduce_dtype": "fp32"}),
+)
+"""HSDP's variants: FSDP2 alone and with the recipes' mixed-precision policy."""
 
 
 @lru_cache(maxsize=64)
@@ -60,6 +73,10 @@ def layouts(gpu_count: int) -> dict[str, Parallelism]:
             continue
         for name, kw in _SHARDINGS:
             out[f"dp{dp}-{name}{suffix}"] = Parallelism(dp=dp, tp=tp, **kw)
+        if tp == 1 and dp > NODE_GPUS and dp % NODE_GPUS == 0:
+            for name, kw in _HSDP:
+                hsdp = Parallelism(dp=dp, dp_replicate=dp // NODE_GPUS, **kw)
+                out[f"dp{dp}-hsdp{NODE_GPUS}{name}"] = hsdp
     return out
 
 

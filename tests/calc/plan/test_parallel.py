@@ -230,3 +230,30 @@ def test_lora_and_qlora_rows_on_two_gpus_equal_estimate(task: str) -> None:
     if task == "lora":
         assert {"dp2-fsdp", "dp2-zero3"} <= modelled
     assert p.compiled_now > 0  # from rank tables, not one calc.estimate per row
+
+
+def test_sixteen_gpus_add_hsdp_rows_that_equal_estimate() -> None:
+    # 16 GPUs, no tp: besides FSDP2 over all 16, HSDP over two nodes of 8 (sharded within a
+    # node, replicated across the two), alone and with the recipes' bf16/fp32 policy; each row
+    # equals calc.estimate
+    hsdp = ("dp16-fsdp", "dp16-hsdp8", "dp16-hsdp8-mp")
+    assert all(x in layouts(16) for x in hsdp)
+    assert layouts(16)["dp16-hsdp8"].dp_replicate == 2
+    assert not any("hsdp" in x for x in layouts(8))  # one node: FSDP2 is the node
+    fixed = {"parallel": hsdp, "precision": ("fp32",), "optimizer": ("adamw",),
+             "recompute": ("none",)}  # fmt: skip
+    p = _plan(16, 16, fixed)
+    assert _check_rows(p, "cuda") == set(hsdp)
+
+
+def test_hsdp_over_nodes_of_eight_holds_an_eighth_of_the_states() -> None:
+    # Llama-2-7B (6.74e9 parameters), fp32 with AdamW: at the peak (step 2's backward) a GPU
+    # keeps its shard of the weights and both moments, 12 bytes a parameter, and of the
+    # gradients those reduce-scattered so far, up to 4 more. FSDP2 over 16 GPUs holds 1/16
+    # of it, HSDP over two nodes of 8 holds 1/8: the difference is between 12 / 16 and
+    # 16 / 16 bytes a parameter, the rest (a layer's gathered weights, the activations) equal
+    model = calc.load_card("llama-2-7b")
+    job = calc.Training(micro_batch=1, seq_len=512, precision="fp32", optimizer="adamw")
+    fsdp = calc.estimate(model, job, layouts(16)["dp16-fsdp"]).peak_bytes
+    hsdp = calc.estimate(model, job, layouts(16)["dp16-hsdp8"]).peak_bytes
+    assert 12 * model.n_params / 16 <= hsdp - fsdp <= 16 * model.n_params / 16
