@@ -29,6 +29,7 @@ from calc.cli import compression as cli_compression
 from calc.cli import prune_distill as cli_prune_distill
 from calc.config import jobs
 from calc.config.compression import (
+    DECODER_LORA_MODULES,
     FP8_SCALINGS,
     KV_QUANTS,
     LORA_MODULES,
@@ -365,7 +366,7 @@ COMPRESSION: tuple[FormField, ...] = (
               default=None, low=1e-6, high=1e6, section="compression", of="lora",
               needs="lora_rank", help="empty = the rank (changes values, not memory)"),
     FormField(task="train", name="lora_modules", label="LoRA modules", kind="multi",
-              default=LORA_MODULES, choices=LORA_MODULES, section="compression", of="lora",
+              default=DECODER_LORA_MODULES, choices=LORA_MODULES, section="compression", of="lora",
               needs="lora_rank", help="projections of each layer that get an adapter"),
     FormField(task="train", name="lora_dropout", label="LoRA dropout", kind="float",
               default=0.0, low=0.0, high=0.95, section="compression", of="lora",

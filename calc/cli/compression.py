@@ -51,7 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--lora-rank", type=int, help="adapter rank: trains LoRA adapters only")
     lo.add_argument("--lora-alpha", type=float, help="lora_alpha (default: the rank)")
     lo.add_argument(
-        "--lora-modules", help=f"comma-separated of {','.join(LORA_MODULES)} (default all)"
+        "--lora-modules",
+        help=f"comma-separated of {','.join(LORA_MODULES)} (default the seven of the layers; "
+        "lm_head with --implementation litgpt)",
     )
     lo.add_argument(
         "--lora-dropout", type=float, help="lora_dropout in [0, 1) (default 0: peft's Identity)"

@@ -55,6 +55,8 @@ FP32, INT64 = litgpt.FP32, litgpt.INT64
 NF4_BLOCK = 64
 """bitsandbytes ``Linear4bit``'s block size, which Lightning's plugin keeps."""
 MLP_KEYS = ("gate", "up", "down")
+HEAD = "lm_head"
+"""``lora.modules``' name of the head's adapter (``lora_head``)."""
 WHAT = "implementation='litgpt' with lora"
 
 
@@ -143,9 +145,14 @@ def adapt(
     params: list[Tensor] = []
     shapes: list[tuple] = []
 
-    def leaf(numel: Size, name: str, j: int) -> Tensor:
+    def leaf(numel: Size, name: str, j: object) -> Tensor:
         return tape.existing(numel, isz, name, StorageKind.ADAPTER, leaf=True, tag=j)
 
+    if HEAD in lora.modules:  # lora_head: GPT registers lm_head first, its adapters before it
+        a, b = leaf(r * sh.h, "lm_head.lora_A", "head"), leaf(sh.V * r, "lm_head.lora_B", "head")
+        params += [a, b]
+        shapes += [(r, sh.h), (sh.V, r)]
+        w.head_lora = (a, b, r, dropout_on)
     for j, lw in enumerate(w.layers):
         if widths:
             e, width = len(widths), sum(widths)
@@ -196,6 +203,13 @@ def quantize(tape: Tape, sh: Shape, w: litgpt.Weights, q: Quant) -> None:
 
     w.stable = (leaf(sh.V * sh.h, "wte.stable"), leaf(sh.h, "wte.norm"),
                 leaf(sh.h, "wte.norm.bias"))  # fmt: skip
+
+
+def head_numels(model: ModelSpec, lora: LoRA) -> list[int]:
+    """Elements of the head's adapters (``lora_head``: ``A [r, h]``, ``B [V, r]``), or none."""
+    if HEAD not in lora.modules:
+        return []
+    return [lora.rank * model.hidden, model.vocab * lora.rank]
 
 
 def block_numels(model: ModelSpec, lora: LoRA) -> list[int]:
@@ -333,14 +347,19 @@ class _Piece:
 
 def _pieces(sh: Shape, regime: litgpt.Regime) -> list[_Piece]:
     """The whole chunks before the last whole one (joined), the last whole one, the last
-    (in the loss unless the shift leaves it empty: one token, ``regime.last`` false)."""
+    (in the loss unless the shift leaves it empty: one token, ``regime.last`` false). With an
+    adapter on the head (``regime.unrolled``) every chunk is a piece of its own: each runs the
+    adapter's ops, whose transients a joined piece could not stand for."""
     whole = sp.ceiling(sh.s / HEAD_CHUNK_TOKENS) - 1
     last = sh.s - HEAD_CHUNK_TOKENS * whole
     out: list[_Piece] = []
-    if regime.whole >= 2:
-        out.append(_Piece(whole - 1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=False))
-    if regime.whole >= 1:
-        out.append(_Piece(1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=True))
+    if regime.unrolled:
+        out += [_Piece(1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=True)] * regime.whole
+    else:
+        if regime.whole >= 2:
+            out.append(_Piece(whole - 1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=False))
+        if regime.whole >= 1:
+            out.append(_Piece(1, HEAD_CHUNK_TOKENS, HEAD_CHUNK_TOKENS, own=True))
     out.append(_Piece(1, last, last - 1, own=True))
     return out
 
@@ -356,13 +375,19 @@ def loss_step(
     numels = [sh.b * p.tokens * p.count * sh.h for p in pieces]
     xs = litgpt.split_views(tape, hid, numels, "Split", "dSplit.cat")
     tape.drop(hid)
-    chunks = [_head(tape, sh, w.head, x, p) for x, p in zip(xs, pieces, strict=True)]
+    # a slice folds as a view when it is [1, T, h], [b, 1, h] (a last chunk of one token:
+    # the shift leaves it out of the loss) or all of x
+    views = [regime.one_sequence or regime.whole == 0 for _ in pieces]
+    views[-1] = views[-1] or not regime.last
+    chunks = [_head(tape, sh, w, x, p, view) for x, p, view in zip(xs, pieces, views, strict=True)]
     tape.drop(*xs)
     if chunks[0].itemsize != FP32:  # Fabric's bf16-true wrapper: every chunk to fp32
         wide = [_cast(tape, c, p) for c, p in zip(chunks, pieces, strict=True)]
         tape.drop(*chunks)
         chunks = wide
     if held:
+        if not regime.last:  # the chunk the shift left out: its graph dies with the list
+            tape.free_graph(held[-2])
         tape.drop(*held[:-1])
     last = pieces[-1]
     sliced = litgpt.slice_logits(tape, chunks[-1], sh.b * last.loss_tokens * sh.V)
@@ -375,7 +400,37 @@ def loss_step(
     return ops.scale(tape, loss, "loss.accum")  # fabric.backward(loss / accumulation)
 
 
-def _head(tape: Tape, sh: Shape, head: Tensor, x: Tensor, p: _Piece) -> Tensor:
+def _head(
+    tape: Tape, sh: Shape, w: litgpt.Weights, x: Tensor, p: _Piece, fold_view: bool
+) -> Tensor:
+    """``self.lm_head(x_i)`` on a piece's slices: the frozen head (`_frozen_head`), and with
+    ``lora_head`` litgpt's ``LoRALinear`` on it (``lora_A``, ``lora_B`` on the dropped-out
+    slice; `calc.compress.lora.lora_linear`'s ops). Without dropout the slice itself reaches
+    ``@ lora_A.T``, whose fold is a ``reshape``: a copy of a slice of two or more sequences
+    (its rows are not evenly strided), a view of one sequence's, of one token's or of the
+    whole sequence (``fold_view``: then ``lora_A`` keeps ``ln_f``'s output, as long as the
+    chunk's graph lives); with dropout the dropout's output, a new tensor, folds as a view."""
+    pre = _frozen_head(tape, sh, w.head, x, p)
+    if w.head_lora is None:
+        return pre
+    a, b, r, dropout_on = w.head_lora
+    rows = sh.b * p.tokens
+    if dropout_on is not None:
+        xd = ops.dropout(tape, x, "lm_head.lora_dropout", dropout_on)
+    else:
+        xd = ops.view(tape, x) if fold_view else ops.clone(tape, x, "lm_head.lora_in")
+    ax = ops.linear(tape, xd, a, None, rows, r, "lm_head.lora_A")
+    tape.drop(xd)
+    bx = ops.linear(tape, ax, b, None, rows, sh.V, "lm_head.lora_B")
+    tape.drop(ax)
+    scaled = ops.unary(tape, bx, "lm_head.lora_scale", saves="none")
+    tape.drop(bx)
+    out = ops.add(tape, pre, scaled, "lm_head.lora_sum")
+    tape.drop(pre, scaled)
+    return out
+
+
+def _frozen_head(tape: Tape, sh: Shape, head: Tensor, x: Tensor, p: _Piece) -> Tensor:
     """The frozen ``lm_head`` on a piece's slices. A slice ``[b, 128, h]`` of ``[b, s, h]``
     cannot be folded to 2-D without a copy, so ``matmul`` takes its batched path
     (``should_fold`` is false; the weight expanded, a view) and ``bmm`` makes the chunk: no

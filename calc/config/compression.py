@@ -18,7 +18,7 @@ ScaleDtype = Literal["fp32", "fp16", "bf16"]
 FP8Scaling = Literal["tensor", "row"]
 AdapterDtype = Literal["fp32", "bf16", "fp16"]
 KVQuant = Literal["int8", "fp8"]
-LoraModule = Literal["q", "k", "v", "o", "gate", "up", "down"]
+LoraModule = Literal["q", "k", "v", "o", "gate", "up", "down", "lm_head"]
 Keep16 = Literal["embed", "norm", "lm_head"]
 
 QUANT_METHODS: tuple[str, ...] = get_args(QuantMethod)
@@ -27,6 +27,8 @@ FP8_SCALINGS: tuple[str, ...] = get_args(FP8Scaling)
 ADAPTER_DTYPES: tuple[str, ...] = get_args(AdapterDtype)
 KV_QUANTS: tuple[str, ...] = get_args(KVQuant)
 LORA_MODULES: tuple[str, ...] = get_args(LoraModule)
+DECODER_LORA_MODULES: tuple[LoraModule, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+"""The decoder layers' linears: `LoRA`'s default (``lm_head``, LitGPT's ``lora_head``, is not)."""
 KEEP_16BIT: tuple[str, ...] = get_args(Keep16)
 
 MAX_RANK = 1 << 16
@@ -50,10 +52,11 @@ class LoRA:
     alpha: float | None = None
     """Scaling numerator (``lora_alpha``); the update is scaled by ``alpha / rank``. ``None``
     means ``alpha = rank`` (scale 1). It changes values, not memory."""
-    modules: tuple[LoraModule, ...] = ("q", "k", "v", "o", "gate", "up", "down")
+    modules: tuple[LoraModule, ...] = DECODER_LORA_MODULES
     """Which projections of each decoder layer get an adapter (llama-family names: ``q``,
-    ``k``, ``v``, ``o`` attention, ``gate``, ``up``, ``down`` MLP). Default: all seven, as in
-    the QLoRA paper (Dettmers et al. 2023, §4)."""
+    ``k``, ``v``, ``o`` attention, ``gate``, ``up``, ``down`` MLP), and ``lm_head`` for the
+    output head (LitGPT's ``lora_head``; ``implementation="litgpt"`` only). Default: the
+    seven of the layers, as in the QLoRA paper (Dettmers et al. 2023, §4)."""
     adapter_dtype: AdapterDtype | None = None
     """Dtype of ``A``, ``B``, their grads and the adapter path's activations. ``None``: the
     training precision's parameter dtype."""

@@ -149,7 +149,9 @@ def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> E
     else:
         numels = trainable_numels(model, job) or param_numels(model)
         if job.implementation == "litgpt" and job.lora is not None:  # its fused qkv adapter
-            numels = litgpt_lora.block_numels(model, job.lora) * model.n_layers
+            numels = litgpt_lora.head_numels(model, job.lora) + (
+                litgpt_lora.block_numels(model, job.lora) * model.n_layers
+            )
     paged = paged_state_bytes(numels, job.optimizer)
     note = (
         f"paged optimizer: {paged:,} B of states in CUDA managed memory (bitsandbytes "
@@ -163,6 +165,11 @@ def _check_training(model: ModelSpec, job: Training) -> None:
     """``ValueError`` for a training job that does not fit ``model``: a pruned module it lacks,
     a distillation student that does not match, loss chunks that do not divide the tokens;
     ``NotImplementedError`` for offloading a micro-batch below `calc.replay.offload.MIN_TOKENS`."""
+    if job.lora is not None and "lm_head" in job.lora.modules and job.implementation != "litgpt":
+        raise NotImplementedError(
+            f"lora.modules with 'lm_head' and implementation={job.implementation!r}: an adapter "
+            "on the LM head is modelled for implementation='litgpt' (its lora_head)"
+        )
     if job.pruning is not None:
         job.pruning.modules_for(model)  # ValueError for a module the model lacks
     if job.distill is not None:

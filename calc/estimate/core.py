@@ -164,7 +164,9 @@ def _structure_key(
         if job.lora is None:
             numels = [p.numel for p in model.param_tensors()]
         elif job.implementation == "litgpt":  # its fused qkv adapter: litgpt_lora.adapt
-            numels = litgpt_lora.block_numels(model, job.lora)
+            numels = litgpt_lora.head_numels(model, job.lora) + litgpt_lora.block_numels(
+                model, job.lora
+            )
         else:  # LoRA trains the adapters: decide for them
             numels = list(adapter_numels(model, job.lora))
         small_params = tuple(n < BNB_MIN_8BIT_SIZE for n in numels)
@@ -212,9 +214,11 @@ def _litgpt_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[s
     (`calc.models.litgpt.Regime`); nothing for the other implementations."""
     if not isinstance(job, Training) or job.implementation != "litgpt":
         return ()
+    lora = job.lora
     regime = litgpt.Regime.of(
-        job.micro_batch, job.seq_len, model.max_positions, head_chunks=job.lora is not None
-    )
+        job.micro_batch, job.seq_len, model.max_positions, head_chunks=lora is not None,
+        unrolled=lora is not None and litgpt_lora.HEAD in lora.modules,
+    )  # fmt: skip
     return (("litgpt_regime", regime.key()), ("max_positions", model.max_positions))
 
 

@@ -128,6 +128,9 @@ class Weights(ref.Weights):
             })  # fmt: skip
         self.norm = leaf(h, "ln_f", "head")
         self.norm_b = None
+        self.head_lora: tuple[Tensor, Tensor, int, str | None] | None = None
+        """``lora_head``'s ``lora_A``, ``lora_B``, rank and the device of its dropout
+        (``None``: none); ``None`` without it (`calc.compress.litgpt_lora.adapt`)."""
         self.stable: tuple[Tensor, Tensor, Tensor] | None = None
         """QLoRA's ``StableEmbedding`` (weight, norm weight, norm bias), which replaces
         ``wte`` after the optimizer is built (`stable_embedding`); ``None`` otherwise."""
@@ -383,25 +386,30 @@ class Regime:
     """LoRA's loop: the last chunk keeps one token after the shift (``s % 128 == 2``), so its
     ``[b, 1, V]`` slice and its ``[b, 1]`` targets reshape as views (a dimension of one has
     no stride to break), whatever the micro-batch."""
+    unrolled: bool = False
+    """LoRA's loop with an adapter on the head (``lora_head``): ``whole`` is the exact count
+    of chunks before the last, each replayed on its own."""
 
     @classmethod
     def of(
-        cls, micro_batch: int, seq_len: int, max_positions: int, head_chunks: bool = False
-    ) -> Regime:
+        cls, micro_batch: int, seq_len: int, max_positions: int, head_chunks: bool = False,
+        unrolled: bool = False,
+    ) -> Regime:  # fmt: skip
         """The regime of a job of ``micro_batch`` sequences of ``seq_len`` tokens."""
         converted = seq_len == max_positions
         if head_chunks:
             whole = -(-seq_len // CE_CHUNK_ROWS) - 1
             one_token = seq_len % CE_CHUNK_ROWS == 2
             in_loss = seq_len % CE_CHUNK_ROWS != 1  # one token: empty after the shift
-            return cls(micro_batch == 1, min(whole, 2), in_loss, converted, True, one_token)
+            count = whole if unrolled else min(whole, 2)
+            return cls(micro_batch == 1, count, in_loss, converted, True, one_token, unrolled)
         whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
         return cls(micro_batch == 1, min(whole, 2), rest > 0, converted)
 
-    def key(self) -> tuple[bool, int, bool, bool, bool, bool]:
+    def key(self) -> tuple[bool, int, bool, bool, bool, bool, bool]:
         """The fields that decide the replay's structure."""
         return (self.one_sequence, self.whole, self.last, self.converted, self.head_chunks,
-                self.last_one_token)  # fmt: skip
+                self.last_one_token, self.unrolled)  # fmt: skip
 
 
 def loss_step(

@@ -755,6 +755,7 @@ class Tape:
             self.offload.after_node(self)  # the node's post-hooks
         self.drop(*grads_out)
         self._release(n)
+        n.info["ran"] = True
         if reg is not None:
             self._region_node_done(n)
         return grads_in
@@ -778,6 +779,20 @@ class Tape:
         them over); ordinary saved variables stay until ``release_variables``."""
         if "region" in n.info:
             self._release(n)
+
+    def free_graph(self, t: Tensor) -> None:
+        """The last reference to the graph behind ``t`` dies without a backward through it (an
+        output left out of the loss, dropped the next iteration): every node reachable from
+        its ``grad_fn`` and not run by a backward releases what it saves; the walk stops at
+        the nodes a backward ran (the graph the loss reached, already released)."""
+        stack, seen = [t.grad_fn], set()
+        while stack:
+            n = stack.pop()
+            if n is None or id(n) in seen or n.info.get("ran"):
+                continue
+            seen.add(id(n))
+            self._release(n)
+            stack.extend(e[0] for e in n.edges if isinstance(e, tuple))
 
     def _release(self, n: Node) -> None:
         """``release_variables()``: drop the node's saved-variable references."""

@@ -260,6 +260,47 @@ LITGPT_LORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
             "lora": LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05),
         },
     ),
+    # lora_head: LoRALinear on every head chunk (three here), dropout on its input
+    (
+        "lit-lora-bf16-head-llama3",
+        LLAMA3,
+        {
+            "precision": "bf16",
+            "seq_len": 300,
+            "scale": {"max_positions": 512},
+            "lora": LoRA(rank=8, alpha=16, modules=("q", "v", "lm_head"), dropout=0.05),
+        },
+    ),
+    # lora_head without dropout: two sequences, so each slice is copied as it folds for A;
+    # a last chunk the shift empties
+    (
+        "lit-lora-fp32-head-nodrop-gqa2-mistral",
+        MISTRAL,
+        {
+            **GQA2,
+            "precision": "fp32",
+            "seq_len": 257,
+            "scale": {"max_positions": 512},
+            "lora": LoRA(rank=4, modules=("v", "lm_head")),
+        },
+    ),
+    # lora_head without dropout on one sequence (the slices fold as views), and on one
+    # chunk of two sequences (the whole of ln_f's output: a view)
+    (
+        "lit-lora-bf16-head-one-llama",
+        LLAMA,
+        {
+            "precision": "bf16",
+            "micro_batch": 1,
+            "seq_len": 200,
+            "lora": LoRA(rank=4, modules=("q", "lm_head")),
+        },
+    ),
+    (
+        "lit-lora-bf16-head-short-llama3",
+        LLAMA3,
+        {"precision": "bf16", "seq_len": 100, "lora": LoRA(rank=4, modules=("q", "lm_head"))},
+    ),
     # a real vocabulary (Mistral's 32,000), two micro-batches
     (
         "lit-lora-bf16-accum2-vocab32k-mistral",
@@ -324,6 +365,25 @@ LITGPT_QLORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
 )
 """LitGPT's QLoRA (``finetune/lora.py --quantize bnb.nf4``): name, card, the job's fields."""
+LITGPT_QLORA += (
+    # the config hub's tiny-llama/qlora.yaml at a small width: every linear and the head
+    # adapted, r 32, dropout; the head NF4 under its adapter
+    (
+        "lit-qlora-bf16-all-head-llama",
+        LLAMA,
+        {
+            **LIT_QLORA,
+            "precision": "bf16",
+            "seq_len": 256,
+            "lora": LoRA(
+                rank=32,
+                alpha=16,
+                dropout=0.05,
+                modules=("q", "k", "v", "o", "gate", "up", "down", "lm_head"),
+            ),
+        },
+    ),
+)
 
 
 def recipe_cases() -> list[Case]:

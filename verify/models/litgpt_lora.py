@@ -204,12 +204,12 @@ def flags(lora: LoRA) -> dict[str, bool]:
     if mlp and len(mlp) != 3:
         raise ValueError(f"modules={lora.modules!r}: litgpt adapts the MLP's three or none")
     return {"query": "q" in mods, "key": "k" in mods, "value": "v" in mods,
-            "projection": "o" in mods, "mlp": bool(mlp)}  # fmt: skip
+            "projection": "o" in mods, "mlp": bool(mlp), "head": "lm_head" in mods}  # fmt: skip
 
 
 def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> litgpt_llama.GPT:
-    """``finetune/lora.py``'s model: litgpt's Llama with the LoRA layers (``lora_head``
-    False), only ``lora_*`` trainable, in ``dtype``, ``max_seq_length`` at the training
+    """``finetune/lora.py``'s model: litgpt's Llama with the LoRA layers (``lora_head`` for
+    ``lm_head`` in the modules), only ``lora_*`` trainable, in ``dtype``, ``max_seq_length`` at the training
     length."""
     lora = job.lora
     assert lora is not None
@@ -223,7 +223,7 @@ def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> litgpt_llama.GP
 
     model = litgpt_llama.GPT(spec)
     h, f, d, a = spec.hidden, spec.ffn, spec.head_dim, spec.n_heads
-    model.lm_head = linear(h, spec.vocab, False)
+    model.lm_head = linear(h, spec.vocab, on["head"])
     for block in model.transformer.h:
         enable = (on["query"], on["key"], on["value"])
         block.attn.qkv = LoRAQKVLinear(h, d, a, spec.n_kv_heads, r, alpha, p, enable)

@@ -18,6 +18,7 @@ from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Tape
 from calc.step.training import replay_training, shape_for
+from tests.calc.models.test_litgpt import TINYLLAMA
 from tests.specs import tiny_llama
 
 NF4 = calc.Quant(method="nf4", double_quant=False, keep_16bit=("embed", "norm"))
@@ -212,3 +213,31 @@ def test_qlora_pages_the_states_of_litgpts_fused_adapters() -> None:
     lora = calc.LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05)
     est = calc.estimate(model, _job(micro_batch=2, seq_len=512, lora=lora, quant=NF4, **PAGED))
     assert est.paged_state_bytes == 32 * 2 * 262_144 * 2 * 4
+
+
+def test_lora_head_adapters_come_first_in_parameter_order() -> None:
+    # lora_head: GPT registers lm_head before the blocks and LoRALinear its lora_A [r, h] and
+    # lora_B [V, r] before its linear, so they lead parameters(): (4, 16) and (50, 4)
+    job = _job(lora=calc.LoRA(rank=4, modules=("q", "lm_head")))
+    _, _, w, params, shapes = _adapted(job)
+    assert [p.name for p in params[:3]] == ["lm_head.lora_A", "lm_head.lora_B", "qkv.lora_A"]
+    assert [tuple(_value(n, job) for n in s) for s in shapes[:2]] == [(4, 16), (50, 4)]
+    assert w.head_lora is not None and w.head_lora[2] == 4
+
+
+def test_an_adapter_on_the_head_is_litgpts_alone() -> None:
+    lora = calc.LoRA(rank=4, modules=("q", "lm_head"))
+    job = calc.Training(micro_batch=2, seq_len=8, implementation="hf", lora=lora)
+    with pytest.raises(NotImplementedError, match="lora_head"):
+        calc.estimate(MODEL, job, device="cpu")
+
+
+def test_litgpts_published_lora_head_peak() -> None:
+    # LitGPT's config hub (config_hub/finetune/README.md, one A10G): tiny-llama/lora.yaml,
+    # bf16-true, 8 x 512 tokens (global batch 8), r 32, alpha 16, dropout 0.05, every
+    # linear and the head adapted (lora_head): 13.50 GB
+    model = calc.ModelSpec.from_hf_config(TINYLLAMA, name="tiny-llama")
+    modules = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+    lora = calc.LoRA(rank=32, alpha=16, modules=modules, dropout=0.05)
+    est = calc.estimate(model, _job(micro_batch=8, seq_len=512, lora=lora))
+    assert est.peak_bytes / 1e9 == pytest.approx(13.50, rel=0.01)

@@ -105,7 +105,7 @@ def test_the_loop_holds_fp32_logits_from_fabrics_wrapper(precision: str, held_by
 def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # chunked_cross_entropy on logits[..., :-1, :]: b (s - 1) rows in chunks of 128
     regime = litgpt.Regime.of(micro_batch, seq_len, max_positions=64)
-    assert regime.key() == (*key, False, False)
+    assert regime.key() == (*key, False, False, False)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,15 @@ def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
 def test_head_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # finetune/lora.py: the head on 128-token slices of the sequence, one loss chunk each;
     # the micro-batch does not change the number of chunks
-    assert litgpt.Regime.of(micro_batch, seq_len, 512, head_chunks=True).key() == key
+    assert litgpt.Regime.of(micro_batch, seq_len, 512, head_chunks=True).key() == (*key, False)
+
+
+def test_an_adapter_on_the_head_unrolls_every_chunk() -> None:
+    # lora_head: each chunk runs the adapter's ops, so the regime counts the chunks before the
+    # last exactly: 5 x 128 + 1 tokens -> five, where the joined walk says "two or more"
+    unrolled = litgpt.Regime.of(2, 641, 1024, head_chunks=True, unrolled=True)
+    assert unrolled.whole == 5 and unrolled.unrolled
+    assert litgpt.Regime.of(2, 641, 1024, head_chunks=True).whole == 2
 
 
 def test_more_whole_chunks_share_one_structure_and_scale() -> None:

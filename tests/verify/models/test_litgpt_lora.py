@@ -42,7 +42,7 @@ def _pair(kv_heads: int, lora: LoRA, seq: int, precision: str = "bf16"):
         rope_base=int(spec.rope_theta or 10000), lora_r=lora.rank,
         lora_alpha=lora.rank if lora.alpha is None else lora.alpha, lora_dropout=lora.dropout,
         lora_query=on["query"], lora_key=on["key"], lora_value=on["value"],
-        lora_projection=on["projection"], lora_mlp=on["mlp"], lora_head=False,
+        lora_projection=on["projection"], lora_mlp=on["mlp"], lora_head=on["head"],
     )  # fmt: skip
     fabric = fabric_mod.Fabric(
         accelerator="cpu", devices=1, precision={"fp32": "32-true", "bf16": "bf16-true"}[precision]
@@ -80,6 +80,10 @@ CASES = [
     (4, ("q", "k", "v"), 64),
     (1, ("q", "k", "v", "o", "gate", "up", "down"), 256),
     (4, ("q", "o", "gate", "up", "down"), 250),
+    # lora_head: LoRALinear on the head's 128-token slices, whose fold of the undropped slice
+    # copies it (two sequences); two chunks, and one (the whole sequence: a view)
+    (1, ("q", "v", "lm_head"), 250),
+    (4, ("k", "lm_head"), 100),
 ]
 
 
@@ -104,6 +108,16 @@ def test_dropout_and_fp32_match_litgpt() -> None:
     lora = LoRA(rank=4, modules=("q", "v"), dropout=0.05)
     spec, ours, theirs = _pair(1, lora, 130, precision="fp32")
     ids = torch.randint(0, spec.vocab, (2, 130))
+    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
+    peaks = [two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))]
+    assert peaks[0] == peaks[1]
+
+
+def test_dropout_on_the_head_adapter_matches_litgpt() -> None:
+    # lora_head with lora_dropout: each slice's dropped copy folds as a view
+    lora = LoRA(rank=4, modules=("v", "lm_head"), dropout=0.05)
+    spec, ours, theirs = _pair(4, lora, 200)
+    ids = torch.randint(0, spec.vocab, (2, 200))
     mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
     peaks = [two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))]
     assert peaks[0] == peaks[1]
