@@ -7,7 +7,8 @@ through Fabric's wrapper in ``tests/verify/models/test_litgpt_lora.py``); this f
 * `adapt`: every base parameter frozen; per block one ``lora_A [r E, h]`` and one ``lora_B
   [sum of the enabled widths, r]`` on the fused ``qkv`` (``E`` of q, k, v enabled), and
   ``LoRALinear`` pairs on ``attn.proj`` (``o``) and on ``fc_1``, ``fc_2``, ``proj`` (the MLP:
-  all three or none), in ``parameters()`` order, in the model's dtype;
+  all three or none), in ``parameters()`` order, in the model's dtype; with ``lm_head`` in
+  the modules (``lora_head``) a ``LoRALinear`` pair on the head, first of all;
 * `quantize` (QLoRA, ``--quantize bnb.nf4`` or ``bnb.nf4-dq``): every frozen linear and the
   head stored as bitsandbytes' NF4 and dequantized in each matmul (`calc.compress.quant`), and
   ``StableEmbedding`` in place of ``wte``, trainable outside the optimizer (its gradient
@@ -31,6 +32,8 @@ smaller one (fp32 for bf16, then the vocabulary's width for the hidden size's), 
 first piece replays its own transients and the joined one releases before it allocates. A
 joined piece's tensors are its chunks' bytes added up: whole 512-byte blocks each when the
 micro-batch times the vocabulary (and the hidden size) is even, as in every real model.
+With ``lora_head`` every chunk runs the adapter's ops and is replayed on its own
+(``Regime.unrolled``: the structure holds the chunk count).
 """
 
 from __future__ import annotations

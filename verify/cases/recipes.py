@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from calc.config.compression import LoRA, Quant
+from calc.config.compression import DECODER_LORA_MODULES, LoRA, Quant
 from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, Case, Q
 from verify.cases.case import train as _train
 
@@ -181,6 +181,12 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 """LitGPT's ``finetune/full.py`` (bf16-true or 32-true): name, card, the job's fields."""
 
+
+def _lit(precision: str, seq_len: int, lora: LoRA, **more: Any) -> dict[str, Any]:
+    """A LitGPT LoRA job's fields: the precision, the tokens, the adapters, the rest as given."""
+    return {"precision": precision, "seq_len": seq_len, "lora": lora, **more}
+
+
 LIT_LORA = LoRA(rank=8, alpha=16, modules=("q", "v"), dropout=0.05)
 """``finetune/lora.py``'s defaults: ``lora_r=8``, ``lora_alpha=16``, ``lora_dropout=0.05``,
 ``lora_query`` and ``lora_value``."""
@@ -264,42 +270,36 @@ LITGPT_LORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         "lit-lora-bf16-head-llama3",
         LLAMA3,
-        {
-            "precision": "bf16",
-            "seq_len": 300,
-            "scale": {"max_positions": 512},
-            "lora": LoRA(rank=8, alpha=16, modules=("q", "v", "lm_head"), dropout=0.05),
-        },
+        _lit(
+            "bf16",
+            300,
+            LoRA(rank=8, alpha=16, modules=("q", "v", "lm_head"), dropout=0.05),
+            scale={"max_positions": 512},
+        ),
     ),
     # lora_head without dropout: two sequences, so each slice is copied as it folds for A;
     # a last chunk the shift empties
     (
         "lit-lora-fp32-head-nodrop-gqa2-mistral",
         MISTRAL,
-        {
-            **GQA2,
-            "precision": "fp32",
-            "seq_len": 257,
-            "scale": {"max_positions": 512},
-            "lora": LoRA(rank=4, modules=("v", "lm_head")),
-        },
+        _lit(
+            "fp32",
+            257,
+            LoRA(rank=4, modules=("v", "lm_head")),
+            scale={"kv_heads": 2, "max_positions": 512},
+        ),
     ),
     # lora_head without dropout on one sequence (the slices fold as views), and on one
     # chunk of two sequences (the whole of ln_f's output: a view)
     (
         "lit-lora-bf16-head-one-llama",
         LLAMA,
-        {
-            "precision": "bf16",
-            "micro_batch": 1,
-            "seq_len": 200,
-            "lora": LoRA(rank=4, modules=("q", "lm_head")),
-        },
+        _lit("bf16", 200, LoRA(rank=4, modules=("q", "lm_head")), micro_batch=1),
     ),
     (
         "lit-lora-bf16-head-short-llama3",
         LLAMA3,
-        {"precision": "bf16", "seq_len": 100, "lora": LoRA(rank=4, modules=("q", "lm_head"))},
+        _lit("bf16", 100, LoRA(rank=4, modules=("q", "lm_head"))),
     ),
     # a real vocabulary (Mistral's 32,000), two micro-batches
     (
@@ -327,63 +327,47 @@ LITGPT_QLORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
     (
         "lit-qlora-fp32-nf4dq-all-mistral",
         MISTRAL,
-        {
-            **GQA2,
-            **LIT_QLORA,
-            "quant": Quant(method="nf4", keep_16bit=("embed", "norm")),
-            "precision": "fp32",
-            "seq_len": 257,
-            "scale": {"max_positions": 512},
-            "lora": LoRA(rank=4, modules=("q", "k", "v", "o", "gate", "up", "down")),
-        },
+        _lit(
+            "fp32",
+            257,
+            LoRA(rank=4, modules=DECODER_LORA_MODULES),
+            **{**LIT_QLORA, "quant": Quant(method="nf4", keep_16bit=("embed", "norm"))},
+            scale={"kv_heads": 2, "max_positions": 512},
+        ),
     ),
     # two micro-batches: StableEmbedding's gradients sum over them and over the steps
     (
         "lit-qlora-bf16-accum2-vocab32k-mistral",
         MISTRAL,
-        {
-            **LIT_QLORA,
-            "precision": "bf16",
-            "seq_len": 192,
-            "grad_accum": 2,
-            "scale": {"vocab": 32000},
-            "lora": LIT_LORA,
-        },
+        _lit("bf16", 192, LIT_LORA, **LIT_QLORA, grad_accum=2, scale={"vocab": 32000}),
     ),
     # five head chunks (three walked together, each dequantizing the head); hidden 512 and
     # rank 128: the qkv adapters reach 100,000 elements, so PagedAdamW pages their states
     (
         "lit-qlora-bf16-five-chunks-paged-llama",
         LLAMA,
-        {
+        _lit(
+            "bf16",
+            600,
+            LoRA(rank=128, alpha=16, modules=("q", "v"), dropout=0.05),
             **LIT_QLORA,
-            "precision": "bf16",
-            "seq_len": 600,
-            "scale": {"max_positions": 1024, "hidden": 512, "ffn": 1024},
-            "lora": LoRA(rank=128, alpha=16, modules=("q", "v"), dropout=0.05),
-        },
+            scale={"max_positions": 1024, "hidden": 512, "ffn": 1024},
+        ),
     ),
-)
-"""LitGPT's QLoRA (``finetune/lora.py --quantize bnb.nf4``): name, card, the job's fields."""
-LITGPT_QLORA += (
     # the config hub's tiny-llama/qlora.yaml at a small width: every linear and the head
     # adapted, r 32, dropout; the head NF4 under its adapter
     (
         "lit-qlora-bf16-all-head-llama",
         LLAMA,
-        {
+        _lit(
+            "bf16",
+            256,
+            LoRA(rank=32, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
             **LIT_QLORA,
-            "precision": "bf16",
-            "seq_len": 256,
-            "lora": LoRA(
-                rank=32,
-                alpha=16,
-                dropout=0.05,
-                modules=("q", "k", "v", "o", "gate", "up", "down", "lm_head"),
-            ),
-        },
+        ),
     ),
 )
+"""LitGPT's QLoRA (``finetune/lora.py --quantize bnb.nf4``): name, card, the job's fields."""
 
 
 def recipe_cases() -> list[Case]:
