@@ -41,7 +41,7 @@ from __future__ import annotations
 import sympy as sp
 
 from calc.compress import quant
-from calc.compress.lora import base_linear, lora_linear, quantize_linear
+from calc.compress.lora import base_linear, lora_linear, lora_sum, quantize_linear
 from calc.config.compression import LoRA, Quant
 from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
@@ -213,6 +213,11 @@ def head_numels(model: ModelSpec, lora: LoRA) -> list[int]:
     if HEAD not in lora.modules:
         return []
     return [lora.rank * model.hidden, model.vocab * lora.rank]
+
+
+def trainable_numels(model: ModelSpec, lora: LoRA) -> list[int]:
+    """Elements of every adapter in ``parameters()`` order: the head's, then each block's."""
+    return head_numels(model, lora) + block_numels(model, lora) * model.n_layers
 
 
 def block_numels(model: ModelSpec, lora: LoRA) -> list[int]:
@@ -408,7 +413,7 @@ def _head(
 ) -> Tensor:
     """``self.lm_head(x_i)`` on a piece's slices: the frozen head (`_frozen_head`), and with
     ``lora_head`` litgpt's ``LoRALinear`` on it (``lora_A``, ``lora_B`` on the dropped-out
-    slice; `calc.compress.lora.lora_linear`'s ops). Without dropout the slice itself reaches
+    slice; `calc.compress.lora.lora_sum`). Without dropout the slice itself reaches
     ``@ lora_A.T``, whose fold is a ``reshape``: a copy of a slice of two or more sequences
     (its rows are not evenly strided), a view of one sequence's, of one token's or of the
     whole sequence (``fold_view``: then ``lora_A`` keeps ``ln_f``'s output, as long as the
@@ -417,20 +422,8 @@ def _head(
     if w.head_lora is None:
         return pre
     a, b, r, dropout_on = w.head_lora
-    rows = sh.b * p.tokens
-    if dropout_on is not None:
-        xd = ops.dropout(tape, x, "lm_head.lora_dropout", dropout_on)
-    else:
-        xd = ops.view(tape, x) if fold_view else ops.clone(tape, x, "lm_head.lora_in")
-    ax = ops.linear(tape, xd, a, None, rows, r, "lm_head.lora_A")
-    tape.drop(xd)
-    bx = ops.linear(tape, ax, b, None, rows, sh.V, "lm_head.lora_B")
-    tape.drop(ax)
-    scaled = ops.unary(tape, bx, "lm_head.lora_scale", saves="none")
-    tape.drop(bx)
-    out = ops.add(tape, pre, scaled, "lm_head.lora_sum")
-    tape.drop(pre, scaled)
-    return out
+    return lora_sum(tape, x, pre, a, b, r, sh.b * p.tokens, sh.V, "lm_head", dropout_on,
+                    fold_copy=not fold_view)  # fmt: skip
 
 
 def _frozen_head(tape: Tape, sh: Shape, head: Tensor, x: Tensor, p: _Piece) -> Tensor:

@@ -82,8 +82,21 @@ def lora_linear(
     intermediates die as the expression finishes: ``A(x)`` after ``lora_B`` ran, ``B(.)``
     after the product."""
     y = base_linear(tape, x, base, bias, rows, out_features, name)
+    return lora_sum(tape, x, y, a, b, rank, rows, out_features, name, dropout_on)
+
+
+def lora_sum(
+    tape: Tape, x: Tensor, y: Tensor, a: Tensor, b: Tensor, rank: Size, rows: Size,
+    out_features: Size, name: str, dropout_on: str | None = None, fold_copy: bool = False,
+) -> Tensor:  # fmt: skip
+    """``y + lora_B(lora_A(dropout(x))) * scaling`` on the frozen base's output ``y``, as
+    `lora_linear` describes. ``fold_copy``: without dropout ``x`` reaches ``@ lora_A.T`` as a
+    strided slice whose fold to 2-D is a copy, kept by ``A`` (litgpt's head chunks,
+    `calc.compress.litgpt_lora`)."""
     xa = x if tape.autocast_itemsize else ops.to_dtype(tape, x, a.itemsize, f"{name}.lora_in")
     xd = xa if dropout_on is None else ops.dropout(tape, xa, f"{name}.lora_dropout", dropout_on)
+    if fold_copy and dropout_on is None:
+        xd = ops.clone(tape, xa, f"{name}.lora_fold")
     ax = ops.linear(tape, xd, a, None, rows, rank, f"{name}.lora_A")
     if xd is not xa:
         tape.drop(xd)

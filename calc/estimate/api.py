@@ -146,12 +146,10 @@ def _with_paged(est: Estimate, model: ModelSpec, job: Training | Inference) -> E
         return est
     if model.derived:  # the parameters transformers builds (meta device)
         numels = derived_trainable_numels(model, job)
+    elif job.implementation == "litgpt" and job.lora is not None:  # its fused qkv adapter
+        numels = litgpt_lora.trainable_numels(model, job.lora)
     else:
         numels = trainable_numels(model, job) or param_numels(model)
-        if job.implementation == "litgpt" and job.lora is not None:  # its fused qkv adapter
-            numels = litgpt_lora.head_numels(model, job.lora) + (
-                litgpt_lora.block_numels(model, job.lora) * model.n_layers
-            )
     paged = paged_state_bytes(numels, job.optimizer)
     note = (
         f"paged optimizer: {paged:,} B of states in CUDA managed memory (bitsandbytes "

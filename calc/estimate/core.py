@@ -214,11 +214,7 @@ def _litgpt_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[s
     (`calc.models.litgpt.Regime`); nothing for the other implementations."""
     if not isinstance(job, Training) or job.implementation != "litgpt":
         return ()
-    lora = job.lora
-    regime = litgpt.Regime.of(
-        job.micro_batch, job.seq_len, model.max_positions, head_chunks=lora is not None,
-        unrolled=lora is not None and litgpt_lora.HEAD in lora.modules,
-    )  # fmt: skip
+    regime = litgpt.Regime.of_job(job, model.max_positions)
     return (("litgpt_regime", regime.key()), ("max_positions", model.max_positions))
 
 

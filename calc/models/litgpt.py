@@ -406,6 +406,13 @@ class Regime:
         whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
         return cls(micro_batch == 1, min(whole, 2), rest > 0, converted)
 
+    @classmethod
+    def of_job(cls, job: Training, max_positions: int) -> Regime:
+        """The regime of ``job``: LoRA's loop chunks the head, ``lora_head`` unrolls it."""
+        lora = job.lora
+        return cls.of(job.micro_batch, job.seq_len, max_positions, head_chunks=lora is not None,
+                      unrolled=lora is not None and "lm_head" in lora.modules)  # fmt: skip
+
     def key(self) -> tuple[bool, int, bool, bool, bool, bool, bool]:
         """The fields that decide the replay's structure."""
         return (self.one_sequence, self.whole, self.last, self.converted, self.head_chunks,

@@ -341,10 +341,7 @@ def build_step(
         tape.offload = Offload()
     regime = None
     if path is ForwardPath.LITGPT:
-        lora = job.lora
-        regime = litgpt.Regime.of(job.micro_batch, job.seq_len, model.max_positions,
-                                  head_chunks=lora is not None,
-                                  unrolled=lora is not None and "lm_head" in lora.modules)  # fmt: skip
+        regime = litgpt.Regime.of_job(job, model.max_positions)
     converted = regime is not None and regime.converted
     cos, sin = _rope_buffers(tape, sh, model, path, dp, converted)
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))
