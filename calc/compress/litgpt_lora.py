@@ -379,7 +379,7 @@ def loss_step(
     """``finetune/lora.py``'s step (module docstring). ``held``: the previous iteration's
     chunks (the last one its sliced view) and loss, refilled with this one's."""
     pieces = _pieces(sh, regime)
-    hid = litgpt.hidden(tape, sh, w, cos, sin, ids)
+    hid = litgpt.hidden(tape, sh, w, cos, sin, ids, regime)
     numels = [sh.b * p.tokens * p.count * sh.h for p in pieces]
     xs = litgpt.split_views(tape, hid, numels, "Split", "dSplit.cat")
     tape.drop(hid)

@@ -236,12 +236,22 @@ def _regime(job: Training | Inference, config: dict[str, Any]) -> lift.Regime:
     return lift.regime(job_values(job), thresholds(config))
 
 
+LIBRARY_IMPLEMENTATIONS = ("torchtune", "torchtitan", "litgpt")
+"""Implementations that are another library's model code (`calc.models`), not transformers'."""
+
+
 def check_job(model: ModelSpec, job: Training | Inference) -> None:
     """Raise ``NotImplementedError`` naming what the derived replay does not cover yet."""
     if model.derived and job.implementation == "reference":
         raise NotImplementedError(
             f"implementation='reference' is verify's own llama/gpt2 model; model_type="
             f"{model.model_type!r} runs as transformers' code (implementation='hf')"
+        )
+    if model.derived and job.implementation in LIBRARY_IMPLEMENTATIONS:
+        raise NotImplementedError(
+            f"implementation={job.implementation!r} is that library's own model code, replayed "
+            f"for Llama-family configurations; model_type={model.model_type!r} is replayed "
+            "from transformers' code (implementation='hf')"
         )
     parts = ("pruning", "distill", "kv_quant")
     used = [name for name in parts if getattr(job, name, None) is not None]

@@ -32,6 +32,7 @@ from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
 from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
+from calc.models import litgpt
 from calc.parallel.layout import param_numels
 from calc.replay.offload import MIN_TOKENS
 from calc.step.optimizer import paged_state_bytes
@@ -59,6 +60,12 @@ def estimate(
     cost model does not cover yet (the message names it).
     """
     check_choice("device", device, DEVICES)
+    if (
+        isinstance(job, Training)
+        and job.implementation == "litgpt"
+        and isinstance(model, ModelSpec)
+    ):
+        model = litgpt.as_built(model)  # Phi-3 and Phi-4 are litgpt Llama configurations
     _check_arguments(model, job, parallel)
     if isinstance(job, Training):
         _check_training(model, job)

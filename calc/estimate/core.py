@@ -214,7 +214,7 @@ def _litgpt_fields(model: ModelSpec, job: Training | Inference) -> tuple[tuple[s
     (`calc.models.litgpt.Regime`); nothing for the other implementations."""
     if not isinstance(job, Training) or job.implementation != "litgpt":
         return ()
-    regime = litgpt.Regime.of_job(job, model.max_positions)
+    regime = litgpt.Regime.of_job(job, model)
     return (("litgpt_regime", regime.key()), ("max_positions", model.max_positions))
 
 

@@ -220,13 +220,17 @@ def core(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str) -> T
     return fused(tape, sh, q, k, v, name)
 
 
-def _round_up(n: Size, m: int) -> Size:
+def round_up(n: Size, m: int) -> Size:
     """``(n + m - 1) / m * m`` (``round_multiple`` of the CUDA kernels)."""
     return -(-n // m) * m if isinstance(n, int) else m * sp.ceiling(n / m)
 
 
-def fused(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str) -> Tensor:
-    """SDPA's fused kernel on q [b, a, s, d], k, v [b, k, s, d] (`ops.sdpa_flash`).
+def fused(
+    tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str,
+    mask: Tensor | None = None,
+) -> Tensor:  # fmt: skip
+    """SDPA's fused kernel on q [b, a, s, d], k, v [b, k, s, d] (`ops.sdpa_flash`), with an
+    additive ``mask`` it saves for the backward (the CPU flash kernel, CUDA's efficient one).
 
     CPU (the tracker): the CPU flash kernel, logsumexp [b, a, s] fp32. CUDA, ``efficient``
     (``_efficient_attention_forward``, ``cuda/attention.cu``; meta kernel
@@ -238,11 +242,13 @@ def fused(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, name: str) -> 
     temporaries (``softmax_d``, the fp32 ``dq_accum``, GQA's expanded dk, dv)."""
     b, a, s = sh.b, sh.a, sh.s
     if sh.device != "cuda":
-        return ops.sdpa_flash(tape, q, k, v, b * a * s, name)
+        return ops.sdpa_flash(tape, q, k, v, b * a * s, name, mask=mask)
     if sh.attention == "efficient":
         grad = tape.grad_enabled and any(tape.needs_grad(t) for t in (q, k, v))
-        return ops.sdpa_flash(tape, q, k, v, b * a * _round_up(s, 32) if grad else 0, name)
-    s_r = _round_up(s, 128)
+        lse = b * a * round_up(s, 32) if grad else 0
+        return ops.sdpa_flash(tape, q, k, v, lse, name, mask=mask)
+    assert mask is None, "CUDA's flash kernel takes no mask"
+    s_r = round_up(s, 128)
     temps: list[tuple[Size, int]] = [
         (b * a * s_r, FP32),
         (b * s_r * a * (sh.d + sh.flash_head_pad), FP32),

@@ -24,12 +24,14 @@ recomputation (`check`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import sympy as sp
 
 from calc.config.jobs import Training
+from calc.config.model_spec import ModelSpec
 from calc.models import attention_core
 from calc.models import reference as ref
 from calc.models.head import divide_by_count
@@ -42,9 +44,36 @@ from calc.replay.tape import Node, Size, Tape, Tensor
 FP32 = 4
 INT64 = 8
 BOOL = 1
+MASK_ALIGNMENT = 16
+"""``mem_eff_alignment`` of ``preprocess_mask`` (``aten/src/ATen/native/transformers/
+attention.cpp``): the last dimension memory-efficient attention wants of its bias."""
 CE_CHUNK_ROWS = 128
 """``chunked_cross_entropy``'s ``chunk_size`` (litgpt/utils.py)."""
 WHAT = "implementation='litgpt'"
+
+
+LLAMA_CONFIGS = ("phi3",)
+"""Hugging Face model types outside the hand-modelled ones that litgpt builds as its Llama:
+``Phi3ForCausalLM`` (Phi-3-mini, Phi-4) is ``LLaMAMLP``, ``RMSNorm``, no biases, an untied
+head and full rotary embeddings in litgpt's ``config.py``; its fused ``qkv_proj`` and
+``gate_up_proj`` are litgpt's ``qkv`` and ``fc_1``/``fc_2``."""
+
+
+def as_built(model: ModelSpec) -> ModelSpec:
+    """The model litgpt builds for ``model``: a derived ``phi3`` (`LLAMA_CONFIGS`) as the
+    Llama it is in litgpt, with its sizes and sliding window; any other unchanged (`check`
+    refuses what litgpt's Llama is not). ``NotImplementedError`` for a partial rotary factor
+    (litgpt's ``rotary_percentage`` below 1, as Phi-4-mini's), which this replay does not
+    cover."""
+    if not model.derived or model.model_type not in LLAMA_CONFIGS or model.hf_config is None:
+        return model
+    partial = json.loads(model.hf_config).get("partial_rotary_factor", 1.0)
+    if partial != 1.0:
+        raise NotImplementedError(
+            f"{WHAT} on model_type={model.model_type!r} with partial_rotary_factor={partial}: "
+            "modelled for full rotary embeddings (litgpt's rotary_percentage=1.0)"
+        )
+    return replace(model, model_type="llama", hf_config=None)
 
 
 def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
@@ -254,8 +283,49 @@ def _cat_empty_tail(tape: Tape, roped: Tensor, x: Tensor, name: str) -> Tensor:
     return out
 
 
-def attention(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) -> Tensor:
-    """``CausalSelfAttention.forward``."""
+def sliding_window_mask(tape: Tape, sh: Shape, itemsize: int) -> Tensor:
+    """The additive mask ``CausalSelfAttention.forward`` builds in each block of a configuration
+    with ``sliding_window_size`` (litgpt/model.py lines 481-503, no ``input_pos``): ``ones(T,
+    T)`` in q's dtype and its ``triu(diagonal=1)`` (the ones freed), ``masked_fill_`` where
+    ``mask.bool()`` (a bool temporary), then ``full((T, T), -inf)``, zeroed one row slice at a
+    time in place, which replaces the causal one. Its memory does not depend on the window."""
+    n = sh.s * sh.s
+    ones = tape.new(n, itemsize, "attn.mask.ones")
+    causal = tape.new(n, itemsize, "attn.mask.causal")
+    tape.drop(ones)
+    flags = tape.new(n, BOOL, "attn.mask.bool")
+    tape.drop(flags)
+    window = tape.new(n, itemsize, "attn.mask")
+    tape.drop(causal)
+    return window
+
+
+def _sdpa(tape: Tape, sh: Shape, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+          padded: bool) -> Tensor:  # fmt: skip
+    """SDPA on the roped, expanded heads: causal, or with the sliding-window ``mask``, which
+    rules out flash (``check_for_attn_mask``, ``sdp_utils.cpp``): CUDA runs memory-efficient,
+    whose ``preprocess_mask`` (``attention.cpp``) expands the mask to ``[B, nh, T, T]`` and, when
+    ``T`` is not a multiple of 16, pads that expansion into a new tensor (``pad_bias``) that
+    the kernel saves; the CPU's flash kernel takes and saves the mask as it is."""
+    if mask is None:
+        return attention_core.core(tape, sh, q, k, v, "attn")
+    if sh.device != "cuda":
+        return attention_core.fused(tape, sh, q, k, v, "attn", mask=mask)
+    bias = mask
+    if padded:
+        numel = sh.b * sh.a * sh.s * attention_core.round_up(sh.s, MASK_ALIGNMENT)
+        bias = tape.new(numel, mask.itemsize, "attn.mask.padded")
+    out = attention_core.fused(tape, replace(sh, attention="efficient"), q, k, v, "attn", bias)
+    if bias is not mask:
+        tape.drop(bias)
+    return out
+
+
+def attention(
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor,
+    regime: Regime | None = None,
+) -> Tensor:  # fmt: skip
+    """``CausalSelfAttention.forward`` (the sliding-window mask where ``regime.sliding``)."""
     n = sh.b * sh.s
     qkv = ops.linear(tape, x, lw["qkv"], None, n, (sh.a + 2 * sh.k) * sh.d, "qkv")
     q, k, v = _split_qkv(tape, sh, qkv, n)
@@ -279,22 +349,27 @@ def attention(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tens
         vr = ops.repeat_interleave(tape, vt, numel, "v_rep")
         tape.drop(kc, vt)
         kc, vt = kr, vr
-    out = attention_core.core(tape, sh, qc, kc, vt, "attn")
+    sliding = regime is not None and regime.sliding
+    mask = sliding_window_mask(tape, sh, qc.itemsize) if sliding else None
+    out = _sdpa(tape, sh, qc, kc, vt, mask, regime is not None and regime.mask_padded)
     tape.drop(qc, kc, vt)
     # CUDA's fused kernels lay their output out [B, T, heads, d] (a view); the CPU flash
     # kernel lays it out as its query, here cat's contiguous [B, heads, T, d]: a copy
     o = attention_core.merge_heads(tape, sh, out, copies=sh.device != "cuda")
     tape.drop(out)
     y = ops.linear(tape, o, lw["o"], None, n, sh.h, "o")
-    tape.drop(o, qkv, q_roped, k_roped)  # the locals die as the method returns
+    tape.drop(o, qkv, q_roped, k_roped, mask)  # the locals die as the method returns
     return y
 
 
-def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) -> Tensor:
+def block(
+    tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor,
+    regime: Regime | None = None,
+) -> Tensor:  # fmt: skip
     """``Block.forward`` (``parallel_residual=False``)."""
     n = sh.b * sh.s
     xn = rms_norm(tape, x, lw["norm1"], n)
-    att = attention(tape, sh, xn, lw, cos, sin)
+    att = attention(tape, sh, xn, lw, cos, sin, regime)
     h = ops.add(tape, att, x, "resid1")
     xn2 = rms_norm(tape, h, lw["norm2"], n)
     tape.drop(xn)  # x_normed rebound
@@ -304,7 +379,10 @@ def block(tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor) 
     return out
 
 
-def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:
+def hidden(
+    tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor,
+    regime: Regime | None = None,
+) -> Tensor:  # fmt: skip
     """``GPT.forward`` up to the head: ``wte``, the blocks, ``ln_f`` ([B, T, h]); the tables'
     views die as it returns (the caller's head runs inside the same method, after them)."""
     n = sh.b * sh.s
@@ -314,7 +392,7 @@ def hidden(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Ten
         x = stable_embedding(tape, sh, w.stable, ids)
     else:
         x = ops.embedding(tape, w.embed, n, sh.h, "wte_out", indices=ids)
-    x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s))
+    x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s, regime))
     tape.segment = "head"
     hid = rms_norm(tape, x, w.norm, n)
     tape.drop(x, c, s)
@@ -339,9 +417,12 @@ def stable_embedding(
     return out
 
 
-def logits(tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor) -> Tensor:
+def logits(
+    tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor,
+    regime: Regime | None = None,
+) -> Tensor:  # fmt: skip
     """``GPT.forward``: the whole logits [B, T, V]."""
-    hid = hidden(tape, sh, w, cos, sin, ids)
+    hid = hidden(tape, sh, w, cos, sin, ids, regime)
     out = ops.linear(tape, hid, w.head, None, sh.b * sh.s, sh.V, "logits")
     tape.drop(hid)
     return out
@@ -389,34 +470,45 @@ class Regime:
     unrolled: bool = False
     """LoRA's loop with an adapter on the head (``lora_head``): ``whole`` is the exact count
     of chunks before the last, each replayed on its own."""
+    sliding: bool = False
+    """The configuration has a ``sliding_window_size`` (litgpt's Mistral-7B-v0.1, Phi-3): every
+    block builds an additive mask for SDPA (`sliding_window_mask`), whatever the length."""
+    mask_padded: bool = False
+    """With ``sliding``, a length that is not a multiple of 16 (`MASK_ALIGNMENT`): CUDA's
+    memory-efficient kernel pads the expanded mask (`_sdpa`)."""
 
     @classmethod
     def of(
         cls, micro_batch: int, seq_len: int, max_positions: int, head_chunks: bool = False,
-        unrolled: bool = False,
+        unrolled: bool = False, sliding: bool = False,
     ) -> Regime:  # fmt: skip
         """The regime of a job of ``micro_batch`` sequences of ``seq_len`` tokens."""
         converted = seq_len == max_positions
+        mask = {"sliding": sliding, "mask_padded": sliding and seq_len % MASK_ALIGNMENT != 0}
         if head_chunks:
             whole = -(-seq_len // CE_CHUNK_ROWS) - 1
             one_token = seq_len % CE_CHUNK_ROWS == 2
             in_loss = seq_len % CE_CHUNK_ROWS != 1  # one token: empty after the shift
             count = whole if unrolled else min(whole, 2)
-            return cls(micro_batch == 1, count, in_loss, converted, True, one_token, unrolled)
+            return cls(micro_batch == 1, count, in_loss, converted, True, one_token, unrolled,
+                       **mask)  # fmt: skip
         whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
-        return cls(micro_batch == 1, min(whole, 2), rest > 0, converted)
+        return cls(micro_batch == 1, min(whole, 2), rest > 0, converted, **mask)
 
     @classmethod
-    def of_job(cls, job: Training, max_positions: int) -> Regime:
-        """The regime of ``job``: LoRA's loop chunks the head, ``lora_head`` unrolls it."""
+    def of_job(cls, job: Training, model: ModelSpec) -> Regime:
+        """The regime of ``job`` on ``model``: LoRA's loop chunks the head, ``lora_head``
+        unrolls it; a sliding window adds the blocks' masks."""
         lora = job.lora
-        return cls.of(job.micro_batch, job.seq_len, max_positions, head_chunks=lora is not None,
-                      unrolled=lora is not None and "lm_head" in lora.modules)  # fmt: skip
+        return cls.of(job.micro_batch, job.seq_len, model.max_positions,
+                      head_chunks=lora is not None,
+                      unrolled=lora is not None and "lm_head" in lora.modules,
+                      sliding=model.sliding_window is not None)  # fmt: skip
 
-    def key(self) -> tuple[bool, int, bool, bool, bool, bool, bool]:
+    def key(self) -> tuple[bool | int, ...]:
         """The fields that decide the replay's structure."""
         return (self.one_sequence, self.whole, self.last, self.converted, self.head_chunks,
-                self.last_one_token, self.unrolled)  # fmt: skip
+                self.last_one_token, self.unrolled, self.sliding, self.mask_padded)  # fmt: skip
 
 
 def loss_step(
@@ -431,7 +523,7 @@ def loss_step(
     chunked_cross_entropy(logits[..., :-1, :], targets[..., 1:])`` (the previous loss released
     then), and ``loss / accumulation`` handed to backward. ``held``: ``[logits, loss]`` of the
     previous iteration, refilled with this one's."""
-    lg = logits(tape, sh, w, cos, sin, ids)
+    lg = logits(tape, sh, w, cos, sin, ids, regime)
     if lg.itemsize != FP32:  # Fabric's bf16-true wrapper hands back float32 logits
         lg32 = ops.to_dtype(tape, lg, FP32, "logits.fabric_output")
         tape.drop(lg)

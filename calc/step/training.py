@@ -341,7 +341,7 @@ def build_step(
         tape.offload = Offload()
     regime = None
     if path is ForwardPath.LITGPT:
-        regime = litgpt.Regime.of_job(job, model.max_positions)
+        regime = litgpt.Regime.of_job(job, model)
     converted = regime is not None and regime.converted
     cos, sin = _rope_buffers(tape, sh, model, path, dp, converted)
     params, shapes = trainable if trainable else (w.parameters(), w.shapes(sh))

@@ -12,6 +12,9 @@ from calc.config.compression import DECODER_LORA_MODULES, LoRA, Quant
 from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, Case, Q
 from verify.cases.case import train as _train
 
+PHI4 = "phi-4"
+"""Phi3ForCausalLM, a derived type litgpt builds as its Llama (`calc.models.litgpt.as_built`)."""
+
 TT = {"impl": "torchtune", "loop": "del-logits"}
 BF16 = {"precision": "bf16"}
 CHUNKED = {"loss": "chunked-ce"}
@@ -177,6 +180,14 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
         "lit-bf16-vocab32k-mistral",
         MISTRAL,
         {"precision": "bf16", "seq_len": 192, "scale": {"vocab": 32000}},
+    ),
+    # Phi3ForCausalLM (a derived type) built as litgpt's Llama: Phi-4 as it is (no window);
+    # with Phi-3-mini's sliding window, shorter than the sequence, its masks in every block
+    ("lit-fp32-phi4", PHI4, {"precision": "fp32"}),
+    (
+        "lit-bf16-window-accum2-phi4",
+        PHI4,
+        {"precision": "bf16", "seq_len": 100, "grad_accum": 2, "scale": {"sliding_window": 64}},
     ),
 )
 """LitGPT's ``finetune/full.py`` (bf16-true or 32-true): name, card, the job's fields."""
@@ -368,6 +379,26 @@ LITGPT_QLORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
 )
 """LitGPT's QLoRA (``finetune/lora.py --quantize bnb.nf4``): name, card, the job's fields."""
+LITGPT_PHI: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    # the config hub's phi-3/lora.yaml at a small width: every linear and the head, r 8,
+    # dropout, Phi-3-mini's sliding window in every block, two sequences
+    (
+        "lit-lora-bf16-all-head-window-phi4",
+        PHI4,
+        _lit(
+            "bf16",
+            200,
+            LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
+            scale={"sliding_window": 128},
+        ),
+    ),
+    (
+        "lit-qlora-bf16-window-phi4",
+        PHI4,
+        _lit("bf16", 130, LIT_LORA, **LIT_QLORA, scale={"sliding_window": 64}),
+    ),
+)
+"""Phi-3 and Phi-4 under LitGPT's LoRA and QLoRA: name, card, the job's fields."""
 
 
 def recipe_cases() -> list[Case]:
@@ -379,6 +410,6 @@ def recipe_cases() -> list[Case]:
         out.append(_train(name, card, tags=tags, **TT, **kw))
     for name, card, fields in TORCHTITAN:
         out.append(_train(name, card, tags=("implementation",), **TITAN, **fields))
-    for name, card, fields in (*LITGPT, *LITGPT_LORA, *LITGPT_QLORA):
+    for name, card, fields in (*LITGPT, *LITGPT_LORA, *LITGPT_QLORA, *LITGPT_PHI):
         out.append(_train(name, card, tags=("implementation",), **LIT, **fields))
     return out

@@ -19,7 +19,9 @@ configurations (``RMSNorm``, ``LLaMAMLP``, no biases, ``parallel_residual=False`
   ``transpose(1, 2)``; ``apply_rope`` on ``q[..., :rope_n_elem]`` and ``k[...]`` (lines
   997-1026: the halves, ``cat((-x2, x1))``, ``x * cos + rotated * sin`` with the fp32 tables,
   ``.to(x.dtype)``), then ``cat((q_roped, q[..., rope_n_elem:]))`` (an empty second part: a
-  copy); ``repeat_interleave`` of k and v for grouped queries; SDPA with ``is_causal=True``;
+  copy); ``repeat_interleave`` of k and v for grouped queries; SDPA with ``is_causal=True``, or,
+  where the configuration has a ``sliding_window_size`` (Mistral-7B-v0.1, Phi-3), with the
+  additive mask every block builds (`sliding_window_mask`);
   ``y.transpose(1, 2)``, ``reshape``, ``proj``. The locals ``qkv``, ``q_roped`` and ``k_roped``
   live until the method returns;
 * ``Block.forward``: ``x = attn(norm_1(x)) + x``, ``mlp(norm_2(x)) + x``; ``LLaMAMLP``:
@@ -104,6 +106,7 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.n_head, self.n_groups, self.head_size = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.window = spec.sliding_window
         rows = (self.n_head + 2 * self.n_groups) * self.head_size
         self.qkv = nn.Linear(spec.hidden, rows, bias=False)
         self.proj = nn.Linear(self.head_size * self.n_head, spec.hidden, bias=False)
@@ -123,11 +126,27 @@ class CausalSelfAttention(nn.Module):
         if ng != nh:
             k = k.repeat_interleave(nh // ng, dim=1)
             v = v.repeat_interleave(nh // ng, dim=1)
+        mask = None if self.window is None else sliding_window_mask(T, self.window, q.dtype)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None, dropout_p=0.0, scale=hs**-0.5, is_causal=True
+            q, k, v, attn_mask=mask, dropout_p=0.0, scale=hs**-0.5, is_causal=mask is None
         )
         y = y.transpose(1, 2).reshape(B, T, hs * nh)
         return self.proj(y)
+
+
+def sliding_window_mask(T: int, window: int, dtype: torch.dtype) -> torch.Tensor:
+    """The additive mask ``CausalSelfAttention.forward`` builds in every block of a
+    configuration with ``sliding_window_size`` (lines 481-503, training: no ``input_pos``):
+    the causal mask (``ones(T, T)`` in q's dtype, ``triu(diagonal=1)``, ``-inf`` filled where
+    ``mask.bool()``), then a ``full((T, T), -inf)`` whose row ``i`` is zeroed on
+    ``[max(0, i - window + 1), i]`` one slice assignment at a time, which replaces it."""
+    mask = torch.ones(T, T, dtype=dtype).triu(diagonal=1)
+    mask.masked_fill_(mask.bool(), float("-inf"))
+    mask = mask.view(1, 1, *mask.shape)
+    window_mask = torch.full((T, T), float("-inf"), dtype=dtype)
+    for i in range(T):
+        window_mask[i, max(0, i - window + 1) : i + 1] = 0.0
+    return window_mask.view(1, 1, T, T)
 
 
 class LLaMAMLP(nn.Module):

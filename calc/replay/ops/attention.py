@@ -41,11 +41,13 @@ RNG_ITEMSIZE = 8  # uint64
 
 def sdpa_flash(
     tape: Tape, q: Tensor, k: Tensor, v: Tensor, lse_numel: Size, name: str,
-    cuda: CudaFlash | None = None,
+    cuda: CudaFlash | None = None, mask: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """Flash-style SDPA: output like q, fp32 logsumexp (``lse_numel`` elements; 0: none);
-    saves q, k, v, out, lse. ``cuda``: the CUDA flash kernel's own tensors (`CudaFlash`). The
-    outputs are one call of a fused ``sdpa`` kernel's (`Tape.op_outputs`).
+    saves q, k, v, out, lse, and ``mask``, an additive ``attn_mask`` (``attn_mask`` and
+    ``attn_bias`` are saved for the backward in derivatives.yaml). ``cuda``: the CUDA flash
+    kernel's own tensors (`CudaFlash`). The outputs are one call of a fused ``sdpa`` kernel's
+    (`Tape.op_outputs`).
 
     Backward allocates dq, dk, dv (``_scaled_dot_product_flash_attention_for_cpu_backward``,
     ``_flash_attention_backward``), then ``cuda.backward_temps``, freed before it returns.
@@ -79,7 +81,8 @@ def sdpa_flash(
 
     out, lse, *rng = tape.op_outputs("sdpa", make)
     assert out is not None
-    n = tape.node("SDPA", rule, [q, k, v], saved=[q, k, v, out, lse, *rng])
+    saved = [q, k, v, out, lse, *rng] if mask is None else [q, k, v, mask, out, lse, *rng]
+    n = tape.node("SDPA", rule, [q, k, v], saved=saved)
     tape.drop(lse, *rng)
     return tape.output(out, n)
 

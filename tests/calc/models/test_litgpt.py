@@ -105,7 +105,7 @@ def test_the_loop_holds_fp32_logits_from_fabrics_wrapper(precision: str, held_by
 def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # chunked_cross_entropy on logits[..., :-1, :]: b (s - 1) rows in chunks of 128
     regime = litgpt.Regime.of(micro_batch, seq_len, max_positions=64)
-    assert regime.key() == (*key, False, False, False)
+    assert regime.key() == (*key, False, False, False, False, False)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +121,8 @@ def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
 def test_head_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # finetune/lora.py: the head on 128-token slices of the sequence, one loss chunk each;
     # the micro-batch does not change the number of chunks
-    assert litgpt.Regime.of(micro_batch, seq_len, 512, head_chunks=True).key() == (*key, False)
+    regime = litgpt.Regime.of(micro_batch, seq_len, 512, head_chunks=True)
+    assert regime.key() == (*key, False, False, False)
 
 
 def test_an_adapter_on_the_head_unrolls_every_chunk() -> None:
@@ -184,6 +185,96 @@ def test_heads_merge_as_a_view_on_cuda_and_a_copy_on_the_cpu() -> None:
         sin = tape.existing(sh.s * sh.d, 4, "sin", StorageKind.BUFFER)
         litgpt.attention(tape, sh, x, w.layers[0], cos, sin)
         assert ("+attn.merge" in {e.label for e in tape.events}) is copied
+
+
+def _masks(device: str, seq_len: int) -> tuple[list[str], list[tuple[str, int]]]:
+    job = calc.Training(**{**JOB, "seq_len": seq_len})  # type: ignore[arg-type]
+    model = tiny_llama(n_layers=1, sliding_window=4)
+    sh = shape_for(model, job, device, 1)
+    tape = Tape()
+    w = litgpt.Weights(tape, sh)
+    x = tape.existing(sh.b * sh.s * sh.h, 2, "x", StorageKind.ACT, leaf=True)
+    cos = tape.existing(sh.s * sh.d, 4, "cos", StorageKind.BUFFER)
+    sin = tape.existing(sh.s * sh.d, 4, "sin", StorageKind.BUFFER)
+    litgpt.attention(tape, sh, x, w.layers[0], cos, sin, litgpt.Regime.of_job(job, model))
+    labels = [e.label for e in tape.events if "mask" in e.label]
+    values = values_for(model, job)
+    kept = [(key[1], int(sp.sympify(key[3]).xreplace(values)))
+            for key, _ in tape.events[-1].live if "mask" in key[1]]  # fmt: skip
+    return labels, kept
+
+
+def test_a_sliding_window_builds_a_mask_in_every_block() -> None:
+    # litgpt/model.py lines 481-503: ones(T, T) in q's dtype, its triu (the ones freed), a bool
+    # temporary for masked_fill_, then full((T, T), -inf), which replaces the causal mask; the
+    # CPU's flash kernel saves it: 8 x 8 bf16 = 128 bytes, one 512-byte block
+    labels, kept = _masks("cpu", 8)
+    assert labels == ["+attn.mask.ones", "+attn.mask.causal", "-attn.mask.ones",
+                      "+attn.mask.bool", "-attn.mask.bool", "+attn.mask", "-attn.mask.causal"]  # fmt: skip
+    assert kept == [("attn.mask", 512)]
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "kept"), [(8, ("attn.mask.padded", 1024)), (16, ("attn.mask", 512))]
+)
+def test_cuda_pads_the_expanded_mask_to_a_multiple_of_16(seq_len: int, kept: tuple) -> None:
+    # a mask rules flash out: memory-efficient attention's preprocess_mask expands it to
+    # [b, nh, T, T] and pads T = 8 to 16 (attention.cpp pad_bias): 2 x 2 x 8 x 16 bf16 = 1,024
+    # bytes saved, the unpadded mask freed as the method returns; T = 16 needs no padding
+    assert _masks("cuda", seq_len)[1] == [kept]
+
+
+def test_the_sliding_window_and_its_padding_are_part_of_the_regime() -> None:
+    assert litgpt.Regime.of(2, 200, 4096, sliding=True).key()[-2:] == (True, True)  # 200 % 16
+    assert litgpt.Regime.of(2, 512, 4096, sliding=True).key()[-2:] == (True, False)
+    assert litgpt.Regime.of(2, 200, 4096).key()[-2:] == (False, False)
+
+
+PHI3_MINI = {
+    "_name_or_path": "Phi-3-mini-4k-instruct", "architectures": ["Phi3ForCausalLM"],
+    "attention_dropout": 0.0, "bos_token_id": 1, "embd_pdrop": 0.0, "eos_token_id": 32000,
+    "hidden_act": "silu", "hidden_size": 3072, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "original_max_position_embeddings": 4096, "pad_token_id": 32000, "resid_pdrop": 0.0,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "transformers_version": "4.40.2",
+    "use_cache": True, "attention_bias": False, "vocab_size": 32064,
+}  # fmt: skip
+"""microsoft/Phi-3-mini-4k-instruct's config.json (transformers 4.40.2; as copied in NVIDIA
+TensorRT-LLM's tests/unittest/_torch/modeling/test_modeling_phi3.py); LitGPT's
+``Phi-3-mini-4k-instruct``."""
+
+
+def test_phi3_is_built_as_litgpts_llama() -> None:
+    # litgpt's config.py: Phi-3-mini-4k-instruct is LLaMAMLP, RMSNorm, no bias, rotary 1.0,
+    # sliding_window_size 2048; the sizes are the config's
+    model = litgpt.as_built(calc.ModelSpec.from_hf_config(PHI3_MINI))
+    assert (model.model_type, model.derived) == ("llama", False)
+    assert (model.hidden, model.n_layers, model.n_heads, model.n_kv_heads, model.head_dim,
+            model.ffn, model.vocab) == (3072, 32, 32, 32, 96, 8192, 32064)  # fmt: skip
+    assert model.sliding_window is not None and not model.tied_embeddings
+    partial = calc.ModelSpec.from_hf_config({**PHI3_MINI, "partial_rotary_factor": 0.75})
+    with pytest.raises(NotImplementedError, match=r"partial_rotary_factor=0\.75"):
+        litgpt.as_built(partial)
+
+
+def test_litgpts_published_phi3_lora_peak() -> None:
+    # LitGPT's config hub (config_hub/finetune/README.md, one A10G): phi-3/lora.yaml,
+    # Phi-3-mini-4k-instruct, bf16-true, 4 x 512 tokens (global batch 8: two accumulated),
+    # r 8, alpha 16, dropout 0.05, every linear and the head adapted: 19.75 GB
+    model = calc.ModelSpec.from_hf_config(PHI3_MINI)
+    modules = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+    lora = calc.LoRA(rank=8, alpha=16, modules=modules, dropout=0.05)
+    job = calc.Training(**{**JOB, "micro_batch": 4, "seq_len": 512, "grad_accum": 2, "lora": lora})  # type: ignore[arg-type]
+    assert calc.estimate(model, job).peak_bytes / 1e9 == pytest.approx(19.75, rel=0.01)
+
+
+def test_a_derived_model_refuses_another_librarys_model_code() -> None:
+    model = calc.ModelSpec.from_hf_config(PHI3_MINI)
+    job = calc.Training(micro_batch=1, seq_len=8, implementation="torchtune")
+    with pytest.raises(NotImplementedError, match="implementation='torchtune'"):
+        calc.estimate(model, job, device="cpu")
 
 
 TINYLLAMA = {

@@ -27,8 +27,8 @@ from verify.models import litgpt_llama  # noqa: E402
 SEQ = 32
 
 
-def _pair(kv_heads: int, dtype: torch.dtype, seq: int = SEQ):
-    spec = scaled_spec("llama-3.1-8b", kv_heads=kv_heads, layers=2)
+def _pair(kv_heads: int, dtype: torch.dtype, seq: int = SEQ, card: str = "llama-3.1-8b"):
+    spec = scaled_spec(card, kv_heads=kv_heads, layers=2)
     precision = "fp32" if dtype == torch.float32 else "bf16"
     job = Training(micro_batch=2, seq_len=seq, precision=precision, implementation="litgpt")
     torch.manual_seed(0)
@@ -39,7 +39,7 @@ def _pair(kv_heads: int, dtype: torch.dtype, seq: int = SEQ):
         n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
         rotary_percentage=1.0, parallel_residual=False, bias=False, norm_class_name="RMSNorm",
         norm_eps=spec.norm_eps, mlp_class_name="LLaMAMLP", intermediate_size=spec.ffn,
-        rope_base=int(spec.rope_theta or 10000),
+        rope_base=int(spec.rope_theta or 10000), sliding_window_size=spec.sliding_window,
     )  # fmt: skip
     fabric = fabric_mod.Fabric(
         accelerator="cpu", devices=1, precision={"fp32": "32-true", "bf16": "bf16-true"}[precision]
@@ -93,6 +93,18 @@ def test_chunked_loss_matches_litgpt_over_several_chunks(batch: int, seq: int) -
     # at the block size, its tables left in bf16)
     spec, ours, theirs = _pair(1, torch.bfloat16, seq=seq)
     ids = torch.randint(0, spec.vocab, (batch, seq))
+    mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+
+
+@pytest.mark.parametrize(("dtype", "seq"), [(torch.bfloat16, SEQ), (torch.float32, 129)])
+def test_sliding_window_mask_matches_litgpt(dtype: torch.dtype, seq: int) -> None:
+    # Mistral-7B-v0.1's litgpt configuration has sliding_window_size=4096: every block builds
+    # its additive mask and hands it to SDPA (is_causal=False), whatever the length
+    spec, ours, theirs = _pair(1, dtype, seq=seq, card="mistral-7b-v0.1")
+    assert spec.sliding_window is not None
+    assert all(block.attn.apply_sliding_window_attention for block in theirs.module.transformer.h)
+    ids = torch.randint(0, spec.vocab, (2, seq))
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
 
