@@ -70,6 +70,11 @@ def check(sh: Shape, job: Training) -> None:
     assert lora is not None
     if job.quant is not None:
         _check_quant(job)
+        if sh.qkv_bias:
+            raise NotImplementedError(
+                f"{WHAT}: QLoRA is modelled on litgpt's configurations without biases (Llama, "
+                "Mistral, Phi-3, Falcon), not yet on phi-2 or GPT-NeoX"
+            )
     mlp = set(MLP_KEYS) & set(lora.modules)
     if mlp and len(mlp) != len(MLP_KEYS):
         raise ValueError(
@@ -143,8 +148,9 @@ def adapt(
     others: list[tuple[str, Size, Size]] = []  # (key, out, in) of the LoRALinear adapters
     if "o" in lora.modules:
         others.append(("o", sh.h, sh.a * sh.d))
-    if "gate" in lora.modules:
-        others += [("gate", sh.f, sh.h), ("up", sh.f, sh.h), ("down", sh.h, sh.f)]
+    if "gate" in lora.modules:  # lora_mlp: every MLP linear (GptNeoxMLP: fc and proj)
+        gate = [("gate", sh.f, sh.h)] if sh.mlp != "gelu" else []
+        others += [*gate, ("up", sh.f, sh.h), ("down", sh.h, sh.f)]
     params: list[Tensor] = []
     shapes: list[tuple] = []
 
@@ -193,9 +199,9 @@ def quantize(tape: Tape, sh: Shape, w: litgpt.Weights, q: Quant) -> None:
               "up": (sh.f, sh.h), "down": (sh.h, sh.f)}  # fmt: skip
     for j, lw in enumerate(w.layers):
         for key, shape in shapes.items():
-            dense = lw[key]
-            assert dense is not None
-            lw[key] = quantize_linear(tape, dense, q, shape, compute, j, sh.device)
+            dense = lw.get(key)  # GptNeoxMLP has no fc_1/fc_2 pair ("gate")
+            if dense is not None:
+                lw[key] = quantize_linear(tape, dense, q, shape, compute, j, sh.device)
     w.head = quantize_linear(tape, w.head, q, (sh.V, sh.h), compute, "head", sh.device)
     isz = sh.weight_itemsize
 
@@ -231,8 +237,9 @@ def block_numels(model: ModelSpec, lora: LoRA) -> list[int]:
         out += [r * len(widths) * h, int(sum(widths)) * r]
     if "o" in lora.modules:
         out += [r * a * d, h * r]
-    if "gate" in lora.modules:
-        out += [r * h, f * r, r * h, f * r, r * f, h * r]
+    if "gate" in lora.modules:  # GptNeoxMLP has no fc_1/fc_2 pair: fc and proj
+        gate = [r * h, f * r] if model.mlp != "gelu" else []
+        out += [*gate, r * h, f * r, r * f, h * r]
     return out
 
 
@@ -248,24 +255,24 @@ def _qkv_hook(
     one_sequence: bool, dropout_on: str | None,
 ):  # fmt: skip
     def hook(tape: Tape, x: Tensor, bias: Tensor | None, rows: Size, out: Size, name: str):
-        assert bias is None
-        return qkv_lora(tape, sh, x, base, (a, b), rank, widths, padded, one_sequence, out,
-                        name, dropout_on)  # fmt: skip
+        return qkv_lora(tape, sh, x, (base, bias), (a, b), rank, widths, padded, one_sequence,
+                        out, name, dropout_on)  # fmt: skip
 
     return hook
 
 
 def qkv_lora(
-    tape: Tape, sh: Shape, x: Tensor, base: Tensor, adapters: tuple[Tensor, Tensor], rank: int,
-    widths: list[Size], padded: bool, one_sequence: bool, out_features: Size, name: str,
-    dropout_on: str | None,
+    tape: Tape, sh: Shape, x: Tensor, linear: tuple[Tensor, Tensor | None],
+    adapters: tuple[Tensor, Tensor], rank: int, widths: list[Size], padded: bool,
+    one_sequence: bool, out_features: Size, name: str, dropout_on: str | None,
 ) -> Tensor:  # fmt: skip
     """``LoRAQKVLinear.forward`` on ``x`` [B, T, h] (module docstring). The transpose of
     ``after_A`` hands its gradient (conv1d's ``[B, r E, T]`` input gradient) to ``F.linear``'s
     ``_unsafe_view`` transposed, whose ``reshape`` copies it for two or more sequences."""
     a, b = adapters
+    base, bias = linear  # the frozen projection and its bias (phi-2, GPT-NeoX), if any
     rows = sh.b * sh.s
-    y = base_linear(tape, x, base, None, rows, out_features, name)
+    y = base_linear(tape, x, base, bias, rows, out_features, name)
     xd = x if dropout_on is None else ops.dropout(tape, x, f"{name}.lora_dropout", dropout_on)
     after_a = ops.linear(tape, xd, a, None, rows, rank * len(widths), f"{name}.lora_A")
     if xd is not x:

@@ -32,7 +32,7 @@ from calc.estimate.ranks import estimate_parallel
 from calc.estimate.reserved import allocator_stats
 from calc.estimate.result import Estimate
 from calc.estimate.workspace import cublas_workspace_bytes, for_gpu, workspace_charge
-from calc.models import litgpt
+from calc.models import litgpt_arch
 from calc.parallel.layout import param_numels
 from calc.replay.offload import MIN_TOKENS
 from calc.step.optimizer import paged_state_bytes
@@ -65,7 +65,7 @@ def estimate(
         and job.implementation == "litgpt"
         and isinstance(model, ModelSpec)
     ):
-        model = litgpt.as_built(model)  # Phi-3 and Phi-4 are litgpt Llama configurations
+        model = litgpt_arch.as_built(model)  # the configuration litgpt builds
     _check_arguments(model, job, parallel)
     if isinstance(job, Training):
         _check_training(model, job)

@@ -24,7 +24,6 @@ recomputation (`check`).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -35,6 +34,7 @@ from calc.config.model_spec import ModelSpec
 from calc.models import attention_core
 from calc.models import reference as ref
 from calc.models.head import divide_by_count
+from calc.models.litgpt_arch import LLAMA, Arch, arch_of
 from calc.models.shape import Shape
 from calc.parallel.data import ReplayPlan
 from calc.replay import ops
@@ -52,28 +52,21 @@ CE_CHUNK_ROWS = 128
 WHAT = "implementation='litgpt'"
 
 
-LLAMA_CONFIGS = ("phi3",)
-"""Hugging Face model types outside the hand-modelled ones that litgpt builds as its Llama:
-``Phi3ForCausalLM`` (Phi-3-mini, Phi-4) is ``LLaMAMLP``, ``RMSNorm``, no biases, an untied
-head and full rotary embeddings in litgpt's ``config.py``; its fused ``qkv_proj`` and
-``gate_up_proj`` are litgpt's ``qkv`` and ``fc_1``/``fc_2``."""
-
-
-def as_built(model: ModelSpec) -> ModelSpec:
-    """The model litgpt builds for ``model``: a derived ``phi3`` (`LLAMA_CONFIGS`) as the
-    Llama it is in litgpt, with its sizes and sliding window; any other unchanged (`check`
-    refuses what litgpt's Llama is not). ``NotImplementedError`` for a partial rotary factor
-    (litgpt's ``rotary_percentage`` below 1, as Phi-4-mini's), which this replay does not
-    cover."""
-    if not model.derived or model.model_type not in LLAMA_CONFIGS or model.hf_config is None:
-        return model
-    partial = json.loads(model.hf_config).get("partial_rotary_factor", 1.0)
-    if partial != 1.0:
+def _check_structure(sh: Shape) -> None:
+    """``NotImplementedError`` for a model litgpt's configurations here do not build."""
+    if sh.model_type not in ("llama", "mistral") or sh.qk_norm:
         raise NotImplementedError(
-            f"{WHAT} on model_type={model.model_type!r} with partial_rotary_factor={partial}: "
-            "modelled for full rotary embeddings (litgpt's rotary_percentage=1.0)"
+            f"{WHAT} is modelled for litgpt's Llama configurations (model_type 'llama' or "
+            f"'mistral', no q/k norms), and for Phi-3/Phi-4, phi-2 and GPT-NeoX "
+            f"(`calc.models.litgpt_arch`); got model_type={sh.model_type!r}"
         )
-    return replace(model, model_type="llama", hf_config=None)
+    if sh.tied:
+        raise NotImplementedError(f"{WHAT}: litgpt's GPT has an untied head (lm_head)")
+    if not sh.qkv_bias == sh.o_bias == sh.mlp_bias or sh.norm_bias != (sh.norm == "layernorm"):
+        raise NotImplementedError(
+            f"{WHAT}: litgpt's one bias flag covers qkv, proj and the MLP alike, and its "
+            "LayerNorm has a bias (RMSNorm none)"
+        )
 
 
 def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
@@ -84,13 +77,7 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
             f"seq_len={job.seq_len} with {WHAT}: its loss compares logits[..., :-1, :] with "
             "targets[..., 1:], so seq_len must be at least 2"
         )
-    if sh.model_type not in ("llama", "mistral") or sh.qk_norm or sh.qkv_bias or sh.o_bias:
-        raise NotImplementedError(
-            f"{WHAT} is modelled for litgpt's Llama configurations (model_type 'llama' or "
-            f"'mistral', no biases, no q/k norms; got model_type={sh.model_type!r})"
-        )
-    if sh.tied or sh.mlp_bias:
-        raise NotImplementedError(f"{WHAT}: litgpt's Llama has an untied head and no biases")
+    _check_structure(sh)
     others = (job.pruning, job.distill)
     if any(x is not None for x in others) or dp is not None or sh.tp_comm or sh.sp > 1:
         raise NotImplementedError(
@@ -130,33 +117,46 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
 
 
 class Weights(ref.Weights):
-    """litgpt's parameters as leaves on the tape, in ``parameters()`` order: ``lm_head``,
-    ``wte``, per block ``norm_1``, ``qkv``, ``proj``, ``norm_2``, ``fc_1``, ``fc_2``,
-    ``proj``, then ``ln_f``."""
+    """litgpt's parameters as leaves on the tape, in ``parameters()`` order: ``lm_head`` (and
+    its bias), ``wte``, per block ``norm_1``, ``qkv``, ``proj``, ``norm_2`` (none when shared),
+    the MLP (``fc_1``, ``fc_2``, ``proj``; ``GptNeoxMLP``: ``fc``, ``proj``), each weight
+    followed by its bias where the configuration has them, then ``ln_f``."""
 
-    def __init__(self, tape: Tape, sh: Shape) -> None:
+    def __init__(self, tape: Tape, sh: Shape, arch: Arch = LLAMA) -> None:
         isz = sh.weight_itemsize
         h, a, k, d, f, V = sh.h, sh.a, sh.k, sh.d, sh.f, sh.V
 
         def leaf(numel: Size, name: str, tag: object) -> Tensor:
             return tape.existing(numel, isz, name, StorageKind.WEIGHT, leaf=True, tag=tag)
 
+        def bias(on: bool, numel: Size, name: str, tag: object) -> Tensor | None:
+            return leaf(numel, f"{name}.bias", tag) if on else None
+
         self.head = leaf(V * h, "lm_head", "head")
+        self.head_b = bias(arch.head_bias, V, "lm_head", "head")
         self.embed = leaf(V * h, "embed", "embed")
         self.wpe = None
         self.layers = []
+        nb, lb = sh.norm_bias, sh.qkv_bias
         for j in range(sh.n_layers):
-            self.layers.append({
-                "norm1": leaf(h, "norm_1", j),
+            lw: dict[str, Tensor | None] = {
+                "norm1": leaf(h, "norm_1", j), "norm1_b": bias(nb, h, "norm_1", j),
                 "qkv": leaf((a + 2 * k) * d * h, "attn.qkv", j),
-                "o": leaf(a * d * h, "attn.proj", j),
-                "norm2": leaf(h, "norm_2", j),
-                "gate": leaf(f * h, "fc_1", j),
-                "up": leaf(f * h, "fc_2", j),
-                "down": leaf(f * h, "mlp.proj", j),
-            })  # fmt: skip
+                "qkv_b": bias(lb, (a + 2 * k) * d, "attn.qkv", j),
+                "o": leaf(a * d * h, "attn.proj", j), "o_b": bias(lb, h, "attn.proj", j),
+            }  # fmt: skip
+            if not arch.shared_attention_norm:
+                lw |= {"norm2": leaf(h, "norm_2", j), "norm2_b": bias(nb, h, "norm_2", j)}
+            if sh.mlp == "gelu":  # GptNeoxMLP
+                lw |= {"up": leaf(f * h, "mlp.fc", j), "up_b": bias(lb, f, "mlp.fc", j),
+                       "down": leaf(f * h, "mlp.proj", j), "down_b": bias(lb, h, "mlp.proj", j)}  # fmt: skip
+            else:
+                lw |= {"gate": leaf(f * h, "fc_1", j), "gate_b": bias(lb, f, "fc_1", j),
+                       "up": leaf(f * h, "fc_2", j), "up_b": bias(lb, f, "fc_2", j),
+                       "down": leaf(f * h, "mlp.proj", j), "down_b": bias(lb, h, "mlp.proj", j)}  # fmt: skip
+            self.layers.append(lw)
         self.norm = leaf(h, "ln_f", "head")
-        self.norm_b = None
+        self.norm_b = bias(nb, h, "ln_f", "head")
         self.head_lora: tuple[Tensor, Tensor, int, str | None] | None = None
         """``lora_head``'s ``lora_A``, ``lora_B``, rank and the device of its dropout
         (``None``: none); ``None`` without it (`calc.compress.litgpt_lora.adapt`)."""
@@ -170,28 +170,42 @@ class Weights(ref.Weights):
         two_d = {
             "lm_head": (V, h), "embed": (V, h), "attn.qkv": ((a + 2 * k) * d, h),
             "attn.proj": (h, a * d), "fc_1": (f, h), "fc_2": (f, h), "mlp.proj": (h, f),
+            "mlp.fc": (f, h),
         }  # fmt: skip
         return [two_d.get(p.name, (p.numel,)) for p in self.parameters()]
 
     def parameters(self) -> list[Tensor]:
         """In ``model.parameters()`` order."""
-        out = [self.head, self.embed]
+        out = [self.head, *([self.head_b] if self.head_b is not None else []), self.embed]
         for lw in self.layers:
             out.extend(t for t in lw.values() if t is not None)
         out.append(self.norm)
+        if self.norm_b is not None:
+            out.append(self.norm_b)
         return out
 
 
-def buffers(tape: Tape, sh: Shape, block_size: int, converted: bool) -> tuple[Tensor, Tensor]:
-    """The ``cos`` and ``sin`` tables [rows, head_dim]: rebuilt in fp32 at the training
+def rope_width(sh: Shape, arch: Arch) -> Size:
+    """``rope_n_elem = int(rotary_percentage * head_size)``: the columns RoPE rotates."""
+    if arch.rope_fraction == 1:
+        return sh.d
+    frac = sp.Rational(arch.rope_fraction.numerator, arch.rope_fraction.denominator)
+    return int(frac * sh.d) if isinstance(sh.d, int) else sp.floor(frac * sh.d)
+
+
+def buffers(
+    tape: Tape, sh: Shape, block_size: int, converted: bool, arch: Arch = LLAMA
+) -> tuple[Tensor, Tensor]:
+    """The ``cos`` and ``sin`` tables [rows, rope_n_elem]: rebuilt in fp32 at the training
     sequence length by the ``max_seq_length`` setter, or (``converted``: the length is the
     block size, so the setter keeps them) Fabric's conversion of the ``block_size`` tables to
     the model's dtype (``block_size``: the model's ``max_positions``, part of the compile
     key)."""
+    width = rope_width(sh, arch)
     if converted:
-        numel, isz = block_size * sh.d, sh.weight_itemsize
+        numel, isz = block_size * width, sh.weight_itemsize
     else:
-        numel, isz = sh.s * sh.d, FP32
+        numel, isz = sh.s * width, FP32
     return (
         tape.existing(numel, isz, "rope_cos", StorageKind.BUFFER),
         tape.existing(numel, isz, "rope_sin", StorageKind.BUFFER),
@@ -216,6 +230,15 @@ def rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     out = ops.to_dtype(tape, y, x.itemsize, "norm.to")
     tape.drop(y, up, norm_x, x_normed)  # the expression's temporary, then the locals
     return out
+
+
+def norm(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, rows: Size) -> Tensor:
+    """The configuration's ``norm_class``: litgpt's `rms_norm`, or ``torch.nn.LayerNorm``
+    (``native_layer_norm``; the CPU kernel keeps mean and rstd in a 16-bit weight's dtype)."""
+    if sh.norm != "layernorm":
+        return rms_norm(tape, x, w, rows)
+    stats = FP32 if sh.device == "cuda" else w.itemsize
+    return ops.layer_norm(tape, x, w, b, rows, stats_itemsize=stats)
 
 
 def rope(tape: Tape, x: Tensor, cos: Tensor, sin: Tensor, name: str) -> Tensor:
@@ -261,24 +284,26 @@ def _split_qkv(tape: Tape, sh: Shape, qkv: Tensor, n: Size) -> list[Tensor]:
     return split_views(tape, qkv, numels, "SplitWithSizes", "dqkv.split")
 
 
-def _cat_empty_tail(tape: Tape, roped: Tensor, x: Tensor, name: str) -> Tensor:
-    """``torch.cat((roped, x[..., d:]), -1)``: a copy of ``roped``; backward hands ``roped``
-    a view of the gradient and the empty slice ``x[..., d:]`` an empty one, which
-    ``SliceBackward0`` turns into a zero-filled gradient of ``x``'s size."""
+def _cat_tail(tape: Tape, roped: Tensor, x: Tensor, name: str) -> Tensor:
+    """``torch.cat((roped, x[..., rope_n_elem:]), -1)``: a copy of x's size; backward hands
+    ``roped`` and the slice ``x[..., rope_n_elem:]`` views of the gradient (the slice's empty
+    under full RoPE), which ``SliceBackward0`` turns into a zero-filled gradient of ``x``'s
+    size."""
+    tail_numel = sp.sympify(x.numel - roped.numel)
 
     def tail_rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
         return [tape.new(x.numel, g.itemsize, f"d{name}.tail") if g is not None else None]
 
     tail_node = tape.node("Slice", tail_rule, [x])
-    tail = tape.alias(x, tail_node, numel=0)
+    tail = tape.alias(x, tail_node, numel=tail_numel)
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
-        return [tape.alias(g), tape.alias(g, numel=0)]
+        return [tape.alias(g, numel=roped.numel), tape.alias(g, numel=tail_numel)]
 
     node = tape.node("Cat", rule, [roped, tail])
-    out = tape.output(tape.new(roped.numel, roped.itemsize, name), node)
+    out = tape.output(tape.new(x.numel, roped.itemsize, name), node)
     tape.drop(tail)
     return out
 
@@ -325,9 +350,11 @@ def attention(
     tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor,
     regime: Regime | None = None,
 ) -> Tensor:  # fmt: skip
-    """``CausalSelfAttention.forward`` (the sliding-window mask where ``regime.sliding``)."""
+    """``CausalSelfAttention.forward`` (the sliding-window mask where ``regime.sliding``; RoPE
+    on the first ``rope_n_elem`` columns of each head, a slice unless that is all of them)."""
     n = sh.b * sh.s
-    qkv = ops.linear(tape, x, lw["qkv"], None, n, (sh.a + 2 * sh.k) * sh.d, "qkv")
+    arch = regime.arch if regime is not None else LLAMA
+    qkv = ops.linear(tape, x, lw["qkv"], lw.get("qkv_b"), n, (sh.a + 2 * sh.k) * sh.d, "qkv")
     q, k, v = _split_qkv(tape, sh, qkv, n)
     many_q = not attention_core.known_one(sh.a)
     many_kv = not attention_core.known_one(sh.k)
@@ -338,10 +365,18 @@ def attention(
     tape.drop(q, k, v)
     qt, kt, vt = (ops.view(tape, t, name="Transpose") for t in (qh, kh, vh))
     tape.drop(qh, kh, vh)
-    q_roped = rope(tape, qt, cos, sin, "q.rope")
-    k_roped = rope(tape, kt, cos, sin, "k.rope")
-    qc = _cat_empty_tail(tape, q_roped, qt, "q.cat")
-    kc = _cat_empty_tail(tape, k_roped, kt, "k.cat")
+    width = rope_width(sh, arch)
+    if arch.rope_fraction == 1:  # q[..., :head_size] is q itself (no slice)
+        q_in, k_in = qt, kt
+    else:
+        q_in = ops.slice_last(tape, qt, sh.b * sh.a * sh.s * width, "q.rope_in")
+        k_in = ops.slice_last(tape, kt, sh.b * sh.k * sh.s * width, "k.rope_in")
+    q_roped = rope(tape, q_in, cos, sin, "q.rope")
+    k_roped = rope(tape, k_in, cos, sin, "k.rope")
+    if q_in is not qt:
+        tape.drop(q_in, k_in)
+    qc = _cat_tail(tape, q_roped, qt, "q.cat")
+    kc = _cat_tail(tape, k_roped, kt, "k.cat")
     tape.drop(qt, kt)
     if gqa:
         numel = sh.b * sh.a * sh.s * sh.d
@@ -357,7 +392,7 @@ def attention(
     # kernel lays it out as its query, here cat's contiguous [B, heads, T, d]: a copy
     o = attention_core.merge_heads(tape, sh, out, copies=sh.device != "cuda")
     tape.drop(out)
-    y = ops.linear(tape, o, lw["o"], None, n, sh.h, "o")
+    y = ops.linear(tape, o, lw["o"], lw.get("o_b"), n, sh.h, "o")
     tape.drop(o, qkv, q_roped, k_roped, mask)  # the locals die as the method returns
     return y
 
@@ -366,16 +401,27 @@ def block(
     tape: Tape, sh: Shape, x: Tensor, lw: dict, cos: Tensor, sin: Tensor,
     regime: Regime | None = None,
 ) -> Tensor:  # fmt: skip
-    """``Block.forward`` (``parallel_residual=False``)."""
+    """``Block.forward``: ``x + attn(norm_1(x))`` then ``+ mlp(norm_2(...))``, or with
+    ``parallel_residual`` ``x_normed = norm_2(x)`` (or ``norm_1``'s, shared), ``x =
+    attention_output + x``, ``mlp(x_normed) + x``; its locals live until it returns."""
     n = sh.b * sh.s
-    xn = rms_norm(tape, x, lw["norm1"], n)
+    arch = regime.arch if regime is not None else LLAMA
+    xn = norm(tape, sh, x, lw["norm1"], lw.get("norm1_b"), n)
     att = attention(tape, sh, xn, lw, cos, sin, regime)
-    h = ops.add(tape, att, x, "resid1")
-    xn2 = rms_norm(tape, h, lw["norm2"], n)
-    tape.drop(xn)  # x_normed rebound
-    ff = ref.mlp(tape, sh, xn2, lw)
+    if arch.parallel_residual:
+        if not arch.shared_attention_norm:
+            xn2 = norm(tape, sh, x, lw["norm2"], lw.get("norm2_b"), n)
+            tape.drop(xn)  # x_normed rebound
+            xn = xn2
+        h = ops.add(tape, att, x, "resid1")
+    else:
+        h = ops.add(tape, att, x, "resid1")
+        xn2 = norm(tape, sh, h, lw["norm2"], lw.get("norm2_b"), n)
+        tape.drop(xn)  # x_normed rebound
+        xn = xn2
+    ff = mlp(tape, sh, xn, lw, arch)
     out = ops.add(tape, ff, h, "resid2")
-    tape.drop(ff, xn2, h, att)  # attention_output, a local, lives until the block returns
+    tape.drop(ff, xn, h, att)  # attention_output, a local, lives until the block returns
     return out
 
 
@@ -394,7 +440,7 @@ def hidden(
         x = ops.embedding(tape, w.embed, n, sh.h, "wte_out", indices=ids)
     x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s, regime))
     tape.segment = "head"
-    hid = rms_norm(tape, x, w.norm, n)
+    hid = norm(tape, sh, x, w.norm, w.norm_b, n)
     tape.drop(x, c, s)
     return hid
 
@@ -423,21 +469,29 @@ def logits(
 ) -> Tensor:  # fmt: skip
     """``GPT.forward``: the whole logits [B, T, V]."""
     hid = hidden(tape, sh, w, cos, sin, ids, regime)
-    out = ops.linear(tape, hid, w.head, None, sh.b * sh.s, sh.V, "logits")
+    out = ops.linear(tape, hid, w.head, w.head_b, sh.b * sh.s, sh.V, "logits")
     tape.drop(hid)
     return out
 
 
-def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict) -> Tensor:
+def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, arch: Arch = LLAMA) -> Tensor:
     """``LLaMAMLP.forward``: ``fc_1`` and ``fc_2`` first, then ``silu(x_fc_1) * x_fc_2`` (the
-    silu output a temporary of the product), ``proj``; the locals die as it returns."""
+    silu output a temporary of the product), ``proj``; the locals die as it returns.
+    ``GptNeoxMLP.forward``: ``fc``, ``F.gelu`` (it saves its input), ``proj``."""
     n = sh.b * sh.s
-    g = ops.linear(tape, x, lw["gate"], None, n, sh.f, "fc_1")
-    u = ops.linear(tape, x, lw["up"], None, n, sh.f, "fc_2")
+    if sh.mlp == "gelu":
+        up = ops.linear(tape, x, lw["up"], lw.get("up_b"), n, sh.f, "fc")
+        act = ops.unary(tape, up, "gelu", saves="input")
+        tape.drop(up)
+        y = ops.linear(tape, act, lw["down"], lw.get("down_b"), n, sh.h, "proj")
+        tape.drop(act)
+        return y
+    g = ops.linear(tape, x, lw["gate"], lw.get("gate_b"), n, sh.f, "fc_1")
+    u = ops.linear(tape, x, lw["up"], lw.get("up_b"), n, sh.f, "fc_2")
     sg = ops.unary(tape, g, "silu", saves="input")
     m = ops.mul(tape, sg, u, "swiglu")
     tape.drop(sg)
-    y = ops.linear(tape, m, lw["down"], None, n, sh.h, "proj")
+    y = ops.linear(tape, m, lw["down"], lw.get("down_b"), n, sh.h, "proj")
     tape.drop(g, u, m)
     return y
 
@@ -476,24 +530,27 @@ class Regime:
     mask_padded: bool = False
     """With ``sliding``, a length that is not a multiple of 16 (`MASK_ALIGNMENT`): CUDA's
     memory-efficient kernel pads the expanded mask (`_sdpa`)."""
+    arch: Arch = LLAMA
+    """The residual layout, RoPE width and MLP of litgpt's configuration (`Arch`)."""
 
     @classmethod
     def of(
         cls, micro_batch: int, seq_len: int, max_positions: int, head_chunks: bool = False,
-        unrolled: bool = False, sliding: bool = False,
+        unrolled: bool = False, sliding: bool = False, arch: Arch = LLAMA,
     ) -> Regime:  # fmt: skip
         """The regime of a job of ``micro_batch`` sequences of ``seq_len`` tokens."""
         converted = seq_len == max_positions
-        mask = {"sliding": sliding, "mask_padded": sliding and seq_len % MASK_ALIGNMENT != 0}
+        padded = sliding and seq_len % MASK_ALIGNMENT != 0
         if head_chunks:
             whole = -(-seq_len // CE_CHUNK_ROWS) - 1
             one_token = seq_len % CE_CHUNK_ROWS == 2
             in_loss = seq_len % CE_CHUNK_ROWS != 1  # one token: empty after the shift
             count = whole if unrolled else min(whole, 2)
             return cls(micro_batch == 1, count, in_loss, converted, True, one_token, unrolled,
-                       **mask)  # fmt: skip
+                       sliding, padded, arch)  # fmt: skip
         whole, rest = divmod(micro_batch * (seq_len - 1), CE_CHUNK_ROWS)
-        return cls(micro_batch == 1, min(whole, 2), rest > 0, converted, **mask)
+        return cls(micro_batch == 1, min(whole, 2), rest > 0, converted, sliding=sliding,
+                   mask_padded=padded, arch=arch)  # fmt: skip
 
     @classmethod
     def of_job(cls, job: Training, model: ModelSpec) -> Regime:
@@ -503,12 +560,14 @@ class Regime:
         return cls.of(job.micro_batch, job.seq_len, model.max_positions,
                       head_chunks=lora is not None,
                       unrolled=lora is not None and "lm_head" in lora.modules,
-                      sliding=model.sliding_window is not None)  # fmt: skip
+                      sliding=model.sliding_window is not None,
+                      arch=arch_of(model))  # fmt: skip
 
-    def key(self) -> tuple[bool | int, ...]:
+    def key(self) -> tuple[bool | int | str, ...]:
         """The fields that decide the replay's structure."""
         return (self.one_sequence, self.whole, self.last, self.converted, self.head_chunks,
-                self.last_one_token, self.unrolled, self.sliding, self.mask_padded)  # fmt: skip
+                self.last_one_token, self.unrolled, self.sliding, self.mask_padded,
+                *self.arch.key())  # fmt: skip
 
 
 def loss_step(

@@ -19,6 +19,7 @@ from calc.config.model_spec import ModelSpec
 from calc.models import hf, hf_gpt2, litgpt, reference, torchtitan, torchtune
 from calc.models.attention import compute_16bit_of, flash_head_pad, kernel_for
 from calc.models.head import Head
+from calc.models.litgpt_arch import arch_of
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
@@ -320,7 +321,7 @@ def build_step(
     tape = Tape(inplace_accumulate=device == "cuda")
     own_order = path in (ForwardPath.TORCHTUNE, ForwardPath.TORCHTITAN)
     if path is ForwardPath.LITGPT:
-        w: reference.Weights = litgpt.Weights(tape, sh)
+        w: reference.Weights = litgpt.Weights(tape, sh, arch_of(model))
     else:
         w = torchtune.Weights(tape, sh) if own_order else reference.Weights(tape, sh)
     if job.pruning is not None and not job.pruning.removed:  # after prune.remove: dense again
@@ -391,7 +392,7 @@ def _rope_buffers(
     if path is ForwardPath.TORCHTITAN:
         return torchtitan.buffers(tape, sh), None
     if path is ForwardPath.LITGPT:
-        return litgpt.buffers(tape, sh, model.max_positions, converted)
+        return litgpt.buffers(tape, sh, model.max_positions, converted, arch_of(model))
     if path is ForwardPath.HF:
         tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")

@@ -6,14 +6,25 @@ bf16 runs are FSDP2's policy: verify/cases/distributed.py); on the CPU tracker."
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from calc.config.compression import DECODER_LORA_MODULES, LoRA, Quant
-from verify.cases.case import LLAMA, LLAMA3, MISTRAL, QWEN2, Case, Q
+from verify.cases.case import (
+    LLAMA,
+    LLAMA3,
+    MISTRAL,
+    QWEN2,
+    TOLERANCE_PCT,
+    Case,
+    Q,
+    pairs,
+    training_job,
+)
 from verify.cases.case import train as _train
 
 PHI4 = "phi-4"
-"""Phi3ForCausalLM, a derived type litgpt builds as its Llama (`calc.models.litgpt.as_built`)."""
+"""Phi3ForCausalLM, a derived type litgpt builds as its Llama (`calc.models.litgpt_arch.as_built`)."""
 
 TT = {"impl": "torchtune", "loop": "del-logits"}
 BF16 = {"precision": "bf16"}
@@ -401,6 +412,91 @@ LITGPT_PHI: tuple[tuple[str, str, dict[str, Any]], ...] = (
 """Phi-3 and Phi-4 under LitGPT's LoRA and QLoRA: name, card, the job's fields."""
 
 
+PHI2_SMALL: dict[str, Any] = {
+    "model_type": "phi", "architectures": ["PhiForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+    "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 256,
+    "partial_rotary_factor": 0.4, "hidden_act": "gelu_new", "layer_norm_eps": 1e-5,
+    "qk_layernorm": False, "tie_word_embeddings": False,
+}  # fmt: skip
+"""microsoft/phi-2's config.json at a small width: heads of 16, RoPE on ``int(0.4 * 16)`` = 6
+columns of each (phi-2: 32 of 80)."""
+NEOX_SMALL: dict[str, Any] = {
+    "model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+    "vocab_size": 512, "max_position_embeddings": 256, "rotary_pct": 0.25,
+    "hidden_act": "gelu", "use_parallel_residual": True, "tie_word_embeddings": False,
+}  # fmt: skip
+"""stabilityai/stablelm-base-alpha-3b's config.json at a small width (RoPE on a quarter)."""
+FALCON_SMALL: dict[str, Any] = {
+    "model_type": "falcon", "architectures": ["FalconForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 512,
+    "max_position_embeddings": 256, "multi_query": True, "new_decoder_architecture": False,
+    "parallel_attn": True, "bias": False, "alibi": False, "tie_word_embeddings": False,
+}  # fmt: skip
+"""tiiuae/falcon-7b's config.json at a small width: one key/value head, no biases."""
+
+
+def _lit_family(name: str, config: dict[str, Any], **job: Any) -> Case:
+    """A LitGPT case of a derived family (`calc.models.litgpt_arch.as_built`): ``config`` run
+    as litgpt builds it, 2 sequences, the job's fields as given."""
+    fields = {"micro_batch": 2, "seq_len": 64, **LIT, **job}
+    impl = fields.pop("impl")
+    return Case(
+        name=name, card=config["model_type"], job=training_job(impl, **fields), impl=impl,
+        tolerance_pct=TOLERANCE_PCT[impl], tags=("training", "implementation"),
+        config=json.dumps(config, sort_keys=True), scale=pairs(None),
+    )  # fmt: skip
+
+
+def litgpt_family_cases() -> list[Case]:
+    """LitGPT's parallel-residual families: phi-2 (``norm_1`` shared, biases on the head
+    too, RoPE on 40 % of a head), GPT-NeoX (its own ``norm_2``, RoPE on a quarter) and Falcon
+    (multi-query, no biases: QLoRA too)."""
+    return [
+        _lit_family("lit-bf16-phi2", PHI2_SMALL, precision="bf16"),
+        _lit_family(
+            "lit-fp32-accum2-phi2", PHI2_SMALL, precision="fp32", seq_len=100, grad_accum=2
+        ),
+        _lit_family("lit-bf16-chunks-neox", NEOX_SMALL, precision="bf16", seq_len=200),
+        _lit_family("lit-fp32-one-neox", NEOX_SMALL, precision="fp32", micro_batch=1),
+        # the config hub's phi-2/lora.yaml at a small width: every linear and the head, r 8,
+        # dropout; the frozen biases, the head's too
+        _lit_family(
+            "lit-lora-bf16-all-head-phi2",
+            PHI2_SMALL,
+            precision="bf16",
+            seq_len=200,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
+        ),
+        _lit_family(
+            "lit-lora-fp32-mlp-neox",
+            NEOX_SMALL,
+            precision="fp32",
+            seq_len=130,
+            lora=LoRA(rank=4, modules=("q", "v", "gate", "up", "down")),
+        ),
+        # Falcon-7B's layout: multi-query attention expanded to every head, norm_1 shared;
+        # the config hub's falcon-7b/lora.yaml and qlora.yaml adapters at a small width
+        _lit_family("lit-bf16-accum2-falcon", FALCON_SMALL, precision="bf16", grad_accum=2),
+        _lit_family(
+            "lit-lora-bf16-falcon",
+            FALCON_SMALL,
+            precision="bf16",
+            seq_len=200,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "v")),
+        ),
+        _lit_family(
+            "lit-qlora-bf16-all-falcon",
+            FALCON_SMALL,
+            precision="bf16",
+            seq_len=130,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=DECODER_LORA_MODULES),
+            **LIT_QLORA,
+        ),
+    ]
+
+
 def recipe_cases() -> list[Case]:
     """The `TORCHTUNE` and `TORCHTITAN` cases, tagged ``implementation``."""
     out = []
@@ -412,4 +508,4 @@ def recipe_cases() -> list[Case]:
         out.append(_train(name, card, tags=("implementation",), **TITAN, **fields))
     for name, card, fields in (*LITGPT, *LITGPT_LORA, *LITGPT_QLORA, *LITGPT_PHI):
         out.append(_train(name, card, tags=("implementation",), **LIT, **fields))
-    return out
+    return [*out, *litgpt_family_cases()]

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from calc.models import litgpt
+from calc.models import litgpt_arch
 from verify.models import (
     compress,
     distill,
@@ -90,7 +90,7 @@ def build_model(
             titan = torchtitan_llama.build(spec, job, WEIGHT_DTYPE[job.precision])
         return titan, torchtitan_llama.TrainerLoss(titan)
     if job.implementation == "litgpt":  # a copy of LitGPT's Llama and its fine-tuning step
-        spec = litgpt.as_built(spec)  # Phi-3 and Phi-4 are litgpt Llama configurations
+        spec = litgpt_arch.as_built(spec)  # the configuration litgpt builds
         if getattr(job, "lora", None) is not None:  # finetune/lora.py: its adapters and loop
             with torch.device(device):
                 lit = litgpt_lora.build(spec, job, WEIGHT_DTYPE[job.precision])

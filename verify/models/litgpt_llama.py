@@ -53,6 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from calc.models.litgpt_arch import arch_of
+
 if TYPE_CHECKING:
     from calc.config.jobs import Training
     from calc.config.model_spec import ModelSpec
@@ -100,6 +102,18 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return roped.to(dtype=x.dtype)
 
 
+def norm_layer(spec: ModelSpec) -> nn.Module:
+    """The configuration's ``norm_class``: litgpt's `RMSNorm` or ``torch.nn.LayerNorm``."""
+    if spec.norm == "layernorm":
+        return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
+    return RMSNorm(spec.hidden, spec.norm_eps)
+
+
+def rope_n_elem(spec: ModelSpec) -> int:
+    """``int(rotary_percentage * head_size)``."""
+    return int(arch_of(spec).rope_fraction * spec.head_dim)
+
+
 class CausalSelfAttention(nn.Module):
     """litgpt's attention with the fused ``qkv`` projection."""
 
@@ -107,9 +121,10 @@ class CausalSelfAttention(nn.Module):
         super().__init__()
         self.n_head, self.n_groups, self.head_size = spec.n_heads, spec.n_kv_heads, spec.head_dim
         self.window = spec.sliding_window
+        self.rope_n_elem = rope_n_elem(spec)
         rows = (self.n_head + 2 * self.n_groups) * self.head_size
-        self.qkv = nn.Linear(spec.hidden, rows, bias=False)
-        self.proj = nn.Linear(self.head_size * self.n_head, spec.hidden, bias=False)
+        self.qkv = nn.Linear(spec.hidden, rows, bias=spec.qkv_bias)
+        self.proj = nn.Linear(self.head_size * self.n_head, spec.hidden, bias=spec.o_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.size()
@@ -119,10 +134,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, nh, hs).transpose(1, 2)
         k = k.view(B, T, ng, hs).transpose(1, 2)
         v = v.view(B, T, ng, hs).transpose(1, 2)
-        q_roped = apply_rope(q[..., :hs], cos, sin)
-        k_roped = apply_rope(k[..., :hs], cos, sin)
-        q = torch.cat((q_roped, q[..., hs:]), dim=-1)
-        k = torch.cat((k_roped, k[..., hs:]), dim=-1)
+        n = self.rope_n_elem
+        q_roped = apply_rope(q[..., :n], cos, sin)
+        k_roped = apply_rope(k[..., :n], cos, sin)
+        q = torch.cat((q_roped, q[..., n:]), dim=-1)
+        k = torch.cat((k_roped, k[..., n:]), dim=-1)
         if ng != nh:
             k = k.repeat_interleave(nh // ng, dim=1)
             v = v.repeat_interleave(nh // ng, dim=1)
@@ -165,21 +181,47 @@ class LLaMAMLP(nn.Module):
         return self.proj(x)
 
 
-class Block(nn.Module):
-    """``x = attn(norm_1(x)) + x; return mlp(norm_2(x)) + x``."""
+class GptNeoxMLP(nn.Module):
+    """``proj(gelu(fc(x), approximate=...))``."""
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.norm_1 = RMSNorm(spec.hidden, spec.norm_eps)
+        self.fc = nn.Linear(spec.hidden, spec.ffn, bias=spec.mlp_bias)
+        self.proj = nn.Linear(spec.ffn, spec.hidden, bias=spec.mlp_bias)
+        self.approximate = arch_of(spec).gelu_approximate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.fc(x)
+        x = F.gelu(x, approximate=self.approximate)
+        return self.proj(x)
+
+
+class Block(nn.Module):
+    """``x = attn(norm_1(x)) + x; return mlp(norm_2(x)) + x``, or the parallel residual:
+    ``x_normed = norm_2(x)`` (``norm_1``'s output when shared), ``x = attn(...) + x``,
+    ``mlp(x_normed) + x`` (lines 321-342)."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        arch = arch_of(spec)
+        self.parallel, self.shared = arch.parallel_residual, arch.shared_attention_norm
+        self.norm_1 = norm_layer(spec)
         self.attn = CausalSelfAttention(spec)
-        self.norm_2 = RMSNorm(spec.hidden, spec.norm_eps)
-        self.mlp = LLaMAMLP(spec)
+        self.norm_2 = None if self.shared else norm_layer(spec)
+        self.mlp = GptNeoxMLP(spec) if spec.mlp == "gelu" else LLaMAMLP(spec)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_normed = self.norm_1(x)
         attention_output = self.attn(x_normed, cos, sin)
-        x = attention_output + x
-        x_normed = self.norm_2(x)
+        if self.parallel:
+            if not self.shared:
+                assert self.norm_2 is not None
+                x_normed = self.norm_2(x)
+            x = attention_output + x
+        else:
+            x = attention_output + x
+            assert self.norm_2 is not None
+            x_normed = self.norm_2(x)
         return self.mlp(x_normed) + x
 
 
@@ -188,20 +230,20 @@ class GPT(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        if spec.model_type not in ("llama", "mistral") or spec.qk_norm or spec.qkv_bias:
+        if spec.model_type not in ("llama", "mistral") or spec.qk_norm:
             raise ValueError(f"model_type={spec.model_type!r}: the copy has litgpt's Llama")
         if spec.tied_embeddings:
-            raise ValueError("litgpt's Llama configurations have an untied head")
-        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=False)
+            raise ValueError("litgpt's configurations have an untied head")
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab, bias=arch_of(spec).head_bias)
         self.transformer = nn.ModuleDict(
             {
                 "wte": nn.Embedding(spec.vocab, spec.hidden),
                 "h": nn.ModuleList(Block(spec) for _ in range(spec.n_layers)),
-                "ln_f": RMSNorm(spec.hidden, spec.norm_eps),
+                "ln_f": norm_layer(spec),
             }
         )
         self.block_size = spec.max_positions
-        self.n_elem = spec.head_dim
+        self.n_elem = rope_n_elem(spec)
         self.rope_base = spec.rope_theta or 10000.0
         cos, sin = rope_tables(self.block_size, self.n_elem, self.rope_base)
         self.register_buffer("cos", cos, persistent=False)

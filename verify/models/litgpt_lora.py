@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from calc.derive.quantized import quant_linear_class
+from calc.models.litgpt_arch import arch_of
 from verify.models import litgpt_llama
 
 if TYPE_CHECKING:
@@ -54,13 +55,15 @@ def _identity(x: torch.Tensor) -> torch.Tensor:
 
 
 class LoRALinear(nn.Module):
-    """litgpt's ``LoRALinear`` (no bias: litgpt's Llama has none)."""
+    """litgpt's ``LoRALinear`` (its ``linear`` with a bias where the configuration has one)."""
 
-    def __init__(self, in_f: int, out_f: int, r: int, alpha: float, dropout: float) -> None:
+    def __init__(
+        self, in_f: int, out_f: int, r: int, alpha: float, dropout: float, bias: bool = False
+    ) -> None:
         super().__init__()
         self.r = r
         self.lora_dropout: Any = nn.Dropout(p=dropout) if dropout > 0.0 else _identity
-        self.linear = nn.Linear(in_f, out_f, bias=False)
+        self.linear = nn.Linear(in_f, out_f, bias=bias)
         if r > 0:
             self.lora_A = nn.Parameter(torch.empty((r, in_f)))
             self.lora_B = nn.Parameter(torch.empty((out_f, r)))
@@ -83,13 +86,13 @@ class LoRAQKVLinear(nn.Module):
 
     def __init__(
         self, in_f: int, head_size: int, n_head: int, n_query_groups: int, r: int,
-        alpha: float, dropout: float, enable_lora: tuple[bool, bool, bool],
+        alpha: float, dropout: float, enable_lora: tuple[bool, bool, bool], bias: bool = False,
     ) -> None:  # fmt: skip
         super().__init__()
         self.r = r
         self.lora_dropout: Any = nn.Dropout(p=dropout) if dropout > 0.0 else _identity
         out_f = (n_head + 2 * n_query_groups) * head_size
-        self.linear = nn.Linear(in_f, out_f, bias=False)
+        self.linear = nn.Linear(in_f, out_f, bias=bias)
         self.head_size, self.n_head, self.n_query_groups = head_size, n_head, n_query_groups
         self.enable_lora = list(enable_lora)
         if r > 0 and any(enable_lora):
@@ -176,8 +179,9 @@ def quantize(model: litgpt_llama.GPT, quant: Quant) -> None:
     cls = quant_linear_class()
     holders: list[Any] = [model.lm_head]
     for block in model.transformer.h:
-        holders += [block.attn.qkv, block.attn.proj, block.mlp.fc_1, block.mlp.fc_2,
-                    block.mlp.proj]  # fmt: skip
+        mlp = block.mlp
+        pair = [mlp.fc] if hasattr(mlp, "fc") else [mlp.fc_1, mlp.fc_2]  # GptNeoxMLP: fc
+        holders += [block.attn.qkv, block.attn.proj, *pair, mlp.proj]
     for holder in holders:
         holder.linear = cls(holder.linear, quant)
     old = model.transformer.wte
@@ -218,19 +222,23 @@ def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> litgpt_llama.GP
     on = flags(lora)
     r, alpha, p = lora.rank, lora.rank if lora.alpha is None else lora.alpha, lora.dropout
 
-    def linear(in_f: int, out_f: int, use_r: bool) -> LoRALinear:
-        return LoRALinear(in_f, out_f, r if use_r else 0, alpha, p)
+    def linear(in_f: int, out_f: int, use_r: bool, bias: bool) -> LoRALinear:
+        return LoRALinear(in_f, out_f, r if use_r else 0, alpha, p, bias)
 
     model = litgpt_llama.GPT(spec)
-    h, f, d, a = spec.hidden, spec.ffn, spec.head_dim, spec.n_heads
-    model.lm_head = linear(h, spec.vocab, on["head"])
+    h, f, d, a, b = spec.hidden, spec.ffn, spec.head_dim, spec.n_heads, spec.qkv_bias
+    model.lm_head = linear(h, spec.vocab, on["head"], arch_of(spec).head_bias)
     for block in model.transformer.h:
         enable = (on["query"], on["key"], on["value"])
-        block.attn.qkv = LoRAQKVLinear(h, d, a, spec.n_kv_heads, r, alpha, p, enable)
-        block.attn.proj = linear(a * d, h, on["projection"])
-        block.mlp.fc_1 = linear(h, f, on["mlp"])
-        block.mlp.fc_2 = linear(h, f, on["mlp"])
-        block.mlp.proj = linear(f, h, on["mlp"])
+        block.attn.qkv = LoRAQKVLinear(h, d, a, spec.n_kv_heads, r, alpha, p, enable, b)
+        block.attn.proj = linear(a * d, h, on["projection"], b)
+        if spec.mlp == "gelu":  # litgpt/lora.py's GptNeoxMLP: fc and proj
+            block.mlp.fc = linear(h, f, on["mlp"], b)
+            block.mlp.proj = linear(f, h, on["mlp"], b)
+            continue
+        block.mlp.fc_1 = linear(h, f, on["mlp"], b)
+        block.mlp.fc_2 = linear(h, f, on["mlp"], b)
+        block.mlp.proj = linear(f, h, on["mlp"], b)
     for name, param in model.named_parameters():  # mark_only_lora_as_trainable
         param.requires_grad = "lora_" in name
     if dtype != torch.float32:

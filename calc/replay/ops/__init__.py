@@ -7,7 +7,7 @@ tensors the backward formula allocates, in order. Temporaries of one C++ express
 its end. Views allocate nothing. Every graph (`calc.models`, `calc.parallel`, `calc.compress`,
 `calc.step`) calls them as ``ops.<name>``; one name per op:
 
-- ``views``: `view`, `clone`, `expand`, `repeat_interleave`, `slice_half`, `split3`, `chunk2`,
+- ``views``: `view`, `clone`, `expand`, `repeat_interleave`, `slice_half`, `slice_last`, `split3`, `chunk2`,
   `cat2`, `cat_onto_empty`, `plain`;
 - ``casts``: `to_dtype`, `autocast_cast` (the one autocast model);
 - ``elementwise``: `mul`, `mul_broadcast`, `add`, `add_cast_in_formula`, `scale`, `unary`,
@@ -50,6 +50,7 @@ from calc.replay.ops.views import (
     plain,
     repeat_interleave,
     slice_half,
+    slice_last,
     split3,
     view,
 )
@@ -86,6 +87,7 @@ __all__ = [
     "scale",
     "sdpa_flash",
     "slice_half",
+    "slice_last",
     "softmax",
     "split3",
     "to_dtype",

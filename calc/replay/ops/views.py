@@ -80,15 +80,21 @@ def repeat_interleave(tape: Tape, x: Tensor, numel: Size, name: str) -> Tensor:
 
 
 def slice_half(tape: Tape, x: Tensor, name: str) -> Tensor:
-    """``x[..., :d//2]`` or ``x[..., d//2:]``: a view; backward ``slice_backward`` allocates a
-    zero-filled tensor of the input's size and copies the gradient into it."""
+    """``x[..., :d//2]`` or ``x[..., d//2:]``: `slice_last` of half the elements."""
+    return slice_last(tape, x, divide(x.numel, 2), name)
+
+
+def slice_last(tape: Tape, x: Tensor, numel: Size, name: str) -> Tensor:
+    """A slice of the last dimension holding ``numel`` of ``x``'s elements: a view; backward
+    ``slice_backward`` allocates a zero-filled tensor of the input's size and copies the
+    gradient into it."""
 
     def rule(tape: Tape, node: Node, grads: list) -> list:
         g = grads[0]
         return [tape.new(x.numel, g.itemsize, f"d{name}.slice") if g is not None else None]
 
     n = tape.node("Slice", rule, [x])
-    return tape.alias(x, n, numel=divide(x.numel, 2))
+    return tape.alias(x, n, numel=numel)
 
 
 def split3(tape: Tape, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -19,6 +19,7 @@ from calc.replay.kinds import StorageKind
 from calc.replay.tape import Tape
 from calc.step.training import replay_training, shape_for
 from tests.calc.models.test_litgpt import TINYLLAMA
+from tests.calc.models.test_litgpt_arch import FALCON_7B, PHI2, STABLELM_3B
 from tests.specs import tiny_llama
 
 NF4 = calc.Quant(method="nf4", double_quant=False, keep_16bit=("embed", "norm"))
@@ -241,3 +242,33 @@ def test_litgpts_published_lora_head_peak() -> None:
     lora = calc.LoRA(rank=32, alpha=16, modules=modules, dropout=0.05)
     est = calc.estimate(model, _job(micro_batch=8, seq_len=512, lora=lora))
     assert est.peak_bytes / 1e9 == pytest.approx(13.50, rel=0.01)
+
+
+ALL_AND_HEAD = ("q", "k", "v", "o", "gate", "up", "down", "lm_head")
+
+
+@pytest.mark.parametrize(
+    ("config", "micro_batch", "lora", "published_gb"),
+    [
+        (PHI2, 4, calc.LoRA(rank=8, alpha=16, dropout=0.05, modules=ALL_AND_HEAD), 13.98),
+        (STABLELM_3B, 1, calc.LoRA(rank=32, alpha=16, dropout=0.05, modules=("q", "v")), 8.58),
+        (FALCON_7B, 1, calc.LoRA(rank=32, alpha=16, dropout=0.05, modules=("q", "v")), 16.69),
+    ],
+    ids=["phi-2", "stablelm-base-alpha-3b", "falcon-7b"],
+)
+def test_litgpts_published_parallel_residual_lora_peaks(
+    config: dict, micro_batch: int, lora: calc.LoRA, published_gb: float
+) -> None:
+    # LitGPT's config hub (config_hub/finetune/README.md, one A10G, bf16-true, 512 tokens,
+    # global batch 8): phi-2/lora.yaml (4 sequences, r 8, every linear and the head: 13.98 GB),
+    # stablelm-base-alpha-3b/lora.yaml and falcon-7b/lora.yaml (one sequence, r 32 on q and
+    # v: 8.58 and 16.69 GB)
+    model = calc.ModelSpec.from_hf_config(config)
+    job = _job(micro_batch=micro_batch, seq_len=512, grad_accum=8 // micro_batch, lora=lora)
+    assert calc.estimate(model, job).peak_bytes / 1e9 == pytest.approx(published_gb, rel=0.01)
+
+
+def test_qlora_on_a_configuration_with_biases_is_not_modelled_yet() -> None:
+    job = _job(micro_batch=1, seq_len=64, quant=NF4, **PAGED)
+    with pytest.raises(NotImplementedError, match="without biases"):
+        calc.estimate(calc.ModelSpec.from_hf_config(PHI2), job)

@@ -11,7 +11,7 @@ import sympy as sp
 
 import calc
 from calc.estimate.core import values_for
-from calc.models import litgpt
+from calc.models import litgpt, litgpt_arch
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Tape
 from calc.step.training import shape_for
@@ -105,7 +105,7 @@ def test_the_loop_holds_fp32_logits_from_fabrics_wrapper(precision: str, held_by
 def test_loss_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # chunked_cross_entropy on logits[..., :-1, :]: b (s - 1) rows in chunks of 128
     regime = litgpt.Regime.of(micro_batch, seq_len, max_positions=64)
-    assert regime.key() == (*key, False, False, False, False, False)
+    assert regime.key()[:9] == (*key, False, False, False, False, False)
 
 
 @pytest.mark.parametrize(
@@ -122,7 +122,7 @@ def test_head_chunk_regime(micro_batch: int, seq_len: int, key: tuple) -> None:
     # finetune/lora.py: the head on 128-token slices of the sequence, one loss chunk each;
     # the micro-batch does not change the number of chunks
     regime = litgpt.Regime.of(micro_batch, seq_len, 512, head_chunks=True)
-    assert regime.key() == (*key, False, False, False)
+    assert regime.key()[:9] == (*key, False, False, False)
 
 
 def test_an_adapter_on_the_head_unrolls_every_chunk() -> None:
@@ -166,8 +166,10 @@ def test_a_one_token_sequence_is_invalid() -> None:
 
 
 def test_refuses_biases_and_tied_embeddings() -> None:
-    with pytest.raises(NotImplementedError, match="no biases"):
+    with pytest.raises(NotImplementedError, match="model_type='qwen2'"):
         _estimate(tiny_llama(model_type="qwen2", qkv_bias=True))
+    with pytest.raises(NotImplementedError, match="one bias flag"):
+        _estimate(tiny_llama(qkv_bias=True))
     with pytest.raises(NotImplementedError, match="untied"):
         _estimate(tiny_llama(tied_embeddings=True))
 
@@ -225,9 +227,9 @@ def test_cuda_pads_the_expanded_mask_to_a_multiple_of_16(seq_len: int, kept: tup
 
 
 def test_the_sliding_window_and_its_padding_are_part_of_the_regime() -> None:
-    assert litgpt.Regime.of(2, 200, 4096, sliding=True).key()[-2:] == (True, True)  # 200 % 16
-    assert litgpt.Regime.of(2, 512, 4096, sliding=True).key()[-2:] == (True, False)
-    assert litgpt.Regime.of(2, 200, 4096).key()[-2:] == (False, False)
+    assert litgpt.Regime.of(2, 200, 4096, sliding=True).key()[7:9] == (True, True)  # 200 % 16
+    assert litgpt.Regime.of(2, 512, 4096, sliding=True).key()[7:9] == (True, False)
+    assert litgpt.Regime.of(2, 200, 4096).key()[7:9] == (False, False)
 
 
 PHI3_MINI = {
@@ -249,14 +251,14 @@ TensorRT-LLM's tests/unittest/_torch/modeling/test_modeling_phi3.py); LitGPT's
 def test_phi3_is_built_as_litgpts_llama() -> None:
     # litgpt's config.py: Phi-3-mini-4k-instruct is LLaMAMLP, RMSNorm, no bias, rotary 1.0,
     # sliding_window_size 2048; the sizes are the config's
-    model = litgpt.as_built(calc.ModelSpec.from_hf_config(PHI3_MINI))
+    model = litgpt_arch.as_built(calc.ModelSpec.from_hf_config(PHI3_MINI))
     assert (model.model_type, model.derived) == ("llama", False)
     assert (model.hidden, model.n_layers, model.n_heads, model.n_kv_heads, model.head_dim,
             model.ffn, model.vocab) == (3072, 32, 32, 32, 96, 8192, 32064)  # fmt: skip
     assert model.sliding_window is not None and not model.tied_embeddings
     partial = calc.ModelSpec.from_hf_config({**PHI3_MINI, "partial_rotary_factor": 0.75})
     with pytest.raises(NotImplementedError, match=r"partial_rotary_factor=0\.75"):
-        litgpt.as_built(partial)
+        litgpt_arch.as_built(partial)
 
 
 def test_litgpts_published_phi3_lora_peak() -> None:

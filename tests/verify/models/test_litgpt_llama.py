@@ -17,6 +17,9 @@ lit_utils = pytest.importorskip("litgpt.utils")
 fabric_mod = pytest.importorskip("lightning.fabric")
 
 from calc.config.jobs import Training  # noqa: E402
+from calc.config.model_spec import ModelSpec  # noqa: E402
+from calc.models import litgpt_arch  # noqa: E402
+from calc.models.litgpt_arch import arch_of  # noqa: E402
 from tests.verify.models.iterations import (  # noqa: E402
     assert_same_bytes_and_gradients,
     two_iterations,
@@ -27,20 +30,31 @@ from verify.models import litgpt_llama  # noqa: E402
 SEQ = 32
 
 
-def _pair(kv_heads: int, dtype: torch.dtype, seq: int = SEQ, card: str = "llama-3.1-8b"):
-    spec = scaled_spec(card, kv_heads=kv_heads, layers=2)
+def config_fields(spec) -> dict:
+    """litgpt ``Config`` fields for ``spec`` (`calc.models.litgpt_arch`'s fields spelled out)."""
+    arch = arch_of(spec)
+    return dict(
+        name="copy", block_size=spec.max_positions, vocab_size=spec.vocab,
+        padded_vocab_size=spec.vocab, n_layer=spec.n_layers, n_head=spec.n_heads,
+        n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
+        rotary_percentage=float(arch.rope_fraction), parallel_residual=arch.parallel_residual,
+        shared_attention_norm=arch.shared_attention_norm, bias=spec.qkv_bias,
+        lm_head_bias=arch.head_bias,
+        norm_class_name="LayerNorm" if spec.norm == "layernorm" else "RMSNorm",
+        norm_eps=spec.norm_eps, mlp_class_name="GptNeoxMLP" if spec.mlp == "gelu" else "LLaMAMLP",
+        gelu_approximate=arch.gelu_approximate, intermediate_size=spec.ffn,
+        rope_base=int(spec.rope_theta or 10000), sliding_window_size=spec.sliding_window,
+    )  # fmt: skip
+
+
+def _pair(kv_heads: int, dtype: torch.dtype, seq: int = SEQ, card: str = "llama-3.1-8b",
+          spec=None):  # fmt: skip
+    spec = spec or scaled_spec(card, kv_heads=kv_heads, layers=2)
     precision = "fp32" if dtype == torch.float32 else "bf16"
     job = Training(micro_batch=2, seq_len=seq, precision=precision, implementation="litgpt")
     torch.manual_seed(0)
     ours = litgpt_llama.build(spec, job, dtype)
-    config = lit_config.Config(
-        name="copy", block_size=spec.max_positions, vocab_size=spec.vocab,
-        padded_vocab_size=spec.vocab, n_layer=spec.n_layers, n_head=spec.n_heads,
-        n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
-        rotary_percentage=1.0, parallel_residual=False, bias=False, norm_class_name="RMSNorm",
-        norm_eps=spec.norm_eps, mlp_class_name="LLaMAMLP", intermediate_size=spec.ffn,
-        rope_base=int(spec.rope_theta or 10000), sliding_window_size=spec.sliding_window,
-    )  # fmt: skip
+    config = lit_config.Config(**config_fields(spec))
     fabric = fabric_mod.Fabric(
         accelerator="cpu", devices=1, precision={"fp32": "32-true", "bf16": "bf16-true"}[precision]
     )
@@ -105,6 +119,49 @@ def test_sliding_window_mask_matches_litgpt(dtype: torch.dtype, seq: int) -> Non
     assert spec.sliding_window is not None
     assert all(block.attn.apply_sliding_window_attention for block in theirs.module.transformer.h)
     ids = torch.randint(0, spec.vocab, (2, seq))
+    mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+
+
+PHI = {
+    "model_type": "phi", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "intermediate_size": 256, "vocab_size": 512,
+    "max_position_embeddings": 256, "partial_rotary_factor": 0.5, "hidden_act": "gelu_new",
+    "layer_norm_eps": 1e-5, "qk_layernorm": False, "tie_word_embeddings": False,
+}  # fmt: skip
+"""microsoft/phi-2's config.json keys at a small width (RoPE on half of each head)."""
+NEOX = {
+    "model_type": "gpt_neox", "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "intermediate_size": 256, "vocab_size": 512,
+    "max_position_embeddings": 256, "rotary_pct": 0.25, "hidden_act": "gelu",
+    "use_parallel_residual": True, "tie_word_embeddings": False,
+}  # fmt: skip
+"""stabilityai/stablelm-base-alpha-3b's config.json keys at a small width."""
+FALCON = {
+    "model_type": "falcon", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "vocab_size": 512, "max_position_embeddings": 256, "multi_query": True,
+    "new_decoder_architecture": False, "parallel_attn": True, "bias": False, "alibi": False,
+    "tie_word_embeddings": False,
+}  # fmt: skip
+"""tiiuae/falcon-7b's config.json keys at a small width (multi-query, no biases)."""
+
+
+def family_spec(config: dict):
+    return litgpt_arch.as_built(ModelSpec.from_hf_config(config))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("config", [PHI, NEOX, FALCON], ids=["phi", "gpt_neox", "falcon"])
+def test_parallel_residual_families_match_litgpt(config: dict, dtype: torch.dtype) -> None:
+    # phi-2 (norm_1 shared, biases on the head too, RoPE on half a head) and GPT-NeoX (its own
+    # norm_2, RoPE on a quarter): LayerNorm, GptNeoxMLP; same parameters, bytes, gradients
+    spec, ours, theirs = _pair(4, dtype, seq=40, spec=family_spec(config))
+    assert spec.n_kv_heads == (1 if config is FALCON else 4)
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    assert ("lm_head.bias" in names) == (config is PHI)
+    assert ("transformer.h.0.norm_2.weight" in names) == (config is NEOX)
+    ids = torch.randint(0, spec.vocab, (2, 40))
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
 

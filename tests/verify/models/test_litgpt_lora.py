@@ -21,12 +21,19 @@ from tests.verify.models.iterations import (  # noqa: E402
     assert_same_bytes_and_gradients,
     two_iterations,
 )
+from tests.verify.models.test_litgpt_llama import (  # noqa: E402
+    FALCON,
+    NEOX,
+    PHI,
+    config_fields,
+    family_spec,
+)
 from verify.cases.scale import scaled_spec  # noqa: E402
 from verify.models import litgpt_lora  # noqa: E402
 
 
-def _pair(kv_heads: int, lora: LoRA, seq: int, precision: str = "bf16"):
-    spec = scaled_spec("llama-3.1-8b", kv_heads=kv_heads, layers=2)
+def _pair(kv_heads: int, lora: LoRA, seq: int, precision: str = "bf16", spec=None):
+    spec = spec or scaled_spec("llama-3.1-8b", kv_heads=kv_heads, layers=2)
     job = Training(micro_batch=2, seq_len=seq, precision=precision, implementation="litgpt",
                    loop="hold-output", loss="chunked-ce", lora=lora)  # fmt: skip
     dtype = torch.float32 if precision == "fp32" else torch.bfloat16
@@ -34,12 +41,7 @@ def _pair(kv_heads: int, lora: LoRA, seq: int, precision: str = "bf16"):
     ours = litgpt_lora.build(spec, job, dtype)
     on = litgpt_lora.flags(lora)
     config = lit_lora.Config(
-        name="copy", block_size=spec.max_positions, vocab_size=spec.vocab,
-        padded_vocab_size=spec.vocab, n_layer=spec.n_layers, n_head=spec.n_heads,
-        n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
-        rotary_percentage=1.0, parallel_residual=False, bias=False, norm_class_name="RMSNorm",
-        norm_eps=spec.norm_eps, mlp_class_name="LLaMAMLP", intermediate_size=spec.ffn,
-        rope_base=int(spec.rope_theta or 10000), lora_r=lora.rank,
+        **config_fields(spec), lora_r=lora.rank,
         lora_alpha=lora.rank if lora.alpha is None else lora.alpha, lora_dropout=lora.dropout,
         lora_query=on["query"], lora_key=on["key"], lora_value=on["value"],
         lora_projection=on["projection"], lora_mlp=on["mlp"], lora_head=on["head"],
@@ -121,3 +123,19 @@ def test_dropout_on_the_head_adapter_matches_litgpt() -> None:
     mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
     peaks = [two_iterations(s, m, ids) for s, m in ((mine, ours), (_their_step(theirs, 1), theirs))]
     assert peaks[0] == peaks[1]
+
+
+@pytest.mark.parametrize("config", [PHI, NEOX, FALCON], ids=["phi", "gpt_neox", "falcon"])
+def test_parallel_residual_families_match_litgpt(config: dict) -> None:
+    # litgpt/lora.py on phi-2 and GPT-NeoX: LoRALinear and LoRAQKVLinear keep the base's
+    # biases (frozen), GptNeoxMLP's fc and proj adapted; every linear and the head (phi-2's
+    # lora.yaml), two head chunks
+    lora = LoRA(rank=4, alpha=8, modules=("q", "k", "v", "o", "gate", "up", "down", "lm_head"))
+    spec, ours, theirs = _pair(4, lora, 200, spec=family_spec(config))
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    assert "transformer.h.0.mlp.fc.lora_A" in names
+    assert ("lm_head.linear.bias" in names) == (config is PHI)  # phi-2's head has a bias
+    ids = torch.randint(0, spec.vocab, (2, 200))
+    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
