@@ -63,11 +63,19 @@ HEAD = "lm_head"
 WHAT = "implementation='litgpt' with lora"
 
 
-def check(sh: Shape, job: Training) -> None:
+def check(sh: Shape, job: Training, model: ModelSpec | None = None) -> None:
     """Raise for what the LoRA replay does not model (``NotImplementedError``) or what
-    litgpt cannot express (``ValueError``)."""
+    litgpt cannot express or run (``ValueError``)."""
     lora = job.lora
     assert lora is not None
+    _, padded = _widths(sh.a, sh.k, sh.d, lora)
+    if padded and model is not None and model.n_heads * model.head_dim != model.hidden:
+        raise ValueError(
+            f"lora.modules={lora.modules!r} with {WHAT} on {model.n_heads} heads of "
+            f"{model.head_dim} (not n_embd={model.hidden}): litgpt 0.5.12's LoRAQKVLinear "
+            "pads the update at indices counted from n_embd (lora_ind), and its index_copy_ "
+            "fails; adapt all of q, k and v, or none"
+        )
     if job.quant is not None:
         _check_quant(job)
         if sh.qkv_bias:

@@ -212,8 +212,9 @@ def buffers(
     )
 
 
-def rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
-    """litgpt's ``RMSNorm.forward`` (module docstring)."""
+def rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size, unit_offset: bool = False) -> Tensor:
+    """litgpt's ``RMSNorm.forward`` (module docstring); ``unit_offset`` (Gemma): ``weight = 1 +
+    self.weight`` (a new [h] in the weight's dtype, a local) before ``weight.float()``."""
     up = ops.to_dtype(tape, x, FP32, "norm.float")  # x = x.float(), a local
     sq = ops.mul(tape, up, up, "norm.sq")
     norm_x = ops.mean_last(tape, sq, rows, "norm.mean")
@@ -223,20 +224,27 @@ def rms_norm(tape: Tape, x: Tensor, w: Tensor, rows: Size) -> Tensor:
     tape.drop(eps)
     x_normed = ops.mul_broadcast(tape, up, r, "norm.xhat")
     tape.drop(r)
-    wf = w if w.itemsize == FP32 else ops.to_dtype(tape, w, FP32, "norm.w.float")
+    wo = ops.add(tape, w, None, "norm.w.offset") if unit_offset else w
+    wf = wo if wo.itemsize == FP32 else ops.to_dtype(tape, wo, FP32, "norm.w.float")
     y = ops.mul_broadcast(tape, x_normed, wf, "norm.out")
-    if wf is not w:  # weight.float() of an fp32 weight is the weight itself
+    if wf is not wo:  # weight.float() of an fp32 weight is the weight itself
         tape.drop(wf)
     out = ops.to_dtype(tape, y, x.itemsize, "norm.to")
     tape.drop(y, up, norm_x, x_normed)  # the expression's temporary, then the locals
+    if wo is not w:
+        tape.drop(wo)
     return out
 
 
-def norm(tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, rows: Size) -> Tensor:
-    """The configuration's ``norm_class``: litgpt's `rms_norm`, or ``torch.nn.LayerNorm``
-    (``native_layer_norm``; the CPU kernel keeps mean and rstd in a 16-bit weight's dtype)."""
+def norm(
+    tape: Tape, sh: Shape, x: Tensor, w: Tensor, b: Tensor | None, rows: Size,
+    arch: Arch = LLAMA,
+) -> Tensor:  # fmt: skip
+    """The configuration's ``norm_class``: litgpt's `rms_norm` (Gemma's with the unit offset),
+    or ``torch.nn.LayerNorm`` (``native_layer_norm``; the CPU kernel keeps mean and rstd in a
+    16-bit weight's dtype)."""
     if sh.norm != "layernorm":
-        return rms_norm(tape, x, w, rows)
+        return rms_norm(tape, x, w, rows, arch.gemma)
     stats = FP32 if sh.device == "cuda" else w.itemsize
     return ops.layer_norm(tape, x, w, b, rows, stats_itemsize=stats)
 
@@ -406,17 +414,17 @@ def block(
     attention_output + x``, ``mlp(x_normed) + x``; its locals live until it returns."""
     n = sh.b * sh.s
     arch = regime.arch if regime is not None else LLAMA
-    xn = norm(tape, sh, x, lw["norm1"], lw.get("norm1_b"), n)
+    xn = norm(tape, sh, x, lw["norm1"], lw.get("norm1_b"), n, arch)
     att = attention(tape, sh, xn, lw, cos, sin, regime)
     if arch.parallel_residual:
         if not arch.shared_attention_norm:
-            xn2 = norm(tape, sh, x, lw["norm2"], lw.get("norm2_b"), n)
+            xn2 = norm(tape, sh, x, lw["norm2"], lw.get("norm2_b"), n, arch)
             tape.drop(xn)  # x_normed rebound
             xn = xn2
         h = ops.add(tape, att, x, "resid1")
     else:
         h = ops.add(tape, att, x, "resid1")
-        xn2 = norm(tape, sh, h, lw["norm2"], lw.get("norm2_b"), n)
+        xn2 = norm(tape, sh, h, lw["norm2"], lw.get("norm2_b"), n, arch)
         tape.drop(xn)  # x_normed rebound
         xn = xn2
     ff = mlp(tape, sh, xn, lw, arch)
@@ -438,9 +446,14 @@ def hidden(
         x = stable_embedding(tape, sh, w.stable, ids)
     else:
         x = ops.embedding(tape, w.embed, n, sh.h, "wte_out", indices=ids)
+    arch = regime.arch if regime is not None else LLAMA
+    if arch.gemma:  # x * torch.tensor(n_embd ** 0.5, dtype=x.dtype): a new x; the 0-d
+        scaled = ops.scale(tape, x, "wte.scaled")  # factor is a host tensor (CPU on CUDA too)
+        tape.drop(x)
+        x = scaled
     x = ref.layers(tape, sh, w.layers, x, lambda x, lw: block(tape, sh, x, lw, c, s, regime))
     tape.segment = "head"
-    hid = norm(tape, sh, x, w.norm, w.norm_b, n)
+    hid = norm(tape, sh, x, w.norm, w.norm_b, n, arch)
     tape.drop(x, c, s)
     return hid
 
@@ -488,7 +501,7 @@ def mlp(tape: Tape, sh: Shape, x: Tensor, lw: dict, arch: Arch = LLAMA) -> Tenso
         return y
     g = ops.linear(tape, x, lw["gate"], lw.get("gate_b"), n, sh.f, "fc_1")
     u = ops.linear(tape, x, lw["up"], lw.get("up_b"), n, sh.f, "fc_2")
-    sg = ops.unary(tape, g, "silu", saves="input")
+    sg = ops.unary(tape, g, "gelu" if arch.gemma else "silu", saves="input")  # GemmaMLP
     m = ops.mul(tape, sg, u, "swiglu")
     tape.drop(sg)
     y = ops.linear(tape, m, lw["down"], lw.get("down_b"), n, sh.h, "proj")

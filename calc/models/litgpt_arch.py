@@ -17,7 +17,9 @@ built here as litgpt builds it (its ``config.py`` entries):
   ``LayerNorm``, ``GptNeoxMLP`` with the exact GeLU, biases on the block linears only, RoPE on
   ``rotary_pct`` of each head;
 * ``falcon`` (Falcon-7B, -40B): parallel residual (``norm_1`` shared in the 7B layout),
-  ``LayerNorm``, ``GptNeoxMLP`` with the exact GeLU, no biases, multi-query attention.
+  ``LayerNorm``, ``GptNeoxMLP`` with the exact GeLU, no biases, multi-query attention;
+* ``gemma`` (Gemma 2B, 7B): a Llama layout with ``GemmaMLP``, scaled embeddings and the
+  norms' unit offset, an untied head.
 """
 
 from __future__ import annotations
@@ -47,11 +49,15 @@ class Arch:
     """``GptNeoxMLP``'s ``F.gelu(..., approximate=...)`` (the same bytes either way)."""
     head_bias: bool = False
     """``lm_head_bias``."""
+    gemma: bool = False
+    """Gemma's three changes: ``GemmaMLP`` (``gelu(fc_1(x)) * fc_2(x)``, the tanh GeLU),
+    ``scale_embeddings`` (``wte``'s output times ``torch.tensor(n_embd ** 0.5)``) and
+    ``RMSNorm(add_unit_offset=True)`` (``1 + weight``: litgpt's ``"Gemma" in name``)."""
 
-    def key(self) -> tuple[bool, bool, str, str, bool]:
+    def key(self) -> tuple[bool, bool, str, str, bool, bool]:
         """The fields as a hashable part of the compile key."""
         return (self.parallel_residual, self.shared_attention_norm, str(self.rope_fraction),
-                self.gelu_approximate, self.head_bias)  # fmt: skip
+                self.gelu_approximate, self.head_bias, self.gemma)  # fmt: skip
 
 
 LLAMA = Arch()
@@ -123,6 +129,14 @@ def _falcon(cfg: dict[str, Any]) -> tuple[dict[str, Any], Arch]:
     return switches, Arch(True, not new, Fraction(1), "none")
 
 
+def _gemma(cfg: dict[str, Any]) -> tuple[dict[str, Any], Arch]:
+    """``GemmaForCausalLM`` as litgpt's ``Gemma-2b`` and ``Gemma-7b`` entries: ``GemmaMLP``
+    with the tanh GeLU, embeddings scaled, ``RMSNorm`` with the unit offset, no biases, and
+    its own ``lm_head`` (litgpt's ``GPT`` always has one; the checkpoint's tied embedding is
+    copied into it)."""
+    return {"tied_embeddings": False}, Arch(gelu_approximate="tanh", gemma=True)
+
+
 def _phi3(cfg: dict[str, Any]) -> tuple[dict[str, Any], Arch]:
     """``Phi3ForCausalLM`` (Phi-3-mini, Phi-4): a Llama configuration in litgpt."""
     partial = cfg.get("partial_rotary_factor", 1.0)
@@ -134,7 +148,9 @@ def _phi3(cfg: dict[str, Any]) -> tuple[dict[str, Any], Arch]:
     return {}, LLAMA
 
 
-_FAMILIES = {"phi3": _phi3, "phi": _phi, "gpt_neox": _gpt_neox, "falcon": _falcon}
+_FAMILIES = {
+    "phi3": _phi3, "phi": _phi, "gpt_neox": _gpt_neox, "falcon": _falcon, "gemma": _gemma,
+}  # fmt: skip
 FAMILIES = tuple(_FAMILIES)
 """The derived Hugging Face types `as_built` maps to litgpt's configurations."""
 

@@ -163,8 +163,9 @@ def _check_torchtune(sh: reference.Shape, job: Training, dp: ReplayPlan | None) 
 
 
 def _check_implementation(
-    path: ForwardPath, sh: reference.Shape, job: Training, dp: ReplayPlan | None
-) -> None:
+    path: ForwardPath, sh: reference.Shape, job: Training, dp: ReplayPlan | None,
+    model: ModelSpec,
+) -> None:  # fmt: skip
     """The checks of the forward path's own replay (GPT-2, torchtune, torchtitan), and
     activation offloading, which only torchtune's replay covers by hand."""
     if path is ForwardPath.HF_GPT2:  # GPT2LMHeadModel: its own replay (dropout, math SDPA, eager)
@@ -176,7 +177,7 @@ def _check_implementation(
     elif path is ForwardPath.LITGPT:
         litgpt.check(sh, job, dp)
         if job.lora is not None:
-            litgpt_lora.check(sh, job)
+            litgpt_lora.check(sh, job, model)
     elif job.offload_activations:
         raise NotImplementedError(
             f"offload_activations with implementation={job.implementation!r}: transformers' "
@@ -195,7 +196,7 @@ def check_supported(
     _check_recorded_only(job)
     if tp_comm and job.implementation != "reference":
         raise NotImplementedError("tensor parallelism is modelled for implementation='reference'")
-    _check_implementation(path, sh, job, dp)
+    _check_implementation(path, sh, job, dp, model)
     if path is ForwardPath.HF:
         if job.recompute == "selective":
             raise NotImplementedError(

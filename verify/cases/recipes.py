@@ -435,6 +435,14 @@ FALCON_SMALL: dict[str, Any] = {
     "parallel_attn": True, "bias": False, "alibi": False, "tie_word_embeddings": False,
 }  # fmt: skip
 """tiiuae/falcon-7b's config.json at a small width: one key/value head, no biases."""
+GEMMA_SMALL: dict[str, Any] = {
+    "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 64,
+    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 32,
+    "intermediate_size": 256, "vocab_size": 512, "max_position_embeddings": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+}  # fmt: skip
+"""google/gemma-2b's config.json at a small width: one key/value head, heads wider than
+hidden / heads (as Gemma-7B's 16 x 256 against 3,072)."""
 
 
 def _lit_family(name: str, config: dict[str, Any], **job: Any) -> Case:
@@ -492,6 +500,25 @@ def litgpt_family_cases() -> list[Case]:
             precision="bf16",
             seq_len=130,
             lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=DECODER_LORA_MODULES),
+            **LIT_QLORA,
+        ),
+        # Gemma: GemmaMLP, the embeddings scaled, RMSNorm's unit offset, an untied head; the
+        # config hub's gemma-2b/lora.yaml and qlora.yaml adapters at a small width
+        _lit_family("lit-bf16-gemma", GEMMA_SMALL, precision="bf16", seq_len=100),
+        _lit_family("lit-fp32-accum2-gemma", GEMMA_SMALL, precision="fp32", grad_accum=2),
+        _lit_family(
+            "lit-lora-bf16-all-head-gemma",
+            GEMMA_SMALL,
+            precision="bf16",
+            seq_len=200,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
+        ),
+        _lit_family(
+            "lit-qlora-bf16-gemma",
+            GEMMA_SMALL,
+            precision="bf16",
+            seq_len=130,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "k", "v")),
             **LIT_QLORA,
         ),
     ]

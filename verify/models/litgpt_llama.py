@@ -68,17 +68,19 @@ CE_CHUNK_ROWS = 128
 class RMSNorm(nn.Module):
     """litgpt's ``RMSNorm``: computed in fp32, cast back to the input's dtype."""
 
-    def __init__(self, size: int, eps: float) -> None:
+    def __init__(self, size: int, eps: float, add_unit_offset: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.add_unit_offset = add_unit_offset  # Gemma's (lines 1112-1126)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x = x.float()
         norm_x = torch.mean(x * x, dim=-1, keepdim=True)
         x_normed = x * torch.rsqrt(norm_x + self.eps)
-        return (x_normed * self.weight.float()).to(dtype=dtype)
+        weight = (1 + self.weight) if self.add_unit_offset else self.weight
+        return (x_normed * weight.float()).to(dtype=dtype)
 
 
 def rope_tables(seq_len: int, n_elem: int, base: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +108,7 @@ def norm_layer(spec: ModelSpec) -> nn.Module:
     """The configuration's ``norm_class``: litgpt's `RMSNorm` or ``torch.nn.LayerNorm``."""
     if spec.norm == "layernorm":
         return nn.LayerNorm(spec.hidden, eps=spec.norm_eps)
-    return RMSNorm(spec.hidden, spec.norm_eps)
+    return RMSNorm(spec.hidden, spec.norm_eps, add_unit_offset=arch_of(spec).gemma)
 
 
 def rope_n_elem(spec: ModelSpec) -> int:
@@ -181,6 +183,16 @@ class LLaMAMLP(nn.Module):
         return self.proj(x)
 
 
+class GemmaMLP(LLaMAMLP):
+    """``proj(gelu(fc_1(x), approximate="tanh") * fc_2(x))`` (lines 755-760)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_fc_1 = self.fc_1(x)
+        x_fc_2 = self.fc_2(x)
+        x = F.gelu(x_fc_1, approximate="tanh") * x_fc_2
+        return self.proj(x)
+
+
 class GptNeoxMLP(nn.Module):
     """``proj(gelu(fc(x), approximate=...))``."""
 
@@ -208,7 +220,8 @@ class Block(nn.Module):
         self.norm_1 = norm_layer(spec)
         self.attn = CausalSelfAttention(spec)
         self.norm_2 = None if self.shared else norm_layer(spec)
-        self.mlp = GptNeoxMLP(spec) if spec.mlp == "gelu" else LLaMAMLP(spec)
+        gemma = GemmaMLP(spec) if arch.gemma else LLaMAMLP(spec)
+        self.mlp = GptNeoxMLP(spec) if spec.mlp == "gelu" else gemma
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x_normed = self.norm_1(x)
@@ -244,6 +257,7 @@ class GPT(nn.Module):
         )
         self.block_size = spec.max_positions
         self.n_elem = rope_n_elem(spec)
+        self.scale_embeddings, self.n_embd = arch_of(spec).gemma, spec.hidden
         self.rope_base = spec.rope_theta or 10000.0
         cos, sin = rope_tables(self.block_size, self.n_elem, self.rope_base)
         self.register_buffer("cos", cos, persistent=False)
@@ -263,6 +277,8 @@ class GPT(nn.Module):
         cos = self.cos[:T].unsqueeze(0)
         sin = self.sin[:T].unsqueeze(0)
         x = self.transformer.wte(idx)
+        if self.scale_embeddings:  # Gemma (lines 155-156)
+            x = x * torch.tensor(self.n_embd**0.5, dtype=x.dtype)
         for block in self.transformer.h:
             x = block(x, cos, sin)
         x = self.transformer.ln_f(x)

@@ -51,6 +51,22 @@ FALCON_7B = {
 Falcon demo (``auto_map`` left out); LitGPT's ``falcon-7b``."""
 
 
+GEMMA_2B = {
+    "model_type": "gemma", "architectures": ["GemmaForCausalLM"], "hidden_size": 2048,
+    "num_hidden_layers": 18, "num_attention_heads": 8, "num_key_value_heads": 1,
+    "head_dim": 256, "intermediate_size": 16384, "vocab_size": 256000,
+    "max_position_embeddings": 8192, "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True,
+}  # fmt: skip
+"""google/gemma-2b in Gemma's config keys, with the values of LitGPT's ``Gemma-2b`` entry
+(litgpt/config.py: n_embd 2048, 18 layers, 8 heads, one query group, head_size 2048 / 8,
+intermediate 16384, vocab 256000) and Gemma's tied embedding."""
+GEMMA_7B = {**GEMMA_2B, "hidden_size": 3072, "num_hidden_layers": 28,
+            "num_attention_heads": 16, "num_key_value_heads": 16, "intermediate_size": 24576}  # fmt: skip
+"""google/gemma-7b as LitGPT's ``Gemma-7b`` (n_embd 3072, 28 layers, 16 heads of 256: wider
+than n_embd, intermediate 24576)."""
+
+
 def built(config: dict) -> litgpt_arch.LitSpec:
     model = litgpt_arch.as_built(calc.ModelSpec.from_hf_config(config))
     assert isinstance(model, litgpt_arch.LitSpec)
@@ -82,6 +98,15 @@ def test_falcon_7b_is_multi_query_without_biases() -> None:
     assert (m.n_heads, m.n_kv_heads, m.head_dim, m.ffn, m.vocab) == (71, 1, 64, 18176, 65024)
     assert not (m.qkv_bias or m.o_bias or m.mlp_bias) and m.norm_bias
     assert m.arch == litgpt_arch.Arch(True, True, Fraction(1), "none")
+
+
+def test_gemma_is_a_llama_layout_with_its_three_changes_and_its_own_head() -> None:
+    # litgpt's GPT has an lm_head of its own whatever the checkpoint ties (tie_embeddings
+    # unset in the config hub); GemmaMLP's GeLU is the tanh one
+    m = built(GEMMA_7B)
+    assert (m.n_heads, m.n_kv_heads, m.head_dim, m.hidden, m.ffn) == (16, 16, 256, 3072, 24576)
+    assert not m.tied_embeddings and m.mlp == "swiglu" and m.norm == "rmsnorm"
+    assert m.arch == litgpt_arch.Arch(gelu_approximate="tanh", gemma=True)
 
 
 @pytest.mark.parametrize(

@@ -33,15 +33,17 @@ SEQ = 32
 def config_fields(spec) -> dict:
     """litgpt ``Config`` fields for ``spec`` (`calc.models.litgpt_arch`'s fields spelled out)."""
     arch = arch_of(spec)
+    mlp = "GptNeoxMLP" if spec.mlp == "gelu" else "GemmaMLP" if arch.gemma else "LLaMAMLP"
     return dict(
-        name="copy", block_size=spec.max_positions, vocab_size=spec.vocab,
+        name="Gemma-copy" if arch.gemma else "copy",  # RMSNorm's unit offset: "Gemma" in name
+        scale_embeddings=arch.gemma, block_size=spec.max_positions, vocab_size=spec.vocab,
         padded_vocab_size=spec.vocab, n_layer=spec.n_layers, n_head=spec.n_heads,
         n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
         rotary_percentage=float(arch.rope_fraction), parallel_residual=arch.parallel_residual,
         shared_attention_norm=arch.shared_attention_norm, bias=spec.qkv_bias,
         lm_head_bias=arch.head_bias,
         norm_class_name="LayerNorm" if spec.norm == "layernorm" else "RMSNorm",
-        norm_eps=spec.norm_eps, mlp_class_name="GptNeoxMLP" if spec.mlp == "gelu" else "LLaMAMLP",
+        norm_eps=spec.norm_eps, mlp_class_name=mlp,
         gelu_approximate=arch.gelu_approximate, intermediate_size=spec.ffn,
         rope_base=int(spec.rope_theta or 10000), sliding_window_size=spec.sliding_window,
     )  # fmt: skip
@@ -144,6 +146,14 @@ FALCON = {
     "tie_word_embeddings": False,
 }  # fmt: skip
 """tiiuae/falcon-7b's config.json keys at a small width (multi-query, no biases)."""
+GEMMA = {
+    "model_type": "gemma", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 256, "vocab_size": 512,
+    "max_position_embeddings": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True,
+}  # fmt: skip
+"""google/gemma-2b's config.json keys at a small width (one key/value head, heads wider than
+hidden / heads, as Gemma-7B's)."""
 
 
 def family_spec(config: dict):
@@ -151,16 +161,19 @@ def family_spec(config: dict):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("config", [PHI, NEOX, FALCON], ids=["phi", "gpt_neox", "falcon"])
-def test_parallel_residual_families_match_litgpt(config: dict, dtype: torch.dtype) -> None:
-    # phi-2 (norm_1 shared, biases on the head too, RoPE on half a head) and GPT-NeoX (its own
-    # norm_2, RoPE on a quarter): LayerNorm, GptNeoxMLP; same parameters, bytes, gradients
+@pytest.mark.parametrize(
+    "config", [PHI, NEOX, FALCON, GEMMA], ids=["phi", "gpt_neox", "falcon", "gemma"]
+)
+def test_each_family_matches_litgpt(config: dict, dtype: torch.dtype) -> None:
+    # phi-2 (norm_1 shared, biases on the head too, RoPE on half a head), GPT-NeoX (its own
+    # norm_2, RoPE on a quarter), Falcon (multi-query, no biases): LayerNorm, GptNeoxMLP; Gemma
+    # (GemmaMLP, scaled embeddings, RMSNorm's unit offset); same parameters, bytes, gradients
     spec, ours, theirs = _pair(4, dtype, seq=40, spec=family_spec(config))
-    assert spec.n_kv_heads == (1 if config is FALCON else 4)
+    assert spec.n_kv_heads == (1 if config in (FALCON, GEMMA) else 4)
     names = [n for n, _ in theirs.module.named_parameters()]
     assert [n for n, _ in ours.named_parameters()] == names
     assert ("lm_head.bias" in names) == (config is PHI)
-    assert ("transformer.h.0.norm_2.weight" in names) == (config is NEOX)
+    assert ("transformer.h.0.norm_2.weight" in names) == (config in (NEOX, GEMMA))  # not shared
     ids = torch.randint(0, spec.vocab, (2, 40))
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)

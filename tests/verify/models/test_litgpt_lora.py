@@ -23,6 +23,7 @@ from tests.verify.models.iterations import (  # noqa: E402
 )
 from tests.verify.models.test_litgpt_llama import (  # noqa: E402
     FALCON,
+    GEMMA,
     NEOX,
     PHI,
     config_fields,
@@ -125,16 +126,18 @@ def test_dropout_on_the_head_adapter_matches_litgpt() -> None:
     assert peaks[0] == peaks[1]
 
 
-@pytest.mark.parametrize("config", [PHI, NEOX, FALCON], ids=["phi", "gpt_neox", "falcon"])
-def test_parallel_residual_families_match_litgpt(config: dict) -> None:
-    # litgpt/lora.py on phi-2 and GPT-NeoX: LoRALinear and LoRAQKVLinear keep the base's
-    # biases (frozen), GptNeoxMLP's fc and proj adapted; every linear and the head (phi-2's
-    # lora.yaml), two head chunks
+@pytest.mark.parametrize(
+    "config", [PHI, NEOX, FALCON, GEMMA], ids=["phi", "gpt_neox", "falcon", "gemma"]
+)
+def test_each_family_matches_litgpt(config: dict) -> None:
+    # litgpt/lora.py on phi-2, GPT-NeoX, Falcon and Gemma: LoRALinear and LoRAQKVLinear keep
+    # the base's biases (frozen), GptNeoxMLP's fc and proj adapted; every linear and the head
+    # (phi-2's lora.yaml), two head chunks
     lora = LoRA(rank=4, alpha=8, modules=("q", "k", "v", "o", "gate", "up", "down", "lm_head"))
     spec, ours, theirs = _pair(4, lora, 200, spec=family_spec(config))
     names = [n for n, _ in theirs.module.named_parameters()]
     assert [n for n, _ in ours.named_parameters()] == names
-    assert "transformer.h.0.mlp.fc.lora_A" in names
+    assert f"transformer.h.0.mlp.{'fc_1' if config is GEMMA else 'fc'}.lora_A" in names
     assert ("lm_head.linear.bias" in names) == (config is PHI)  # phi-2's head has a bias
     ids = torch.randint(0, spec.vocab, (2, 200))
     mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
