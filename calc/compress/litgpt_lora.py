@@ -78,11 +78,6 @@ def check(sh: Shape, job: Training, model: ModelSpec | None = None) -> None:
         )
     if job.quant is not None:
         _check_quant(job)
-        if sh.qkv_bias:
-            raise NotImplementedError(
-                f"{WHAT}: QLoRA is modelled on litgpt's configurations without biases (Llama, "
-                "Mistral, Phi-3, Falcon), not yet on phi-2 or GPT-NeoX"
-            )
     mlp = set(MLP_KEYS) & set(lora.modules)
     if mlp and len(mlp) != len(MLP_KEYS):
         raise ValueError(

@@ -502,6 +502,25 @@ def litgpt_family_cases() -> list[Case]:
             lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=DECODER_LORA_MODULES),
             **LIT_QLORA,
         ),
+        # QLoRA on biased linears (bitsandbytes' Linear4bit keeps the bias in 16 bits): the
+        # config hub's phi-2/qlora.yaml and stablelm-base-alpha-3b/qlora.yaml adapters
+        _lit_family(
+            "lit-qlora-bf16-all-head-phi2",
+            PHI2_SMALL,
+            precision="bf16",
+            seq_len=150,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
+            **LIT_QLORA,
+        ),
+        _lit_family(
+            "lit-qlora-bf16-one-neox",
+            NEOX_SMALL,
+            precision="bf16",
+            micro_batch=1,
+            seq_len=200,
+            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "v")),
+            **LIT_QLORA,
+        ),
         # Gemma: GemmaMLP, the embeddings scaled, RMSNorm's unit offset, an untied head; the
         # config hub's gemma-2b/lora.yaml and qlora.yaml adapters at a small width
         _lit_family("lit-bf16-gemma", GEMMA_SMALL, precision="bf16", seq_len=100),

@@ -13,7 +13,7 @@ import sympy as sp
 import calc
 from calc.compress import litgpt_lora
 from calc.estimate.core import values_for
-from calc.models import litgpt
+from calc.models import litgpt, litgpt_arch
 from calc.replay import ops
 from calc.replay.kinds import StorageKind
 from calc.replay.tape import Tape
@@ -268,10 +268,20 @@ def test_litgpts_published_parallel_residual_lora_peaks(
     assert calc.estimate(model, job).peak_bytes / 1e9 == pytest.approx(published_gb, rel=0.01)
 
 
-def test_qlora_on_a_configuration_with_biases_is_not_modelled_yet() -> None:
+def test_qlora_keeps_the_biases_in_16_bits() -> None:
+    # bitsandbytes' Linear4bit quantizes the weight and keeps the bias in the compute dtype:
+    # phi-2's qkv weight packed two to a byte, its bias bf16 and frozen
+    model = litgpt_arch.as_built(calc.ModelSpec.from_hf_config(PHI2))
     job = _job(micro_batch=1, seq_len=64, quant=NF4, **PAGED)
-    with pytest.raises(NotImplementedError, match="without biases"):
-        calc.estimate(calc.ModelSpec.from_hf_config(PHI2), job)
+    sh = shape_for(model, job, "cpu", 1)
+    tape = Tape()
+    w = litgpt.Weights(tape, sh, litgpt_arch.arch_of(model))
+    assert job.lora is not None
+    litgpt_lora.adapt(tape, sh, w, job.lora, False, job.quant)
+    qkv, bias = w.layers[0]["qkv"], w.layers[0]["qkv_b"]
+    assert qkv is not None and bias is not None
+    assert qkv.itemsize == 1 and id(qkv.storage) in tape.quantized
+    assert bias.itemsize == 2 and id(bias.storage) not in tape.quantized and not bias.leaf
 
 
 @pytest.mark.parametrize(
