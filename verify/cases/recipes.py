@@ -457,90 +457,62 @@ def _lit_family(name: str, config: dict[str, Any], **job: Any) -> Case:
     )  # fmt: skip
 
 
+FAMILY_ALL_HEAD = LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head"))
+"""Every linear and the head, r 8 (the config hub's phi-2 and gemma-2b LoRA recipes)."""
+FAMILY_QV = LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "v"))
+"""q and v (the config hub's falcon-7b and stablelm-base-alpha-3b recipes, at r 8 here)."""
+LITGPT_FAMILIES: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+    # phi-2: norm_1 shared, biases on the head too, RoPE on 40 % of a head; GPT-NeoX: its
+    # own norm_2, RoPE on a quarter
+    ("lit-bf16-phi2", PHI2_SMALL, {"precision": "bf16"}),
+    ("lit-fp32-accum2-phi2", PHI2_SMALL, {"precision": "fp32", "seq_len": 100, "grad_accum": 2}),
+    ("lit-bf16-chunks-neox", NEOX_SMALL, {"precision": "bf16", "seq_len": 200}),
+    ("lit-fp32-one-neox", NEOX_SMALL, {"precision": "fp32", "micro_batch": 1}),
+    ("lit-lora-bf16-all-head-phi2", PHI2_SMALL, _lit("bf16", 200, FAMILY_ALL_HEAD)),
+    (
+        "lit-lora-fp32-mlp-neox",
+        NEOX_SMALL,
+        _lit("fp32", 130, LoRA(rank=4, modules=("q", "v", "gate", "up", "down"))),
+    ),
+    # QLoRA on biased linears (bitsandbytes' Linear4bit keeps the bias in 16 bits)
+    ("lit-qlora-bf16-all-head-phi2", PHI2_SMALL, _lit("bf16", 150, FAMILY_ALL_HEAD, **LIT_QLORA)),
+    (
+        "lit-qlora-bf16-one-neox",
+        NEOX_SMALL,
+        _lit("bf16", 200, FAMILY_QV, micro_batch=1, **LIT_QLORA),
+    ),
+    # Falcon-7B's layout: multi-query attention expanded to every head, norm_1 shared
+    ("lit-bf16-accum2-falcon", FALCON_SMALL, {"precision": "bf16", "grad_accum": 2}),
+    ("lit-lora-bf16-falcon", FALCON_SMALL, _lit("bf16", 200, FAMILY_QV)),
+    (
+        "lit-qlora-bf16-all-falcon",
+        FALCON_SMALL,
+        _lit(
+            "bf16",
+            130,
+            LoRA(rank=8, alpha=16, dropout=0.05, modules=DECODER_LORA_MODULES),
+            **LIT_QLORA,
+        ),
+    ),
+    # Gemma: GemmaMLP, the embeddings scaled, RMSNorm's unit offset, an untied head
+    ("lit-bf16-gemma", GEMMA_SMALL, {"precision": "bf16", "seq_len": 100}),
+    ("lit-fp32-accum2-gemma", GEMMA_SMALL, {"precision": "fp32", "grad_accum": 2}),
+    ("lit-lora-bf16-all-head-gemma", GEMMA_SMALL, _lit("bf16", 200, FAMILY_ALL_HEAD)),
+    (
+        "lit-qlora-bf16-gemma",
+        GEMMA_SMALL,
+        _lit(
+            "bf16", 130, LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "k", "v")), **LIT_QLORA
+        ),
+    ),
+)
+"""LitGPT's other families (`calc.models.litgpt_arch`) at a small width: name, config.json,
+the job's fields (2 sequences of 64 tokens unless given)."""
+
+
 def litgpt_family_cases() -> list[Case]:
-    """LitGPT's parallel-residual families: phi-2 (``norm_1`` shared, biases on the head
-    too, RoPE on 40 % of a head), GPT-NeoX (its own ``norm_2``, RoPE on a quarter) and Falcon
-    (multi-query, no biases: QLoRA too)."""
-    return [
-        _lit_family("lit-bf16-phi2", PHI2_SMALL, precision="bf16"),
-        _lit_family(
-            "lit-fp32-accum2-phi2", PHI2_SMALL, precision="fp32", seq_len=100, grad_accum=2
-        ),
-        _lit_family("lit-bf16-chunks-neox", NEOX_SMALL, precision="bf16", seq_len=200),
-        _lit_family("lit-fp32-one-neox", NEOX_SMALL, precision="fp32", micro_batch=1),
-        # the config hub's phi-2/lora.yaml at a small width: every linear and the head, r 8,
-        # dropout; the frozen biases, the head's too
-        _lit_family(
-            "lit-lora-bf16-all-head-phi2",
-            PHI2_SMALL,
-            precision="bf16",
-            seq_len=200,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
-        ),
-        _lit_family(
-            "lit-lora-fp32-mlp-neox",
-            NEOX_SMALL,
-            precision="fp32",
-            seq_len=130,
-            lora=LoRA(rank=4, modules=("q", "v", "gate", "up", "down")),
-        ),
-        # Falcon-7B's layout: multi-query attention expanded to every head, norm_1 shared;
-        # the config hub's falcon-7b/lora.yaml and qlora.yaml adapters at a small width
-        _lit_family("lit-bf16-accum2-falcon", FALCON_SMALL, precision="bf16", grad_accum=2),
-        _lit_family(
-            "lit-lora-bf16-falcon",
-            FALCON_SMALL,
-            precision="bf16",
-            seq_len=200,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "v")),
-        ),
-        _lit_family(
-            "lit-qlora-bf16-all-falcon",
-            FALCON_SMALL,
-            precision="bf16",
-            seq_len=130,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=DECODER_LORA_MODULES),
-            **LIT_QLORA,
-        ),
-        # QLoRA on biased linears (bitsandbytes' Linear4bit keeps the bias in 16 bits): the
-        # config hub's phi-2/qlora.yaml and stablelm-base-alpha-3b/qlora.yaml adapters
-        _lit_family(
-            "lit-qlora-bf16-all-head-phi2",
-            PHI2_SMALL,
-            precision="bf16",
-            seq_len=150,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
-            **LIT_QLORA,
-        ),
-        _lit_family(
-            "lit-qlora-bf16-one-neox",
-            NEOX_SMALL,
-            precision="bf16",
-            micro_batch=1,
-            seq_len=200,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "v")),
-            **LIT_QLORA,
-        ),
-        # Gemma: GemmaMLP, the embeddings scaled, RMSNorm's unit offset, an untied head; the
-        # config hub's gemma-2b/lora.yaml and qlora.yaml adapters at a small width
-        _lit_family("lit-bf16-gemma", GEMMA_SMALL, precision="bf16", seq_len=100),
-        _lit_family("lit-fp32-accum2-gemma", GEMMA_SMALL, precision="fp32", grad_accum=2),
-        _lit_family(
-            "lit-lora-bf16-all-head-gemma",
-            GEMMA_SMALL,
-            precision="bf16",
-            seq_len=200,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=(*DECODER_LORA_MODULES, "lm_head")),
-        ),
-        _lit_family(
-            "lit-qlora-bf16-gemma",
-            GEMMA_SMALL,
-            precision="bf16",
-            seq_len=130,
-            lora=LoRA(rank=8, alpha=16, dropout=0.05, modules=("q", "k", "v")),
-            **LIT_QLORA,
-        ),
-    ]
+    """The `LITGPT_FAMILIES` cases."""
+    return [_lit_family(name, config, **fields) for name, config, fields in LITGPT_FAMILIES]
 
 
 def recipe_cases() -> list[Case]:
