@@ -19,7 +19,10 @@ library where it imports); this file follows that copy line by line:
   128 rows, the logits and the loss held by the loop until the next iteration replaces them.
 
 Single device, ``precision="bf16"`` (Fabric's ``bf16-true``) or ``"fp32"`` (``32-true``), no
-recomputation (`check`).
+recomputation (`check`). The other configurations litgpt builds (`calc.models.litgpt_arch`:
+parallel residual, ``LayerNorm``, ``GptNeoxMLP``/``GemmaMLP``, partial RoPE, biases, Gemma's
+scaled embeddings and norm offset) run through the same functions, steered by `Regime.arch`;
+a sliding window adds each block's mask (`sliding_window_mask`).
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ built here as litgpt builds it (its ``config.py`` entries):
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -158,9 +158,12 @@ FAMILIES = tuple(_FAMILIES)
 def as_built(model: ModelSpec) -> ModelSpec:
     """The model litgpt builds for ``model``: a derived type of `FAMILIES` as its litgpt
     configuration (the module docstring), its sizes and sliding window kept; any other model
-    unchanged (`calc.models.litgpt.check` refuses what litgpt's code here does not cover)."""
+    as it is but untied (`calc.models.litgpt.check` refuses what litgpt's code here does not
+    cover)."""
     if not model.derived or model.hf_config is None or model.model_type not in _FAMILIES:
-        return model
+        # fine-tuning never ties (finetune/*.py refuse train.tie_embeddings): a tied checkpoint
+        # (Llama-3.2-1B, 3B) gets a head of its own, a copy of the embedding
+        return replace(model, tied_embeddings=False) if model.tied_embeddings else model
     cfg = json.loads(model.hf_config)
     switches, arch = _FAMILIES[model.model_type](cfg)
     layer_norm = model.model_type in ("phi", "gpt_neox", "falcon")

@@ -192,6 +192,8 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
         MISTRAL,
         {"precision": "bf16", "seq_len": 192, "scale": {"vocab": 32000}},
     ),
+    # a tied checkpoint (Llama-3.2-1B's kind): fine-tuning builds a head of its own
+    ("lit-bf16-tied-llama3", LLAMA3, {"precision": "bf16", "scale": {"tied_embeddings": True}}),
     # Phi3ForCausalLM (a derived type) built as litgpt's Llama: Phi-4 as it is (no window);
     # with Phi-3-mini's sliding window, shorter than the sequence, its masks in every block
     ("lit-fp32-phi4", PHI4, {"precision": "fp32"}),

@@ -15,6 +15,7 @@ import calc
 from calc.models import litgpt, litgpt_arch
 from calc.replay.tape import Tape
 from calc.step.training import shape_for
+from tests.specs import tiny_llama
 
 PHI2 = {
     "_name_or_path": "microsoft/phi-2", "architectures": ["PhiForCausalLM"],
@@ -127,6 +128,18 @@ def test_a_model_litgpt_has_no_family_for_is_left_as_it_is() -> None:
     llama = calc.load_card("llama-3.1-8b")
     assert litgpt_arch.as_built(llama) is llama
     assert litgpt_arch.arch_of(llama) == litgpt_arch.LLAMA
+
+
+def test_fine_tuning_unties_a_tied_checkpoint() -> None:
+    # finetune/full.py and lora.py list train.tie_embeddings as unsupported: the GPT they build
+    # has its own lm_head (Llama-3.2-1B's tied embedding is copied into it): V x h more
+    tied = tiny_llama(tied_embeddings=True)
+    built_ = litgpt_arch.as_built(tied)
+    assert not built_.tied_embeddings
+    job = calc.Training(micro_batch=1, seq_len=8, precision="bf16", implementation="litgpt",
+                        loop="hold-output", loss="chunked-ce")  # fmt: skip
+    untied = calc.estimate(tiny_llama(), job, device="cpu")
+    assert calc.estimate(tied, job, device="cpu").peak_bytes == untied.peak_bytes
 
 
 def _weights(config: dict, n_layers: int = 1) -> litgpt.Weights:
