@@ -57,18 +57,19 @@ WHAT = "implementation='litgpt'"
 
 def _check_structure(sh: Shape) -> None:
     """``NotImplementedError`` for a model litgpt's configurations here do not build."""
-    if sh.model_type not in ("llama", "mistral") or sh.qk_norm:
+    if sh.model_type not in ("llama", "mistral", "qwen2") or sh.qk_norm:
         raise NotImplementedError(
-            f"{WHAT} is modelled for litgpt's Llama configurations (model_type 'llama' or "
-            f"'mistral', no q/k norms), and for Phi-3/Phi-4, phi-2 and GPT-NeoX "
-            f"(`calc.models.litgpt_arch`); got model_type={sh.model_type!r}"
+            f"{WHAT} is modelled for litgpt's Llama-like configurations (model_type 'llama', "
+            f"'mistral' or 'qwen2', no q/k norms), and for Phi-3/Phi-4, phi-2, GPT-NeoX, Falcon "
+            f"and Gemma (`calc.models.litgpt_arch`); got model_type={sh.model_type!r}"
         )
     if sh.tied:
         raise NotImplementedError(f"{WHAT}: litgpt's GPT has an untied head (lm_head)")
-    if not sh.qkv_bias == sh.o_bias == sh.mlp_bias or sh.norm_bias != (sh.norm == "layernorm"):
+    one_flag = sh.o_bias == sh.mlp_bias and (sh.qkv_bias or not sh.o_bias)
+    if not one_flag or sh.norm_bias != (sh.norm == "layernorm"):
         raise NotImplementedError(
-            f"{WHAT}: litgpt's one bias flag covers qkv, proj and the MLP alike, and its "
-            "LayerNorm has a bias (RMSNorm none)"
+            f"{WHAT}: litgpt's bias flag covers qkv, proj and the MLP alike, attn_bias qkv "
+            "alone (Qwen2.5), and its LayerNorm has a bias (RMSNorm none)"
         )
 
 
@@ -140,13 +141,13 @@ class Weights(ref.Weights):
         self.embed = leaf(V * h, "embed", "embed")
         self.wpe = None
         self.layers = []
-        nb, lb = sh.norm_bias, sh.qkv_bias
+        nb, lb = sh.norm_bias, sh.mlp_bias  # litgpt's bias; qkv also with attn_bias (Qwen2.5)
         for j in range(sh.n_layers):
             lw: dict[str, Tensor | None] = {
                 "norm1": leaf(h, "norm_1", j), "norm1_b": bias(nb, h, "norm_1", j),
                 "qkv": leaf((a + 2 * k) * d * h, "attn.qkv", j),
-                "qkv_b": bias(lb, (a + 2 * k) * d, "attn.qkv", j),
-                "o": leaf(a * d * h, "attn.proj", j), "o_b": bias(lb, h, "attn.proj", j),
+                "qkv_b": bias(sh.qkv_bias, (a + 2 * k) * d, "attn.qkv", j),
+                "o": leaf(a * d * h, "attn.proj", j), "o_b": bias(sh.o_bias, h, "attn.proj", j),
             }  # fmt: skip
             if not arch.shared_attention_norm:
                 lw |= {"norm2": leaf(h, "norm_2", j), "norm2_b": bias(nb, h, "norm_2", j)}

@@ -194,6 +194,9 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ),
     # a tied checkpoint (Llama-3.2-1B's kind): fine-tuning builds a head of its own
     ("lit-bf16-tied-llama3", LLAMA3, {"precision": "bf16", "scale": {"tied_embeddings": True}}),
+    # Qwen2.5 (attn_bias: the qkv's bias alone; tied, so untied here), two kv heads
+    ("lit-bf16-qwen2", QWEN2, {**GQA2, "precision": "bf16", "seq_len": 130}),
+    ("lit-fp32-accum2-qwen2", QWEN2, {"precision": "fp32", "grad_accum": 2}),
     # Phi3ForCausalLM (a derived type) built as litgpt's Llama: Phi-4 as it is (no window);
     # with Phi-3-mini's sliding window, shorter than the sequence, its masks in every block
     ("lit-fp32-phi4", PHI4, {"precision": "fp32"}),
@@ -211,6 +214,8 @@ def _lit(precision: str, seq_len: int, lora: LoRA, **more: Any) -> dict[str, Any
     return {"precision": precision, "seq_len": seq_len, "lora": lora, **more}
 
 
+FAMILY_ALL_HEAD_R4 = LoRA(rank=4, alpha=8, modules=(*DECODER_LORA_MODULES, "lm_head"))
+"""Every linear and the head, r 4, no dropout."""
 LIT_LORA = LoRA(rank=8, alpha=16, modules=("q", "v"), dropout=0.05)
 """``finetune/lora.py``'s defaults: ``lora_r=8``, ``lora_alpha=16``, ``lora_dropout=0.05``,
 ``lora_query`` and ``lora_value``."""
@@ -393,6 +398,9 @@ LITGPT_QLORA: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 """LitGPT's QLoRA (``finetune/lora.py --quantize bnb.nf4``): name, card, the job's fields."""
 LITGPT_PHI: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    # Qwen2.5's qkv bias under LoRA (kept, frozen) and QLoRA (16-bit beside the NF4 weight)
+    ("lit-lora-bf16-all-qwen2", QWEN2, _lit("bf16", 200, FAMILY_ALL_HEAD_R4)),
+    ("lit-qlora-bf16-qwen2", QWEN2, _lit("bf16", 130, LIT_LORA, **LIT_QLORA)),
     # the config hub's phi-3/lora.yaml at a small width: every linear and the head, r 8,
     # dropout, Phi-3-mini's sliding window in every block, two sequences
     (

@@ -172,9 +172,9 @@ class LLaMAMLP(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        self.fc_1 = nn.Linear(spec.hidden, spec.ffn, bias=False)
-        self.fc_2 = nn.Linear(spec.hidden, spec.ffn, bias=False)
-        self.proj = nn.Linear(spec.ffn, spec.hidden, bias=False)
+        self.fc_1 = nn.Linear(spec.hidden, spec.ffn, bias=spec.mlp_bias)
+        self.fc_2 = nn.Linear(spec.hidden, spec.ffn, bias=spec.mlp_bias)
+        self.proj = nn.Linear(spec.ffn, spec.hidden, bias=spec.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_fc_1 = self.fc_1(x)
@@ -243,7 +243,7 @@ class GPT(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        if spec.model_type not in ("llama", "mistral") or spec.qk_norm:
+        if spec.model_type not in ("llama", "mistral", "qwen2") or spec.qk_norm:
             raise ValueError(f"model_type={spec.model_type!r}: the copy has litgpt's Llama")
         if spec.tied_embeddings:
             raise ValueError("litgpt's configurations have an untied head")

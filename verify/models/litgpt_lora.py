@@ -226,12 +226,13 @@ def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> litgpt_llama.GP
         return LoRALinear(in_f, out_f, r if use_r else 0, alpha, p, bias)
 
     model = litgpt_llama.GPT(spec)
-    h, f, d, a, b = spec.hidden, spec.ffn, spec.head_dim, spec.n_heads, spec.qkv_bias
+    h, f, d, a, b = spec.hidden, spec.ffn, spec.head_dim, spec.n_heads, spec.mlp_bias
     model.lm_head = linear(h, spec.vocab, on["head"], arch_of(spec).head_bias)
     for block in model.transformer.h:
         enable = (on["query"], on["key"], on["value"])
-        block.attn.qkv = LoRAQKVLinear(h, d, a, spec.n_kv_heads, r, alpha, p, enable, b)
-        block.attn.proj = linear(a * d, h, on["projection"], b)
+        qkv_bias = spec.qkv_bias  # bias or attn_bias (Qwen2.5: the qkv alone)
+        block.attn.qkv = LoRAQKVLinear(h, d, a, spec.n_kv_heads, r, alpha, p, enable, qkv_bias)
+        block.attn.proj = linear(a * d, h, on["projection"], spec.o_bias)
         if spec.mlp == "gelu":  # litgpt/lora.py's GptNeoxMLP: fc and proj
             block.mlp.fc = linear(h, f, on["mlp"], b)
             block.mlp.proj = linear(f, h, on["mlp"], b)

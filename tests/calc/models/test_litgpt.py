@@ -166,10 +166,14 @@ def test_a_one_token_sequence_is_invalid() -> None:
 
 
 def test_refuses_biases_litgpt_has_no_flag_for() -> None:
-    with pytest.raises(NotImplementedError, match="model_type='qwen2'"):
-        _estimate(tiny_llama(model_type="qwen2", qkv_bias=True))
-    with pytest.raises(NotImplementedError, match="one bias flag"):
-        _estimate(tiny_llama(qkv_bias=True))
+    # bias covers qkv, proj and the MLP; attn_bias the qkv alone: a proj bias without the
+    # MLP's, or without the qkv's, has no litgpt configuration
+    with pytest.raises(NotImplementedError, match="bias flag"):
+        _estimate(tiny_llama(o_bias=True))
+    with pytest.raises(NotImplementedError, match="bias flag"):
+        _estimate(tiny_llama(o_bias=True, mlp_bias=True))
+    with pytest.raises(NotImplementedError, match="model_type='qwen3'"):
+        _estimate(tiny_llama(model_type="qwen3", qk_norm=True))
     # a tied checkpoint is fine-tuned untied (tests/calc/models/test_litgpt_arch.py)
     assert _estimate(tiny_llama(tied_embeddings=True)).peak_bytes == _estimate().peak_bytes
 

@@ -171,3 +171,12 @@ def test_rope_rotates_int_of_the_fraction_of_a_head() -> None:
         job = calc.Training(micro_batch=1, seq_len=8, implementation="litgpt")
         sh = shape_for(model, job, "cpu", 1)
         assert litgpt.rope_width(replace(sh, d=model.head_dim), model.arch) == width
+
+
+def test_qwen2_has_litgpts_attn_bias_alone() -> None:
+    # litgpt's Qwen2.5 entries: bias=False, attn_bias=True: the fused qkv's bias only
+    model = litgpt_arch.as_built(tiny_llama(model_type="qwen2", qkv_bias=True))
+    job = calc.Training(micro_batch=1, seq_len=8, implementation="litgpt")
+    names = [p.name for p in litgpt.Weights(Tape(), shape_for(model, job, "cpu", 1)).parameters()]
+    assert names == ["lm_head", "embed", "norm_1", "attn.qkv", "attn.qkv.bias", "attn.proj",
+                     "norm_2", "fc_1", "fc_2", "mlp.proj", "ln_f"]  # fmt: skip

@@ -40,7 +40,8 @@ def config_fields(spec) -> dict:
         padded_vocab_size=spec.vocab, n_layer=spec.n_layers, n_head=spec.n_heads,
         n_embd=spec.hidden, n_query_groups=spec.n_kv_heads, head_size=spec.head_dim,
         rotary_percentage=float(arch.rope_fraction), parallel_residual=arch.parallel_residual,
-        shared_attention_norm=arch.shared_attention_norm, bias=spec.qkv_bias,
+        shared_attention_norm=arch.shared_attention_norm, bias=spec.o_bias,
+        attn_bias=spec.qkv_bias and not spec.o_bias,
         lm_head_bias=arch.head_bias,
         norm_class_name="LayerNorm" if spec.norm == "layernorm" else "RMSNorm",
         norm_eps=spec.norm_eps, mlp_class_name=mlp,
@@ -174,6 +175,21 @@ def test_each_family_matches_litgpt(config: dict, dtype: torch.dtype) -> None:
     assert [n for n, _ in ours.named_parameters()] == names
     assert ("lm_head.bias" in names) == (config is PHI)
     assert ("transformer.h.0.norm_2.weight" in names) == (config in (NEOX, GEMMA))  # not shared
+    ids = torch.randint(0, spec.vocab, (2, 40))
+    mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen2_attention_bias_matches_litgpt(dtype: torch.dtype) -> None:
+    # litgpt's Qwen2.5 configurations: attn_bias (the qkv's alone), untied head
+    spec = litgpt_arch.as_built(scaled_spec("qwen2.5-0.5b", kv_heads=2, layers=2))
+    spec, ours, theirs = _pair(2, dtype, seq=40, spec=spec)
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    assert (
+        "transformer.h.0.attn.qkv.bias" in names and "transformer.h.0.attn.proj.bias" not in names
+    )
     ids = torch.randint(0, spec.vocab, (2, 40))
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)

@@ -17,6 +17,7 @@ fabric_mod = pytest.importorskip("lightning.fabric")
 
 from calc.config.compression import LoRA  # noqa: E402
 from calc.config.jobs import Training  # noqa: E402
+from calc.models import litgpt_arch  # noqa: E402
 from tests.verify.models.iterations import (  # noqa: E402
     assert_same_bytes_and_gradients,
     two_iterations,
@@ -140,5 +141,18 @@ def test_each_family_matches_litgpt(config: dict) -> None:
     assert f"transformer.h.0.mlp.{'fc_1' if config is GEMMA else 'fc'}.lora_A" in names
     assert ("lm_head.linear.bias" in names) == (config is PHI)  # phi-2's head has a bias
     ids = torch.randint(0, spec.vocab, (2, 200))
+    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+
+
+def test_qwen2_attention_bias_matches_litgpt() -> None:
+    # Qwen2.5 (attn_bias: the qkv's bias alone) under litgpt/lora.py: LoRAQKVLinear keeps it
+    lora = LoRA(rank=4, alpha=8, modules=("q", "v", "o", "gate", "up", "down"))
+    spec = litgpt_arch.as_built(scaled_spec("qwen2.5-0.5b", kv_heads=2, layers=2))
+    spec, ours, theirs = _pair(2, lora, 150, spec=spec)
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    assert "transformer.h.0.attn.qkv.linear.bias" in names
+    ids = torch.randint(0, spec.vocab, (2, 150))
     mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
