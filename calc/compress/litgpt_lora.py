@@ -63,13 +63,13 @@ HEAD = "lm_head"
 WHAT = "implementation='litgpt' with lora"
 
 
-def check(sh: Shape, job: Training, model: ModelSpec | None = None) -> None:
+def check(sh: Shape, job: Training, model: ModelSpec) -> None:
     """Raise for what the LoRA replay does not model (``NotImplementedError``) or what
     litgpt cannot express or run (``ValueError``)."""
     lora = job.lora
     assert lora is not None
     _, padded = _widths(sh.a, sh.k, sh.d, lora)
-    if padded and model is not None and model.n_heads * model.head_dim != model.hidden:
+    if padded and model.n_heads * model.head_dim != model.hidden:
         raise ValueError(
             f"lora.modules={lora.modules!r} with {WHAT} on {model.n_heads} heads of "
             f"{model.head_dim} (not n_embd={model.hidden}): litgpt 0.5.12's LoRAQKVLinear "
@@ -148,12 +148,7 @@ def adapt(
     isz, r = sh.weight_itemsize, lora.rank
     dropout_on = sh.device if lora.dropout > 0 else None
     widths, padded = _widths(sh.a, sh.k, sh.d, lora)
-    others: list[tuple[str, Size, Size]] = []  # (key, out, in) of the LoRALinear adapters
-    if "o" in lora.modules:
-        others.append(("o", sh.h, sh.a * sh.d))
-    if "gate" in lora.modules:  # lora_mlp: every MLP linear (GptNeoxMLP: fc and proj)
-        gate = [("gate", sh.f, sh.h)] if sh.mlp != "gelu" else []
-        others += [*gate, ("up", sh.f, sh.h), ("down", sh.h, sh.f)]
+    others = _dense_adapted(lora, sh.mlp, sh.h, sh.a * sh.d, sh.f)
     params: list[Tensor] = []
     shapes: list[tuple] = []
 
@@ -238,11 +233,21 @@ def block_numels(model: ModelSpec, lora: LoRA) -> list[int]:
     out: list[int] = []
     if widths:
         out += [r * len(widths) * h, int(sum(widths)) * r]
-    if "o" in lora.modules:
-        out += [r * a * d, h * r]
-    if "gate" in lora.modules:  # GptNeoxMLP has no fc_1/fc_2 pair: fc and proj
-        gate = [r * h, f * r] if model.mlp != "gelu" else []
-        out += [*gate, r * h, f * r, r * f, h * r]
+    for _, out_f, in_f in _dense_adapted(lora, model.mlp, h, a * d, f):
+        out += [r * in_f, out_f * r]  # lora_A [r, in], lora_B [out, r]
+    return out
+
+
+def _dense_adapted(
+    lora: LoRA, mlp: str, h: Size, attn_width: Size, f: Size
+) -> list[tuple[str, Size, Size]]:
+    """``(key, out, in)`` of a block's ``LoRALinear`` adapters in registration order: ``proj``
+    (``o``, from ``attn_width`` = heads x head size), then the MLP's (``lora_mlp``: ``fc_1``,
+    ``fc_2``, ``proj``; ``GptNeoxMLP``: ``fc``, ``proj``)."""
+    out: list[tuple[str, Size, Size]] = [("o", h, attn_width)] if "o" in lora.modules else []
+    if "gate" in lora.modules:
+        gate = [("gate", f, h)] if mlp != "gelu" else []
+        out += [*gate, ("up", f, h), ("down", h, f)]
     return out
 
 

@@ -151,13 +151,11 @@ class Weights(ref.Weights):
             }  # fmt: skip
             if not arch.shared_attention_norm:
                 lw |= {"norm2": leaf(h, "norm_2", j), "norm2_b": bias(nb, h, "norm_2", j)}
-            if sh.mlp == "gelu":  # GptNeoxMLP
-                lw |= {"up": leaf(f * h, "mlp.fc", j), "up_b": bias(lb, f, "mlp.fc", j),
-                       "down": leaf(f * h, "mlp.proj", j), "down_b": bias(lb, h, "mlp.proj", j)}  # fmt: skip
-            else:
-                lw |= {"gate": leaf(f * h, "fc_1", j), "gate_b": bias(lb, f, "fc_1", j),
-                       "up": leaf(f * h, "fc_2", j), "up_b": bias(lb, f, "fc_2", j),
-                       "down": leaf(f * h, "mlp.proj", j), "down_b": bias(lb, h, "mlp.proj", j)}  # fmt: skip
+            if sh.mlp != "gelu":  # LLaMAMLP's fc_1; GptNeoxMLP has fc and proj alone
+                lw |= {"gate": leaf(f * h, "fc_1", j), "gate_b": bias(lb, f, "fc_1", j)}
+            up = "mlp.fc" if sh.mlp == "gelu" else "fc_2"
+            lw |= {"up": leaf(f * h, up, j), "up_b": bias(lb, f, up, j),
+                   "down": leaf(f * h, "mlp.proj", j), "down_b": bias(lb, h, "mlp.proj", j)}  # fmt: skip
             self.layers.append(lw)
         self.norm = leaf(h, "ln_f", "head")
         self.norm_b = bias(nb, h, "ln_f", "head")
