@@ -57,11 +57,14 @@ WHAT = "implementation='litgpt'"
 
 def _check_structure(sh: Shape) -> None:
     """``NotImplementedError`` for a model litgpt's configurations here do not build."""
-    if sh.model_type not in ("llama", "mistral", "qwen2") or sh.qk_norm:
+    if sh.model_type not in ("llama", "mistral", "qwen2", "qwen3") or (
+        sh.qk_norm != (sh.model_type == "qwen3")
+    ):
         raise NotImplementedError(
             f"{WHAT} is modelled for litgpt's Llama-like configurations (model_type 'llama', "
-            f"'mistral' or 'qwen2', no q/k norms), and for Phi-3/Phi-4, phi-2, GPT-NeoX, Falcon "
-            f"and Gemma (`calc.models.litgpt_arch`); got model_type={sh.model_type!r}"
+            f"'mistral' or 'qwen2'; 'qwen3' with its per-head q/k norms), and for Phi-3/Phi-4, "
+            f"phi-2, GPT-NeoX, Falcon and Gemma (`calc.models.litgpt_arch`); got "
+            f"model_type={sh.model_type!r}, qk_norm={sh.qk_norm}"
         )
     if sh.tied:
         raise NotImplementedError(f"{WHAT}: litgpt's GPT has an untied head (lm_head)")
@@ -122,7 +125,8 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
 
 class Weights(ref.Weights):
     """litgpt's parameters as leaves on the tape, in ``parameters()`` order: ``lm_head`` (and
-    its bias), ``wte``, per block ``norm_1``, ``qkv``, ``proj``, ``norm_2`` (none when shared),
+    its bias), ``wte``, per block ``norm_1``, ``qkv``, ``proj``, ``norm_q`` and ``norm_k`` (Qwen3),
+    ``norm_2`` (none when shared),
     the MLP (``fc_1``, ``fc_2``, ``proj``; ``GptNeoxMLP``: ``fc``, ``proj``), each weight
     followed by its bias where the configuration has them, then ``ln_f``."""
 
@@ -149,6 +153,8 @@ class Weights(ref.Weights):
                 "qkv_b": bias(sh.qkv_bias, (a + 2 * k) * d, "attn.qkv", j),
                 "o": leaf(a * d * h, "attn.proj", j), "o_b": bias(sh.o_bias, h, "attn.proj", j),
             }  # fmt: skip
+            if sh.qk_norm:  # norm_qk (Qwen3): an RMSNorm of head_size each, after proj
+                lw |= {"q_norm": leaf(d, "attn.norm_q", j), "k_norm": leaf(d, "attn.norm_k", j)}
             if not arch.shared_attention_norm:
                 lw |= {"norm2": leaf(h, "norm_2", j), "norm2_b": bias(nb, h, "norm_2", j)}
             if sh.mlp != "gelu":  # LLaMAMLP's fc_1; GptNeoxMLP has fc and proj alone
@@ -375,6 +381,11 @@ def attention(
     tape.drop(q, k, v)
     qt, kt, vt = (ops.view(tape, t, name="Transpose") for t in (qh, kh, vh))
     tape.drop(qh, kh, vh)
+    if sh.qk_norm:  # norm_qk_type "default" (Qwen3): RMSNorm over each head's head_size
+        qn = rms_norm(tape, qt, lw["q_norm"], sh.b * sh.a * sh.s)
+        kn = rms_norm(tape, kt, lw["k_norm"], sh.b * sh.k * sh.s)
+        tape.drop(qt, kt)  # q and k rebound to the norms' outputs
+        qt, kt = qn, kn
     width = rope_width(sh, arch)
     if arch.rope_fraction == 1:  # q[..., :head_size] is q itself (no slice)
         q_in, k_in = qt, kt

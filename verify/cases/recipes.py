@@ -23,6 +23,10 @@ from verify.cases.case import (
 )
 from verify.cases.case import train as _train
 
+QWEN3_8B = "qwen3-8b"
+"""Qwen3-8B: its heads span ``n_embd`` (32 x 128 = 4,096), as litgpt's LoRA on part of the
+fused qkv needs (``lora_ind``, `calc.compress.litgpt_lora.check`)."""
+
 PHI4 = "phi-4"
 """Phi3ForCausalLM, a derived type litgpt builds as its Llama (`calc.models.litgpt_arch.as_built`)."""
 
@@ -197,6 +201,9 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # Qwen2.5 (attn_bias: the qkv's bias alone; tied, so untied here), two kv heads
     ("lit-bf16-qwen2", QWEN2, {**GQA2, "precision": "bf16", "seq_len": 130}),
     ("lit-fp32-accum2-qwen2", QWEN2, {"precision": "fp32", "grad_accum": 2}),
+    # Qwen3 (norm_qk: an RMSNorm of head_size on each head of q and k; untied)
+    ("lit-bf16-qwen3", QWEN3_8B, {**GQA2, "precision": "bf16", "seq_len": 130}),
+    ("lit-fp32-accum2-qwen3", QWEN3_8B, {"precision": "fp32", "grad_accum": 2}),
     # Phi3ForCausalLM (a derived type) built as litgpt's Llama: Phi-4 as it is (no window);
     # with Phi-3-mini's sliding window, shorter than the sequence, its masks in every block
     ("lit-fp32-phi4", PHI4, {"precision": "fp32"}),
@@ -401,6 +408,9 @@ LITGPT_PHI: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # Qwen2.5's qkv bias under LoRA (kept, frozen) and QLoRA (16-bit beside the NF4 weight)
     ("lit-lora-bf16-all-qwen2", QWEN2, _lit("bf16", 200, FAMILY_ALL_HEAD_R4)),
     ("lit-qlora-bf16-qwen2", QWEN2, _lit("bf16", 130, LIT_LORA, **LIT_QLORA)),
+    # Qwen3's frozen head norms under LoRA (every linear and the head) and QLoRA (16-bit)
+    ("lit-lora-bf16-all-qwen3", QWEN3_8B, _lit("bf16", 200, FAMILY_ALL_HEAD_R4)),
+    ("lit-qlora-bf16-qwen3", QWEN3_8B, _lit("bf16", 130, LIT_LORA, **LIT_QLORA)),
     # the config hub's phi-3/lora.yaml at a small width: every linear and the head, r 8,
     # dropout, Phi-3-mini's sliding window in every block, two sequences
     (

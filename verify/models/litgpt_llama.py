@@ -127,6 +127,10 @@ class CausalSelfAttention(nn.Module):
         rows = (self.n_head + 2 * self.n_groups) * self.head_size
         self.qkv = nn.Linear(spec.hidden, rows, bias=spec.qkv_bias)
         self.proj = nn.Linear(self.head_size * self.n_head, spec.hidden, bias=spec.o_bias)
+        # norm_qk (Qwen3; norm_qk_type "default"): an RMSNorm of head_size on each head of q
+        # and of k, registered after proj (litgpt/model.py lines 361-369)
+        self.norm_q = RMSNorm(self.head_size, spec.norm_eps) if spec.qk_norm else None
+        self.norm_k = RMSNorm(self.head_size, spec.norm_eps) if spec.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.size()
@@ -136,6 +140,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, nh, hs).transpose(1, 2)
         k = k.view(B, T, ng, hs).transpose(1, 2)
         v = v.view(B, T, ng, hs).transpose(1, 2)
+        if self.norm_q is not None and self.norm_k is not None:  # lines 445-447
+            q = self.norm_q(q)
+            k = self.norm_k(k)
         n = self.rope_n_elem
         q_roped = apply_rope(q[..., :n], cos, sin)
         k_roped = apply_rope(k[..., :n], cos, sin)
@@ -243,7 +250,7 @@ class GPT(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        if spec.model_type not in ("llama", "mistral", "qwen2") or spec.qk_norm:
+        if spec.model_type not in ("llama", "mistral", "qwen2", "qwen3"):
             raise ValueError(f"model_type={spec.model_type!r}: the copy has litgpt's Llama")
         if spec.tied_embeddings:
             raise ValueError("litgpt's configurations have an untied head")

@@ -172,8 +172,9 @@ def test_refuses_biases_litgpt_has_no_flag_for() -> None:
         _estimate(tiny_llama(o_bias=True))
     with pytest.raises(NotImplementedError, match="bias flag"):
         _estimate(tiny_llama(o_bias=True, mlp_bias=True))
-    with pytest.raises(NotImplementedError, match="model_type='qwen3'"):
-        _estimate(tiny_llama(model_type="qwen3", qk_norm=True))
+    # q/k norms only as Qwen3's norm_qk (a llama has none in litgpt)
+    with pytest.raises(NotImplementedError, match="model_type='llama', qk_norm=True"):
+        _estimate(tiny_llama(qk_norm=True))
     # a tied checkpoint is fine-tuned untied (tests/calc/models/test_litgpt_arch.py)
     assert _estimate(tiny_llama(tied_embeddings=True)).peak_bytes == _estimate().peak_bytes
 
@@ -300,3 +301,30 @@ def test_litgpts_published_full_fine_tuning_peak() -> None:
     model = calc.ModelSpec.from_hf_config(TINYLLAMA, name="tiny-llama")
     job = calc.Training(**{**JOB, "micro_batch": 4, "seq_len": 512, "grad_accum": 8})  # type: ignore[arg-type]
     assert calc.estimate(model, job).peak_bytes / 1e9 == pytest.approx(14.10, rel=0.03)
+
+
+def test_qwen3_adds_a_head_norm_on_q_and_on_k_after_proj() -> None:
+    # litgpt's Qwen3 configurations: norm_qk (norm_qk_type "default"), an RMSNorm of
+    # head_size registered after attn.proj for q and for k
+    job = calc.Training(**JOB)  # type: ignore[arg-type]
+    sh = shape_for(tiny_llama(model_type="qwen3", qk_norm=True), job, "cpu", 1)
+    w = litgpt.Weights(Tape(), sh)
+    names = [p.name for p in w.parameters()]
+    assert names[2:6] == ["norm_1", "attn.qkv", "attn.proj", "attn.norm_q"]
+    assert names[6] == "attn.norm_k"
+    values = values_for(tiny_llama(model_type="qwen3", qk_norm=True), job)
+    assert sp.sympify(w.layers[0]["k_norm"].numel).xreplace(values) == 8  # head_dim
+
+
+def test_qwen3_head_norms_save_what_litgpts_rmsnorm_saves() -> None:
+    # The same tiny model with and without norm_qk (qwen3 and llama: no biases either), bf16,
+    # one sequence of 8 tokens, 2 heads of 8 for q and for k, 2 layers. Each head norm saves
+    # for the backward x.float() (16 rows x 8, fp32: 512 B), rsqrt's [16] (fp32: 512), x_normed
+    # (512) and weight.float() ([8] fp32: 512): 2,048 B, twice per layer (q, k) = 8,192 B;
+    # its weights, [8] bf16 each, 512 B x 4 = 2,048. Step 2 adds their AdamW states (x 2).
+    job = {**JOB, "micro_batch": 1}
+    llama = _estimate(**job)
+    qwen3 = _estimate(tiny_llama(model_type="qwen3", qk_norm=True), **job)
+    delta = {phase: qwen3.phases[phase] - llama.phases[phase] for phase in llama.phases}
+    assert delta["step1/forward"] == 8192 + 2048
+    assert delta["step2/forward"] == 8192 + 2048 + 2 * 2048

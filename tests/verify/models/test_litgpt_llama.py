@@ -47,6 +47,7 @@ def config_fields(spec) -> dict:
         norm_eps=spec.norm_eps, mlp_class_name=mlp,
         gelu_approximate=arch.gelu_approximate, intermediate_size=spec.ffn,
         rope_base=int(spec.rope_theta or 10000), sliding_window_size=spec.sliding_window,
+        norm_qk=spec.qk_norm,
     )  # fmt: skip
 
 
@@ -190,6 +191,24 @@ def test_qwen2_attention_bias_matches_litgpt(dtype: torch.dtype) -> None:
     assert (
         "transformer.h.0.attn.qkv.bias" in names and "transformer.h.0.attn.proj.bias" not in names
     )
+    ids = torch.randint(0, spec.vocab, (2, 40))
+    mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kv_heads", [1, 2])
+def test_qwen3_head_norms_match_litgpt(dtype: torch.dtype, kv_heads: int) -> None:
+    # litgpt's Qwen3 configurations: norm_qk (an RMSNorm of head_size on each head of q and
+    # k, after the transpose), registered after attn.proj; untied head
+    spec = litgpt_arch.as_built(scaled_spec("qwen3-8b", kv_heads=kv_heads, layers=2))
+    spec, ours, theirs = _pair(kv_heads, dtype, seq=40, spec=spec)
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    assert names[3:7] == [
+        "transformer.h.0.attn.qkv.weight", "transformer.h.0.attn.proj.weight",
+        "transformer.h.0.attn.norm_q.weight", "transformer.h.0.attn.norm_k.weight",
+    ]  # fmt: skip
     ids = torch.randint(0, spec.vocab, (2, 40))
     mine = litgpt_llama.FineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)

@@ -156,3 +156,16 @@ def test_qwen2_attention_bias_matches_litgpt() -> None:
     ids = torch.randint(0, spec.vocab, (2, 150))
     mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
+
+
+def test_qwen3_head_norms_match_litgpt() -> None:
+    # Qwen3 (norm_qk) under litgpt/lora.py: the frozen norm_q and norm_k of the base attention
+    lora = LoRA(rank=4, alpha=8, modules=("q", "v", "o", "gate", "up", "down"))
+    spec = litgpt_arch.as_built(scaled_spec("qwen3-8b", kv_heads=2, layers=2))
+    spec, ours, theirs = _pair(2, lora, 150, spec=spec)
+    names = [n for n, _ in theirs.module.named_parameters()]
+    assert [n for n, _ in ours.named_parameters()] == names
+    assert "transformer.h.0.attn.norm_q.weight" in names
+    ids = torch.randint(0, spec.vocab, (2, 150))
+    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
+    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
