@@ -145,27 +145,23 @@ def test_each_family_matches_litgpt(config: dict) -> None:
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
 
 
-def test_qwen2_attention_bias_matches_litgpt() -> None:
-    # Qwen2.5 (attn_bias: the qkv's bias alone) under litgpt/lora.py: LoRAQKVLinear keeps it
+@pytest.mark.parametrize(
+    ("card", "kept"),
+    [
+        # Qwen2.5 (attn_bias: the qkv's bias alone): LoRAQKVLinear keeps it
+        ("qwen2.5-0.5b", "transformer.h.0.attn.qkv.linear.bias"),
+        # Qwen3 (norm_qk): the base attention's frozen head norms
+        ("qwen3-8b", "transformer.h.0.attn.norm_q.weight"),
+    ],
+    ids=["qwen2", "qwen3"],
+)
+def test_qwen_attentions_match_litgpt(card: str, kept: str) -> None:
     lora = LoRA(rank=4, alpha=8, modules=("q", "v", "o", "gate", "up", "down"))
-    spec = litgpt_arch.as_built(scaled_spec("qwen2.5-0.5b", kv_heads=2, layers=2))
+    spec = litgpt_arch.as_built(scaled_spec(card, kv_heads=2, layers=2))
     spec, ours, theirs = _pair(2, lora, 150, spec=spec)
     names = [n for n, _ in theirs.module.named_parameters()]
     assert [n for n, _ in ours.named_parameters()] == names
-    assert "transformer.h.0.attn.qkv.linear.bias" in names
-    ids = torch.randint(0, spec.vocab, (2, 150))
-    mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
-    assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
-
-
-def test_qwen3_head_norms_match_litgpt() -> None:
-    # Qwen3 (norm_qk) under litgpt/lora.py: the frozen norm_q and norm_k of the base attention
-    lora = LoRA(rank=4, alpha=8, modules=("q", "v", "o", "gate", "up", "down"))
-    spec = litgpt_arch.as_built(scaled_spec("qwen3-8b", kv_heads=2, layers=2))
-    spec, ours, theirs = _pair(2, lora, 150, spec=spec)
-    names = [n for n, _ in theirs.module.named_parameters()]
-    assert [n for n, _ in ours.named_parameters()] == names
-    assert "transformer.h.0.attn.norm_q.weight" in names
+    assert kept in names
     ids = torch.randint(0, spec.vocab, (2, 150))
     mine = litgpt_lora.LoRAFineTuneLoss(ours, accumulation=1)
     assert_same_bytes_and_gradients(mine, _their_step(theirs, 1), (ours, theirs), ids)
