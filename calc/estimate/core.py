@@ -406,13 +406,22 @@ def too_large_message(model: ModelSpec, job: Training | Inference) -> str:
     )
 
 
+def recorded_only(plan: ReplayPlan, model: ModelSpec, job: Training | Inference) -> bool:
+    """Whether ``plan`` asks for what only the recorded (derived) replay models: FSDP1 and
+    FSDP2's output casts (`calc.parallel.data.ReplayPlan.recorded_only`), except LitGPT's own
+    FSDP1 (Lightning's FSDPStrategy, written by hand: `calc.parallel.fsdp1`)."""
+    if not plan.recorded_only or is_derived(model, job):
+        return False
+    return not (job.implementation == "litgpt" and plan.fsdp_version == 1)
+
+
 @lru_cache(maxsize=4096)
 def compiled_for(
     model: ModelSpec, job: Training | Inference, device: str, opts: ReplayOptions = SINGLE
 ) -> tuple[Compiled, StructureKey]:
     """The compiled replay of this structure (cached) and its key."""
     plan = opts.dp
-    if plan is not None and plan.recorded_only and not is_derived(model, job):
+    if plan is not None and recorded_only(plan, model, job):
         raise NotImplementedError(
             f"{plan.recorded_only}: recorded from torch's code (implementation='derived'), not "
             "written into the hand graphs"

@@ -30,6 +30,7 @@ from calc.estimate.core import (
     StructureKey,
     evaluate,
     is_derived,
+    recorded_only,
     values_for,
 )
 from calc.estimate.fallback import compiled_or_derived, derived_fallback
@@ -178,9 +179,22 @@ def rank_replays(
     if parallel.tp > 1 and job.implementation == "hf":
         return [_hf_tensor_parallel(model, job, parallel, device)]
     job = _rank_job(job, parallel)
+    classes = rank_classes(model, parallel, _trained_numels(model, job, parallel))
+    if job.implementation == "litgpt":  # FSDP1 by hand: each rank's piece is its own
+        classes = [one for rc in classes for one in _flat_param_ranks(rc)]
+    return [_rank_replay(model, job, parallel, rc, device) for rc in classes]
+
+
+def _flat_param_ranks(rc: RankClass) -> list[RankClass]:
+    """FSDP1's ranks one by one (`calc.parallel.fsdp1`): every rank holds ``1/dp`` of each
+    flat parameter, but each piece cuts the original parameters elsewhere, so each rank steps
+    other views (optimizer states and their temporaries rounded one by one); ``rc`` itself for
+    any other layout."""
+    if not (rc.replay.fsdp and rc.replay.fsdp_version == 1):
+        return [rc]
     return [
-        _rank_replay(model, job, parallel, rc, device)
-        for rc in rank_classes(model, parallel, _trained_numels(model, job, parallel))
+        replace(rc, ranks=(r,), label=f"dp rank {i}", replay=replace(rc.replay, fsdp_rank=i))
+        for i, r in enumerate(rc.ranks)
     ]
 
 
@@ -272,7 +286,7 @@ def _rank_replay(
             f"context parallel (analytic, not verified): {job.seq_len} tokens per rank, "
             f"ring attention K/V chunks in flight {kv} B"
         )
-    if plan.recorded_only and not is_derived(model, job):
+    if recorded_only(plan, model, job):
         derived = derived_fallback(model, job, device)
         if not isinstance(derived, Training):
             raise NotImplementedError(

@@ -36,7 +36,7 @@ from calc.config.jobs import Training
 from calc.config.model_spec import ModelSpec
 from calc.models import attention_core
 from calc.models import reference as ref
-from calc.models.head import divide_by_count
+from calc.models.head import RootHooks, divide_by_count, root_pre_backward
 from calc.models.litgpt_arch import LLAMA, Arch, arch_of
 from calc.models.shape import Shape
 from calc.parallel.data import ReplayPlan
@@ -86,10 +86,16 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
         )
     _check_structure(sh)
     others = (job.pruning, job.distill)
-    if any(x is not None for x in others) or dp is not None or sh.tp_comm or sh.sp > 1:
+    if any(x is not None for x in others) or sh.tp_comm or sh.sp > 1:
         raise NotImplementedError(
-            f"{WHAT} is modelled on one device, for full fine-tuning (finetune/full.py) and "
-            "LoRA (finetune/lora.py): no pruning, distillation or parallelism yet"
+            f"{WHAT} is modelled for full fine-tuning (finetune/full.py) and LoRA "
+            "(finetune/lora.py): no pruning, distillation, tensor or sequence parallelism"
+        )
+    if dp is not None and not (lightning_fsdp(dp) and job.lora is None):
+        raise NotImplementedError(
+            f"{WHAT} is modelled on one device and, for full fine-tuning, under Lightning's "
+            "FSDPStrategy as finetune/full.py sets it up: calc.Parallelism(dp=N, fsdp=True, "
+            "fsdp_version=1, fsdp_use_orig_params=True), no mixed-precision fields, no offload"
         )
     if job.quant is not None and job.lora is None:
         raise NotImplementedError(f"{WHAT}: a quantized base needs LoRA (finetune/lora.py)")
@@ -98,11 +104,13 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
             f"{WHAT} with precision={job.precision!r}: modelled for Fabric's 'bf16-true' "
             "(precision='bf16') and '32-true' (precision='fp32')"
         )
-    if sh.recompute != "none" or max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
+    if sh.recompute not in ("none", "full") or job.recompute_every != 1:
         raise NotImplementedError(
-            f"{WHAT}: its single-device fine-tuning checkpoints nothing and has no dropout "
-            "(recompute='none', dropout=0)"
+            f"{WHAT}: FSDPStrategy(activation_checkpointing_policy={{Block}}) checkpoints "
+            "every block (recompute='full') or none (recompute='none')"
         )
+    if max(sh.attn_dropout, sh.hidden_dropout, sh.embed_dropout) > 0:
+        raise NotImplementedError(f"{WHAT}: its fine-tuning has no dropout (dropout=0)")
     if job.loop != "hold-output" or job.loss != "chunked-ce":
         raise NotImplementedError(
             f"{WHAT} with loop={job.loop!r}, loss={job.loss!r}: its loop is "
@@ -121,6 +129,20 @@ def check(sh: Shape, job: Training, dp: ReplayPlan | None) -> None:
             f"{WHAT} with the {sh.attention!r} attention kernel: modelled with SDPA's fused "
             "kernels (litgpt calls SDPA with is_causal=True on expanded heads)"
         )
+
+
+def lightning_fsdp(dp: ReplayPlan) -> bool:
+    """Whether ``dp`` is Lightning's ``FSDPStrategy`` as LitGPT sets it up
+    (`calc.parallel.fsdp1`): FSDP1 over the dp ranks, ``use_orig_params``, ``FULL_SHARD``, its
+    ``MixedPrecision`` the model's own dtypes (no policy fields), no offload."""
+    return (
+        dp.fsdp
+        and dp.fsdp_version == 1
+        and dp.use_orig_params
+        and dp.reshard_after_forward
+        and not (dp.param_itemsize or dp.reduce_itemsize or dp.replicated)
+        and dp.offload == "none"
+    )
 
 
 class Weights(ref.Weights):
@@ -202,18 +224,21 @@ def rope_width(sh: Shape, arch: Arch) -> Size:
 
 
 def buffers(
-    tape: Tape, sh: Shape, block_size: int, converted: bool, arch: Arch = LLAMA
-) -> tuple[Tensor, Tensor]:
+    tape: Tape, sh: Shape, block_size: int, converted: bool, arch: Arch = LLAMA,
+    cast: bool = False,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The ``cos`` and ``sin`` tables [rows, rope_n_elem]: rebuilt in fp32 at the training
     sequence length by the ``max_seq_length`` setter, or (``converted``: the length is the
     block size, so the setter keeps them) Fabric's conversion of the ``block_size`` tables to
     the model's dtype (``block_size``: the model's ``max_positions``, part of the compile
-    key)."""
+    key). ``cast``: under Lightning's FSDPStrategy, FSDP1's lazy initialisation (the first
+    forward) casts the buffers to the ``MixedPrecision`` buffer dtype, the model's
+    (``_runtime_utils.py`` ``_lazy_init``, ``_cast_buffers_to_dtype_and_device``)."""
     width = rope_width(sh, arch)
     if converted:
         numel, isz = block_size * width, sh.weight_itemsize
     else:
-        numel, isz = sh.s * width, FP32
+        numel, isz = sh.s * width, sh.weight_itemsize if cast else FP32
     return (
         tape.existing(numel, isz, "rope_cos", StorageKind.BUFFER),
         tape.existing(numel, isz, "rope_sin", StorageKind.BUFFER),
@@ -598,7 +623,7 @@ class Regime:
 
 def loss_step(
     tape: Tape, sh: Shape, w: Weights, cos: Tensor, sin: Tensor, ids: Tensor,
-    held: list[Tensor], regime: Regime,
+    held: list[Tensor], regime: Regime, root: RootHooks | None = None,
 ) -> Tensor:  # fmt: skip
     """The fine-tuning loop's step (``finetune/full.py``): ``logits = model(input_ids)`` (the
     previous iteration's logits released as the name is rebound) through Fabric's wrapper,
@@ -609,6 +634,9 @@ def loss_step(
     then), and ``loss / accumulation`` handed to backward. ``held``: ``[logits, loss]`` of the
     previous iteration, refilled with this one's."""
     lg = logits(tape, sh, w, cos, sin, ids, regime)
+    if root is not None:  # FSDP's root: its post-forward, its pre-backward hook on the logits
+        root.end_forward(tape)
+        lg = root_pre_backward(tape, lg, root)
     if lg.itemsize != FP32:  # Fabric's bf16-true wrapper hands back float32 logits
         lg32 = ops.to_dtype(tape, lg, FP32, "logits.fabric_output")
         tape.drop(lg)

@@ -78,6 +78,9 @@ class ReplayPlan:
     `calc.derive.sharding`)."""
     use_orig_params: bool = False
     """FSDP1 ``use_orig_params``."""
+    fsdp_rank: int = 0
+    """FSDP1 written by hand (`calc.parallel.fsdp1`): the rank replayed, whose piece of each
+    flat parameter cuts the original parameters where it does."""
 
     @property
     def recorded_only(self) -> str:

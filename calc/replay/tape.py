@@ -701,11 +701,16 @@ class Tape:
         return t is not None and (t.grad_fn is not None or t.leaf)
 
     # -- backward ---------------------------------------------------------------------------
-    def backward(self, root: Tensor, seed: Tensor | None = None) -> None:
+    def backward(
+        self, root: Tensor, seed: Tensor | None = None,
+        final: Callable[[Tape], None] | None = None,
+    ) -> None:  # fmt: skip
         """``root.backward()``: seed with ``ones_like(root)``, held by Python throughout
         (``torch.autograd.backward`` keeps ``grad_tensors``), and run the engine.
         ``seed``: ``root.backward(seed)`` with a gradient the caller holds (a pipeline stage's
-        received gradient); it is not freed here."""
+        received gradient); it is not freed here. ``final``: what runs as the engine finishes,
+        the seed still held (hooks and callbacks queued on the graph task: FSDP1's root
+        post-backward and final callback)."""
         fn = root.grad_fn
         assert fn is not None
         deps = _dependencies(fn)
@@ -728,6 +733,8 @@ class Tape:
         self.grad_enabled = True
         if self.offload is not None:
             self.offload.end_backward(self)
+        if final is not None:
+            final(self)
         if own_seed:
             self.drop(seed)
 

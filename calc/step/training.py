@@ -23,6 +23,7 @@ from calc.models.litgpt_arch import arch_of
 from calc.parallel import data as data_parallel
 from calc.parallel.data import ReplayPlan
 from calc.parallel.fsdp import Fsdp
+from calc.parallel.fsdp1 import Fsdp1
 from calc.replay import ops
 from calc.replay.offload import Offload
 from calc.replay.tape import Event, Tape, Tensor, divide
@@ -304,7 +305,7 @@ class StepSetup:
     """`calc.compress.distill.setup`'s frozen teacher, or ``None``."""
     opt_params: list[Tensor]
     shapes: list
-    fsdp: Fsdp | None
+    fsdp: Fsdp | Fsdp1 | None
     ids: Tensor
     """The input token ids."""
     held: list[Tensor] = field(default_factory=list)
@@ -354,22 +355,37 @@ def build_step(
         opt_params = data_parallel.prepare(tape, dp, params, opt_params, shapes)
     fsdp = None
     if dp is not None and dp.fsdp:
-        fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
-                    mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize,
-                    replicated=dp.replicated,
-                    own_units=path is ForwardPath.TORCHTITAN)  # fmt: skip
-        if trainable:  # LoRA: the frozen base is sharded and gathered too (calc.compress.lora)
-            base, base_shapes = w.parameters(), w.shapes(sh)
-            unpadded: frozenset[int] = frozenset()
-            if job.quant is not None:  # torchtune's QLoRA: each NF4Tensor's inner tensors
-                base, base_shapes, unpadded = nf4_torchao.fsdp_inputs(tape, base, base_shapes)
-            fsdp.install(tape, [*base, *params], [*base_shapes, *shapes], unpadded)
-        else:
-            fsdp.install(tape, params, shapes)
+        fsdp = _shard(tape, sh, w, job, dp, path, (params, shapes), bool(trainable))
         opt_params = fsdp.optimizer_params(tape, params)
     sliding = sh.n_layers if model.sliding_window is not None else 0
     return StepSetup(tape, sh, w, path, sliding, cos, sin, teacher, opt_params, shapes, fsdp, ids,
                      regime=regime)  # fmt: skip
+
+
+def _shard(
+    tape: Tape, sh: reference.Shape, w: reference.Weights, job: Training, dp: ReplayPlan,
+    path: ForwardPath, trained: tuple[list, list], adapters: bool,
+) -> Fsdp | Fsdp1:  # fmt: skip
+    """The sharding hooks installed: LitGPT's FSDPStrategy (FSDP1, `calc.parallel.fsdp1`) or
+    FSDP2 (`calc.parallel.fsdp`; under LoRA the frozen base is sharded and gathered too,
+    torchtune's QLoRA as each NF4Tensor's inner tensors)."""
+    params, shapes = trained
+    if dp.fsdp_version == 1:
+        one = Fsdp1(dp.shard_world, dp.fsdp_rank)
+        one.install(tape, params, shapes)
+        return one
+    fsdp = Fsdp(dp.shard_world, dp.reshard_after_forward, offload=dp.offload,
+                mixed=dp.param_itemsize > 0, reduce_itemsize=dp.reduce_itemsize,
+                replicated=dp.replicated, own_units=path is ForwardPath.TORCHTITAN)  # fmt: skip
+    if not adapters:
+        fsdp.install(tape, params, shapes)
+        return fsdp
+    base, base_shapes = w.parameters(), w.shapes(sh)
+    unpadded: frozenset[int] = frozenset()
+    if job.quant is not None:
+        base, base_shapes, unpadded = nf4_torchao.fsdp_inputs(tape, base, base_shapes)
+    fsdp.install(tape, [*base, *params], [*base_shapes, *shapes], unpadded)
+    return fsdp
 
 
 def _rope_buffers(
@@ -393,7 +409,8 @@ def _rope_buffers(
     if path is ForwardPath.TORCHTITAN:
         return torchtitan.buffers(tape, sh), None
     if path is ForwardPath.LITGPT:
-        return litgpt.buffers(tape, sh, model.max_positions, converted, arch_of(model))
+        cast = dp is not None and dp.fsdp  # FSDP1's lazy init: buffers to buffer_dtype
+        return litgpt.buffers(tape, sh, model.max_positions, converted, arch_of(model), cast)
     if path is ForwardPath.HF:
         tape.existing(divide(sh.d, 2), 4, "rope_inv_freq", "buffer")
         tape.existing(divide(sh.d, 2), 4, "rope_original_inv_freq", "buffer")
@@ -431,8 +448,13 @@ def forward(setup: StepSetup, job: Training) -> Tensor:
         assert setup.cos is not None and setup.sin is not None
         assert isinstance(setup.w, litgpt.Weights)
         assert setup.regime is not None
-        step = litgpt_lora.loss_step if job.lora is not None else litgpt.loss_step
-        return step(tape, sh, setup.w, setup.cos, setup.sin, setup.ids, held, setup.regime)
+        if isinstance(setup.fsdp, Fsdp1):  # the root's pre-forward, as the model is called
+            setup.fsdp.start_forward(tape)
+        if job.lora is not None:
+            return litgpt_lora.loss_step(tape, sh, setup.w, setup.cos, setup.sin, setup.ids,
+                                         held, setup.regime)  # fmt: skip
+        return litgpt.loss_step(tape, sh, setup.w, setup.cos, setup.sin, setup.ids, held,
+                                setup.regime, root=setup.fsdp)  # fmt: skip
     if setup.path is ForwardPath.TORCHTUNE:  # pure precision: no autocast
         assert setup.cos is not None and isinstance(setup.w, torchtune.Weights)
         one = job.micro_batch == 1
@@ -463,9 +485,17 @@ allocates and frees the same ones, so its events repeat the second's exactly: th
 in full and compares). Bounding the replay keeps time and memory constant in ``grad_accum``."""
 
 
+NO_SYNC_MICRO_BATCHES = 3
+"""The same for LitGPT, whose FSDPStrategy runs all but the last micro-batch under ``no_sync``
+(`calc.parallel.fsdp1`): the first finds no unsharded gradient, the middle ones add to them
+(all of them repeat the second's events), the last reduces them; three cover the peak."""
+
+
 def replayed_micro_batches(job: Training) -> int:
-    """How many of ``job``'s micro-batches a step's replay plays out (`REPLAYED_MICRO_BATCHES`)."""
-    return min(job.grad_accum, REPLAYED_MICRO_BATCHES)
+    """How many of ``job``'s micro-batches a step's replay plays out (`REPLAYED_MICRO_BATCHES`,
+    `NO_SYNC_MICRO_BATCHES` for LitGPT's loop, on one device too)."""
+    cap = NO_SYNC_MICRO_BATCHES if job.implementation == "litgpt" else REPLAYED_MICRO_BATCHES
+    return min(job.grad_accum, cap)
 
 
 def run_steps(
@@ -497,11 +527,16 @@ def run_steps(
                 tape.zero_grad()
             tape.phase = f"step{step}/backward"
             tape.segment = "head"
+            if isinstance(fsdp, Fsdp1):  # no_sync but on the step's last micro-batch
+                fsdp.sync = mb == replayed_micro_batches(job) - 1
             if fsdp is not None and Head.of(job).in_model:  # else at the logits (_head)
                 fsdp.start_backward(tape)
-            tape.backward(loss)
-            if fsdp is not None:
-                fsdp.end_backward(tape)
+            if isinstance(fsdp, Fsdp1):  # its root post-backward runs inside the engine
+                tape.backward(loss, final=fsdp.end_backward)
+            else:
+                tape.backward(loss)
+                if fsdp is not None:
+                    fsdp.end_backward(tape)
             tape.drop(loss)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"

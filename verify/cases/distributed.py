@@ -29,6 +29,15 @@ TT_RECIPE: dict[str, Any] = {
 }  # fmt: skip
 """torchtune's distributed recipes as configured for Llama-3.1-8B: its Llama in pure bf16,
 layer checkpointing, the chunked loss, the recipe's ``del logits``."""
+LIT_RECIPE: dict[str, Any] = {
+    "card": LLAMA3, "implementation": "litgpt", "loop": "hold-output", "loss": "chunked-ce",
+    "precision": "bf16", "recompute": "full",
+}  # fmt: skip
+"""LitGPT's ``finetune/full.py`` on several devices: its Llama in bf16-true, each block
+checkpointed, the fp32 logits and the chunked loss held to the next iteration."""
+LIT_FSDP = Parallelism(dp=2, fsdp=True, fsdp_version=1, fsdp_use_orig_params=True)
+"""Lightning's ``FSDPStrategy``: FSDP1, ``use_orig_params=True``, each block a unit."""
+
 TITAN_RECIPE: dict[str, Any] = {
     "card": LLAMA3, "implementation": "torchtitan", "loop": "del-logits", "precision": "fp32",
 }  # fmt: skip
@@ -419,6 +428,30 @@ CASES: tuple[DistCase, ...] = (
           tolerance_pct=GLOO_ASYNC_PCT,
           note="torchtune with torch.nn.CrossEntropyLoss on the model's fp32 logits, no "
           "resharding after forward. " + GLOO_ASYNC_NOTE),
+    # LitGPT's finetune/full.py on 2 devices (Lightning's FSDPStrategy: FSDP1, blocks as units
+    # and checkpointed, use_orig_params, no_sync while accumulating)
+    _case("dist-lit-fsdp1-2", "fsdp1", LIT_FSDP, **LIT_RECIPE, tolerance_pct=GLOO_ASYNC_PCT,
+          note="LitGPT full fine-tune, FSDP1, bf16-true. " + GLOO_ASYNC_NOTE),
+    _case("dist-lit-fsdp1-no-recompute-2", "fsdp1", LIT_FSDP,
+          **{**LIT_RECIPE, "recompute": "none"}, tolerance_pct=GLOO_ASYNC_PCT,
+          note="LitGPT under FSDP1 without checkpointing. " + GLOO_ASYNC_NOTE),
+    _case("dist-lit-fsdp1-accum2-4layers-2", "fsdp1", LIT_FSDP, **LIT_RECIPE, grad_accum=2,
+          scale={"layers": 4, "vocab": 512}, tolerance_pct=GLOO_ACCUM_PCT,
+          note="LitGPT under FSDP1, bf16-true, two micro-batches, four blocks and a small "
+          "vocabulary: the blocks' unsharded gradients, kept by the parameters' views from the "
+          "no_sync micro-batch, outweigh the head. " + GLOO_ACCUM_NOTE),
+    _case("dist-lit-fsdp1-accum3-vocab8k-2", "fsdp1", LIT_FSDP, **LIT_RECIPE, grad_accum=3,
+          micro_batch=1, seq_len=32, scale={**SMALL, "vocab": 8192},
+          tolerance_pct=GLOO_ACCUM_PCT,
+          note="LitGPT under FSDP1, three micro-batches of one short sequence, a root "
+          "(embedding and head) larger than the blocks: the middle no_sync micro-batch adds "
+          "the root's new flat gradient to the kept one beside every block's, the backward's "
+          "seed still held (the root's post-backward runs inside the engine). "
+          + GLOO_ACCUM_NOTE),
+    _case("dist-lit-fsdp1-accum2-fp32-2", "fsdp1", LIT_FSDP,
+          **{**LIT_RECIPE, "precision": "fp32"}, grad_accum=2, tolerance_pct=GLOO_ACCUM_PCT,
+          note="LitGPT under FSDP1, 32-true, two micro-batches: the first under no_sync keeps "
+          "each block's unsharded gradient. " + GLOO_ACCUM_NOTE),
     _case("dist-fsdp2-hf-profiled-2", "fsdp2", Parallelism(dp=2, fsdp=True),
           implementation="hf", meter="profiler",
           note="dist-fsdp2-hf-2 measured as the compiled cases are (verify.dist.profiled: the "

@@ -201,6 +201,9 @@ LITGPT: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # Qwen2.5 (attn_bias: the qkv's bias alone; tied, so untied here), two kv heads
     ("lit-bf16-qwen2", QWEN2, {**GQA2, "precision": "bf16", "seq_len": 130}),
     ("lit-fp32-accum2-qwen2", QWEN2, {"precision": "fp32", "grad_accum": 2}),
+    # every block checkpointed (Lightning's activation_checkpointing_policy={Block}, as its
+    # FSDPStrategy applies it; here on one device)
+    ("lit-bf16-recompute-llama3", LLAMA3, {"precision": "bf16", "recompute": "full"}),
     # Qwen3 (norm_qk: an RMSNorm of head_size on each head of q and k; untied)
     ("lit-bf16-qwen3", QWEN3_8B, {**GQA2, "precision": "bf16", "seq_len": 130}),
     ("lit-fp32-accum2-qwen3", QWEN3_8B, {"precision": "fp32", "grad_accum": 2}),

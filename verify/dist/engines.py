@@ -13,7 +13,8 @@
   meshes before the model;
 * ``fsdp1``: ``FullyShardedDataParallel`` with a ``ModuleWrapPolicy`` of the decoder layer
   class (flat parameters), ``FULL_SHARD`` or ``SHARD_GRAD_OP``, ``MixedPrecision`` and
-  ``use_orig_params`` from the case;
+  ``use_orig_params`` from the case; LitGPT's model as Lightning's ``FSDPStrategy`` wraps it
+  (`_litgpt_fsdp`: blocks checkpointed after the wrapping, ``no_sync`` while accumulating);
 * ``hf-native``: transformers' own ``DistributedConfig(tp_size=tp)`` (with
   ``expert_parallel``: ``ep_size=tp``, ``ep_implementation="all_reduce"``) applied to the
   Hugging Face model by ``prepare_distribute_model`` and ``maybe_distribute_model``.
@@ -31,7 +32,7 @@ import torch
 
 from verify.cases.case import DistCase
 from verify.dist.engine import Built, RankContext, built_from, case_model, device_mesh
-from verify.models import loops
+from verify.models import litgpt_llama, loops
 from verify.models.build import LEARNING_RATE, SGD_MOMENTUM, build_optimizer, impl_kwargs
 
 
@@ -204,8 +205,10 @@ def fsdp1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
+    if case.impl == "litgpt":
+        return _litgpt_fsdp(case, spec, ctx)
     if case.impl != "hf":
-        raise ValueError(f"{case.name}: the fsdp1 engine wraps Hugging Face models")
+        raise ValueError(f"{case.name}: the fsdp1 engine wraps Hugging Face and LitGPT models")
     par = case.parallel
     model, _ = case_model(case, spec, ctx)
     mixed = None
@@ -227,6 +230,50 @@ def fsdp1(case: DistCase, spec: Any, ctx: RankContext) -> Built:
     )
     bundle = build_optimizer(wrapped, case.job, device=ctx.device)
     return built_from(wrapped, _call(wrapped, case, wrapped), bundle)
+
+
+def _litgpt_fsdp(case: DistCase, spec: Any, ctx: RankContext) -> Built:
+    """LitGPT's ``finetune/full.py`` on several devices: Lightning's ``FSDPStrategy(
+    auto_wrap_policy={Block}, activation_checkpointing_policy={Block}, limit_all_gathers=True,
+    cpu_offload=False)`` (lightning 2.5 ``fabric/strategies/fsdp.py``: ``use_orig_params=True``
+    by default; ``FSDPPrecision``'s ``MixedPrecision`` with param, reduce and buffer dtypes all
+    the model's, ``bf16-true`` or ``32-true``), the blocks checkpointed after the wrapping when
+    the job recomputes, and ``fabric.no_backward_sync`` (``no_sync``) on every micro-batch but
+    the last of a step. FSDP's lazy initialisation (the first forward, litgpt's sanity-check
+    validation in ``fit``: it casts the RoPE tables, buffers, to the buffer dtype) runs here,
+    before the measured steps."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+    from torch.distributed.fsdp._runtime_utils import _lazy_init
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    job = case.job
+    model, _ = case_model(replace(case, job=replace(job, recompute="none")), spec, ctx)
+    dtype = next(model.parameters()).dtype
+    wrapped = FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy({litgpt_llama.Block}),
+        mixed_precision=MixedPrecision(param_dtype=dtype, reduce_dtype=dtype, buffer_dtype=dtype),
+        device_id=torch.device(ctx.device),
+        use_orig_params=True,
+        limit_all_gathers=True,
+    )
+    if job.recompute == "full":
+        litgpt_llama.checkpoint_blocks(wrapped)
+    _lazy_init(wrapped, wrapped)
+    bundle = build_optimizer(wrapped, job, device=ctx.device)
+    done = [0]
+
+    def backward(loss: torch.Tensor) -> None:
+        done[0] += 1
+        if done[0] % job.grad_accum:  # accumulating: Lightning's no_backward_sync
+            with wrapped.no_sync():
+                loss.backward()
+        else:
+            loss.backward()
+
+    built = built_from(wrapped, litgpt_llama.FineTuneLoss(wrapped, job.grad_accum), bundle)
+    built.backward = backward
+    return built
 
 
 def hf_native(case: DistCase, spec: Any, ctx: RankContext) -> Built:

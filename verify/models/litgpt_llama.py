@@ -294,13 +294,32 @@ class GPT(nn.Module):
         return self.lm_head(x)
 
 
+def checkpoint_blocks(module: nn.Module) -> None:
+    """``FSDPStrategy(activation_checkpointing_policy={Block})`` (``finetune/full.py`` on
+    several devices): Lightning's ``_setup_activation_checkpointing`` (lightning 2.5,
+    ``fabric/strategies/fsdp.py``) wraps every `Block` in torch's ``checkpoint_wrapper``
+    (non-reentrant ``torch.utils.checkpoint`` since torch 2.2), after FSDP wrapped the model."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    apply_activation_checkpointing(
+        module, checkpoint_wrapper_fn=checkpoint_wrapper, auto_wrap_policy=ModuleWrapPolicy({Block})
+    )
+
+
 def build(spec: ModelSpec, job: Training, dtype: torch.dtype) -> GPT:
     """The model as ``finetune/full.py`` sets it up: built, converted to ``dtype`` (Fabric's
     ``bf16-true`` or ``32-true``: the buffers too), then ``max_seq_length`` set to the
-    training sequence length."""
-    if job.recompute != "none":
-        raise ValueError("litgpt's single-device fine-tuning checkpoints nothing")
+    training sequence length. ``recompute="full"``: each block checkpointed (`checkpoint_blocks`;
+    the FSDP engine builds without and checkpoints after wrapping, as Lightning does)."""
     model = GPT(spec)
+    if job.recompute == "full":
+        checkpoint_blocks(model)
+    elif job.recompute != "none":
+        raise ValueError(f"recompute={job.recompute!r}: litgpt checkpoints whole blocks")
     if dtype != torch.float32:
         model.to(dtype)
     model.set_max_seq_length(job.seq_len)

@@ -145,7 +145,7 @@ def test_more_whole_chunks_share_one_structure_and_scale() -> None:
     ("change", "parallel", "words"),
     [
         ({"precision": "amp-bf16"}, None, "bf16-true"),
-        ({"recompute": "full"}, None, "checkpoints nothing"),
+        ({"recompute": "selective"}, None, "checkpoints every block"),
         ({"loop": "drop-output"}, None, "loop='hold-output'"),
         ({"loss": "cross-entropy"}, None, "loss='chunked-ce'"),
         ({"optimizer": "adam32bit", "paged_optimizer": True}, None, "only with --quantize"),
