@@ -531,12 +531,8 @@ def run_steps(
                 fsdp.sync = mb == replayed_micro_batches(job) - 1
             if fsdp is not None and Head.of(job).in_model:  # else at the logits (_head)
                 fsdp.start_backward(tape)
-            if isinstance(fsdp, Fsdp1):  # its root post-backward runs inside the engine
-                tape.backward(loss, final=fsdp.end_backward)
-            else:
-                tape.backward(loss)
-                if fsdp is not None:
-                    fsdp.end_backward(tape)
+            # FSDP's final callback (and FSDP1's root post-backward) run inside the engine
+            tape.backward(loss, final=fsdp.end_backward if fsdp is not None else None)
             tape.drop(loss)
         tape.phase = f"step{step}/optimizer"
         tape.segment = "optimizer"
