@@ -322,3 +322,30 @@ def test_partial_qkv_adapters_where_heads_outgrow_n_embd_fail_in_litgpt() -> Non
     job = _job(micro_batch=1, seq_len=64, lora=calc.LoRA(rank=8, modules=("q", "v")))
     with pytest.raises(ValueError, match="lora_ind"):
         calc.estimate(calc.ModelSpec.from_hf_config(GEMMA_7B), job)
+
+
+LLAMA32_1B = {
+    "model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192,
+    "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+}  # fmt: skip
+"""meta-llama/Llama-3.2-1B in Llama's config keys with the values of LitGPT's
+``Llama-3.2-1B`` entry (litgpt/config.py as of litgpt #1750: 16 layers, n_embd 2048, 32 heads,
+8 query groups, intermediate 8192, padded vocab 128256, block size 8192); fine-tuned untied."""
+LLAMA32_3B = {**LLAMA32_1B, "hidden_size": 3072, "num_hidden_layers": 28,
+              "num_attention_heads": 24}  # fmt: skip
+"""Llama-3.2-3B as LitGPT's entry: 28 layers, n_embd 3072, 24 heads of 128."""
+
+
+@pytest.mark.parametrize(
+    ("config", "published_gb"), [(LLAMA32_1B, 4.49), (LLAMA32_3B, 9.67)], ids=["1b", "3b"]
+)
+def test_litgpts_published_llama32_lora_peaks(config: dict, published_gb: float) -> None:
+    # config_hub/finetune/README.md as of litgpt #1750 (2024-09-27), one A10G:
+    # llama-3.2-1b/lora.yaml and llama-3.2-3b/lora.yaml, bf16-true, one sequence of 512 tokens
+    # (global batch 8), r 32, alpha 16, dropout 0.05, q and v
+    model = calc.ModelSpec.from_hf_config(config)
+    lora = calc.LoRA(rank=32, alpha=16, modules=("q", "v"), dropout=0.05)
+    est = calc.estimate(model, _job(micro_batch=1, seq_len=512, grad_accum=8, lora=lora))
+    assert est.peak_bytes / 1e9 == pytest.approx(published_gb, rel=0.01)

@@ -61,6 +61,13 @@ def test_llama2_7b_on_four_a100s_and_out_of_memory_on_four_a10gs() -> None:
     assert peak * 1e9 > get_gpu("a10-24gb").cuda_total_bytes
 
 
+def test_llama3_8b_on_four_a100s() -> None:
+    # llama-3-8b/full.yaml: 4 devices, 4 x 512 tokens, global batch 64 (4 accumulated):
+    # 35.48 GB on 4 x A100 (config_hub/finetune/README.md as of litgpt #1327, 2024-04-19);
+    # Llama-3.1-8B's card has Llama-3-8B's sizes
+    assert _peak_gb(calc.load_card("llama-3.1-8b"), 4, 4, 64) == pytest.approx(35.48, rel=0.01)
+
+
 def test_refuses_what_lightnings_strategy_does_not_set_up() -> None:
     model = calc.ModelSpec.from_hf_config(PHI2)
     job = calc.Training(**FULL, micro_batch=1)  # type: ignore[arg-type]
