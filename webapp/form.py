@@ -150,7 +150,8 @@ TRAINING: tuple[FormField, ...] = (
               help="hf = Hugging Face transformers; reference = verify's plain PyTorch; "
               "torchtune / torchtitan = their own Llama and loss step (loop del-logits); "
               "litgpt = LitGPT's Llama and fine-tuning loops, full, LoRA or QLoRA (hold-output, "
-              "chunked-ce; QLoRA: nf4, the LM head quantized too, paged adam32bit)"),
+              "chunked-ce; QLoRA: nf4, the LM head quantized too, paged adam32bit); full on "
+              "several devices: FSDP version 1 with use_orig_params, recompute full"),
     FormField(task="train", name="grad_accum", label="gradient accumulation", kind="int",
               default=_default(T, "grad_accum"), high=1 << 16, section="advanced",
               help="micro-batches per optimizer step"),
@@ -277,7 +278,8 @@ PARALLELISM: tuple[FormField, ...] = (
               section="parallelism", of=_PAR, help="per layer and root (ZeRO-3 sharding)"),
     FormField(task="train", name="fsdp_version", label="FSDP version", kind="int", default=2,
               low=1, high=2, section="parallelism", of=_PAR,
-              help="2: fully_shard; 1: FullyShardedDataParallel (flat parameters, recorded)"),
+              help="2: fully_shard; 1: FullyShardedDataParallel (flat parameters; recorded, "
+              "LitGPT's FSDPStrategy by hand)"),
     FormField(task="train", name="fsdp_use_orig_params", label="FSDP1 use_orig_params",
               kind="bool", default=False, section="parallelism", of=_PAR,
               help="needed for LoRA under FSDP1; the flat gradient covers frozen parameters"),
