@@ -31,7 +31,13 @@ PyTorch 2.13, ``torch/distributed/fsdp/_flat_param.py`` and ``_runtime_utils.py`
   accumulated gradient, freed as the post-backward returns (measured: the views do not keep
   it, ``dist-lit-fsdp1-accum2-4layers-2``);
 * **optimizer**: each original parameter with elements on this rank steps its view of the
-  sharded flat parameter, its gradient a view of the sharded gradient.
+  sharded flat parameter, its gradient a view of the sharded gradient; the pieces cut the
+  parameters differently on each rank, so `calc.estimate.ranks` replays every rank.
+
+The root's post-backward and the final callback run inside the autograd engine, while
+``torch.autograd.backward`` still holds the seed (`end_backward` is ``Tape.backward``'s
+``final``: measured, 512 B with a one-sequence step). The model the units wrap is verified
+by the ``dist-lit-fsdp1-*`` cases (torch's own FSDP1 on 2 gloo ranks, exact in every phase).
 
 Not modelled: a unit whose alignment or rank padding is not zero gets its padding gradient as a
 ``zeros`` tensor before the ``cat`` (the split node's undefined outputs); the sharded gradients
