@@ -316,6 +316,16 @@ def test_gemma_7b_lora_does_not_fit_an_a10g() -> None:
     assert calc.estimate(calc.ModelSpec.from_hf_config(GEMMA_7B), job).peak_bytes > 24e9
 
 
+def test_gemma_7b_lora_on_an_a100() -> None:
+    # the README of litgpt #1205 (2024-03-27): gemma-7b/lora.yaml as it was then (r 16, alpha
+    # 16, dropout 0.1, every linear and the head, one sequence, global batch 6) on one A100:
+    # 25.30 GB
+    lora = calc.LoRA(rank=16, alpha=16, dropout=0.1, modules=ALL_AND_HEAD)
+    job = _job(micro_batch=1, seq_len=512, grad_accum=6, lora=lora)
+    peak = calc.estimate(calc.ModelSpec.from_hf_config(GEMMA_7B), job).peak_bytes
+    assert peak / 1e9 == pytest.approx(25.30, rel=0.01)
+
+
 def test_partial_qkv_adapters_where_heads_outgrow_n_embd_fail_in_litgpt() -> None:
     # LoRAQKVLinear.lora_ind counts the padded columns from n_embd (litgpt/lora.py 265-282):
     # Gemma-7B's 16 x 256 query columns against n_embd 3072 make index_copy_ fail
