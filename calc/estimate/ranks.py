@@ -168,6 +168,11 @@ def rank_replays(
     if parallel.pp > 1:
         raise NotImplementedError("rank_replays: pipeline stages are calc.step.pipeline's")
     parallel = implementation_parallel(job, parallel)
+    if job.implementation == "litgpt" and parallel.world_size != parallel.dp:
+        raise NotImplementedError(
+            "implementation='litgpt' on several devices is Lightning's FSDPStrategy, which "
+            "shards over every device: dp only (no tensor, pipeline or context parallelism)"
+        )
     if parallel.tp > 1 and is_derived(model, job):
         return [_native_replay(model, job, parallel)]
     if parallel.expert_parallel:

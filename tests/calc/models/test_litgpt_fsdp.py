@@ -77,6 +77,9 @@ def test_refuses_what_lightnings_strategy_does_not_set_up() -> None:
                                reshard_after_forward=False)  # fmt: skip
     with pytest.raises(NotImplementedError, match="FSDPStrategy"):
         calc.estimate(model, job, grad_op)  # SHARD_GRAD_OP
+    context = calc.Parallelism(dp=2, cp=2, fsdp=True, fsdp_version=1, fsdp_use_orig_params=True)
+    with pytest.raises(NotImplementedError, match="dp only"):
+        calc.estimate(model, job, context)
     lora = calc.Training(**{**FULL, "micro_batch": 1, "lora": calc.LoRA(rank=8)})  # type: ignore[arg-type]
     with pytest.raises(NotImplementedError, match="full fine-tuning"):
         calc.estimate(model, lora, lightning_fsdp(2))  # finetune/lora.py wraps each Linear
