@@ -1,4 +1,5 @@
-"""verify's engine for LitGPT on several devices (``verify/dist/engines.py`` ``_litgpt_fsdp``)
+"""verify's engine for LitGPT on several devices (``verify/dist/engines.py`` ``_litgpt_fsdp``;
+here, not under tests/verify/dist/, which pytest's default ``norecursedirs`` skips)
 against Lightning's own ``FSDPStrategy`` as ``finetune/full.py`` builds it (skipped where
 Lightning does not import; run here with lightning 2.5 installed by hand): the keyword arguments
 it hands FSDP1, its precision's ``MixedPrecision`` and its checkpointing policy are the ones the
