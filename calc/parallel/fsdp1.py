@@ -184,10 +184,7 @@ class Fsdp1:
             u.flat_grad = flat
             return
         shard = tape.new(u.piece, u.itemsize, f"fsdp1.grad_shard[{u.tag}]", "grad", u.tag)
-        if u.grad_shard is not None:  # _saved_grad_shard += new
-            tape.drop(shard)
-        else:
-            u.grad_shard = shard
+        u.grad_shard = shard  # one syncing backward per step: none to add to
         u.flat_grad = None
         tape.drop(flat)
 
